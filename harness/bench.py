@@ -1,0 +1,56 @@
+"""`diloco-chaos bench NAME`: benchmarks write runs/bench/NAME.json and print it.
+
+A benchmark is a function `run(out_dir: Path) -> dict` in some module; this file
+only maps names to those functions and writes the result. Performance is
+measured here, never asserted in timed tests.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import platform
+import time
+from pathlib import Path
+
+from harness.cli import UserError
+
+# name -> ("module:function", one line of what it measures)
+BENCHES: dict[str, tuple[str, str]] = {
+    "fleet": ("harness.fleet:bench", "seconds for the full fleet goodput table"),
+}
+
+
+def register(sub, help_: str) -> None:
+    p = sub.add_parser("bench", help=help_, description=__doc__)
+    p.add_argument("name", help="one of: " + ", ".join(BENCHES))
+    p.add_argument("--out", default="runs/bench", help="folder for NAME.json (default runs/bench)")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    if args.name not in BENCHES:
+        raise UserError(f"unknown benchmark {args.name!r}; valid: {', '.join(sorted(BENCHES))}")
+    target, _ = BENCHES[args.name]
+    module, func = target.split(":")
+    fn = getattr(importlib.import_module(module), func)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    result = fn(out)
+    result = {
+        "bench": args.name,
+        "unix_time": round(t0),
+        "machine": {"node": platform.node(), "cpu_count": _cpus(), "python": platform.python_version()},
+        **result,
+    }
+    path = out / f"{args.name}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    print(f"wrote {path}")
+    return 0
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))

@@ -1,0 +1,66 @@
+"""The `diloco-chaos` command line.
+
+Each command lives in its own module that exposes `register(subparsers)`; the
+module adds a parser whose `func(args) -> int` runs the command. Modules are
+imported lazily so `diloco-chaos --help` stays fast and one broken command does
+not take the others down.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (command, module, one line of help). Order is the order in --help.
+COMMANDS: list[tuple[str, str, str]] = [
+    ("demo", "harness.demo", "set up and run the default chaos scenario, print where results are"),
+    ("toxiproxy", "harness.toxiproxy_cmd", "start a Toxiproxy server in the foreground (for debugging)"),
+    ("fleet", "harness.fleet", "fleet-scale goodput simulator: Decoupled DiLoCo vs data-parallel"),
+    ("bench", "harness.bench", "run a benchmark, writing runs/bench/NAME.json"),
+]
+
+
+class UserError(Exception):
+    """Bad input from the user: printed as one clear message, no traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="diloco-chaos",
+        description="Chaos-engineering test harness for Decoupled DiLoCo training.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module, help_ in COMMANDS:
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as e:  # a command whose module is absent still shows up
+            p = sub.add_parser(name, help=f"{help_} (unavailable: {e})")
+            p.set_defaults(func=lambda a, e=e: _unavailable(e))
+            continue
+        mod.register(sub, help_)
+    return parser
+
+
+def _unavailable(err: Exception) -> int:
+    print(f"diloco-chaos: this command cannot run: {err}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except UserError as e:
+        print(f"diloco-chaos {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"diloco-chaos {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
