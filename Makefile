@@ -1,0 +1,37 @@
+# diloco-chaos: two commands from a fresh clone.
+#   make demo  - set up, then run the default chaos scenario and print where the results are
+#   make test  - set up, then run the test suites
+# Setup is idempotent: a second run only checks stamps and is fast.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+TOOLS  := .tools
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test clean bench
+
+setup: $(STAMP) $(TOOLS)/toxiproxy-server
+
+$(STAMP): pyproject.toml requirements.lock
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "diloco-chaos needs Python 3.11, found " + sys.version.split()[0]'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "setup: installing pinned Python dependencies into $(VENV) (once; ~1-2 min)"
+	@$(PY) -m pip install -q --disable-pip-version-check -r requirements.lock
+	@$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	@touch $@
+
+$(TOOLS)/toxiproxy-server:
+	@bash scripts/install-toxiproxy.sh $(TOOLS)
+
+demo: setup
+	@$(VENV)/bin/diloco-chaos demo
+
+test: setup
+	@$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+bench: setup
+	@for b in $(BENCHES); do $(VENV)/bin/diloco-chaos bench $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) $(TOOLS) runs .hypothesis

@@ -1,0 +1,46 @@
+"""Shared pytest setup: Hypothesis profiles and fixtures for real components.
+
+Hypothesis profiles, chosen by HYPOTHESIS_PROFILE (default `dev`; CI sets `ci`):
+  dev      fast feedback while editing
+  ci       derandomized (a failure replays on every machine), no deadline
+  nightly  many examples
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("dev", max_examples=20, deadline=None)
+settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("nightly", max_examples=1000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture(scope="session")
+def toxiproxy_server():
+    """One real Toxiproxy server for the test session, stopped at the end whatever happens."""
+    from harness.toxiproxy_server import ToxiproxyServer
+
+    with ToxiproxyServer(seed=0) as server:
+        yield server
+
+
+@pytest.fixture
+def toxiproxy(toxiproxy_server):
+    """A client to the session's server; every proxy a test made is removed afterwards."""
+    client = toxiproxy_server.client()
+    client.delete_all()
+    yield client
+    client.delete_all()
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "run"
+    d.mkdir()
+    return d

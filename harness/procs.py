@@ -1,0 +1,86 @@
+"""Child processes that are always cleaned up.
+
+Every process the harness starts goes through `spawn`, which
+- starts it in its own session (a terminal's Ctrl-C reaches only us, and we
+  decide the order of shutdown),
+- asks Linux to SIGKILL it if the harness itself dies (PR_SET_PDEATHSIG), so
+  not even a `kill -9` of the harness leaks children,
+- remembers its pid, so `stop` signals exactly the pids we started, never a name.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import IO, Sequence
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def spawn(argv: Sequence[str], *, stdout: IO | int | None = None, stderr: IO | int | None = None,
+          env: dict[str, str] | None = None, cwd: str | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        list(argv), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
+        start_new_session=True, preexec_fn=_die_with_parent,
+    )
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def stop(proc: subprocess.Popen, *, grace_s: float = 5.0) -> int | None:
+    """SIGCONT (a paused process cannot act on SIGTERM), SIGTERM, then SIGKILL after
+    `grace_s`; always reaps. Returns the exit code."""
+    if proc.poll() is not None:
+        return proc.returncode
+    for sig in (signal.SIGCONT, signal.SIGTERM):
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            break
+    try:
+        return proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return proc.wait()
+
+
+@dataclass
+class ProcessSet:
+    """The processes of one run; `close()` stops every one of them, in reverse start order."""
+
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def add(self, proc: subprocess.Popen) -> subprocess.Popen:
+        self.procs.append(proc)
+        return proc
+
+    def close(self, grace_s: float = 5.0) -> None:
+        deadline = time.monotonic() + grace_s
+        for proc in reversed(self.procs):
+            stop(proc, grace_s=max(0.1, deadline - time.monotonic()))
+        self.procs.clear()
+
+    def __enter__(self) -> "ProcessSet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
