@@ -1,0 +1,197 @@
+"""The cluster tier, `local` backend: real processes, real TCP, real Toxiproxy.
+
+`LocalCluster` lays out a run directory, starts the Toxiproxy server, one proxy per
+learner↔syncer-shard link, the syncer shards and the learner units as processes,
+and offers the operations faults need (kill, restart, pause, resume, slice
+control, link toxics). Closing it — on success, failure or Ctrl-C — stops every
+process it started (by pid) and removes every proxy, then the server.
+
+Run directory:
+  run.json                 config + topology; each process reads it at start
+  logs/<src>.<n>.jsonl     events of incarnation n of process src
+  ckpt/<src>/              orbax checkpoints
+  control/<learner>.json   slice control (live_slices), read by the learner each step
+  stdout/<src>.<n>.log     each process's stdout/stderr
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import procs
+from harness.toxiproxy_client import LinkProfile, ToxiproxyClient
+from harness.toxiproxy_server import ToxiproxyServer, free_port
+
+
+def link_name(learner: str, shard: str) -> str:
+    return f"{learner}~{shard}"
+
+
+def make_topology(learners: int, shards: int, fragments: int) -> dict:
+    """Names, and which shard owns which fragment (round robin)."""
+    return {
+        "learners": [f"learner-{i}" for i in range(learners)],
+        "shards": {f"syncer-{j}": [p for p in range(fragments) if p % shards == j] for j in range(shards)},
+    }
+
+
+@dataclass
+class Member:
+    name: str
+    role: str  # "learner" | "syncer"
+    proc: subprocess.Popen | None = None
+    incarnation: int = -1
+    paused: bool = False
+
+
+@dataclass
+class LocalCluster:
+    run_dir: Path
+    config: dict  # RunConfig.to_dict()
+    shards: int = 1
+    seed: int = 0
+    wan: LinkProfile | None = None
+    slices: int = 1
+    python: str = sys.executable
+    toxiproxy: ToxiproxyServer | None = None
+    client: ToxiproxyClient | None = None
+    members: dict[str, Member] = field(default_factory=dict)
+    topology: dict = field(default_factory=dict)
+
+    # lifecycle -------------------------------------------------------------
+    def start(self, *, start_learners: bool = True) -> "LocalCluster":
+        try:
+            self._start(start_learners)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start(self, start_learners: bool) -> None:
+        for sub in ("logs", "ckpt", "control", "stdout"):
+            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        d = self.config["diloco"]
+        self.topology = make_topology(d["learners"], self.shards, self._fragments())
+        self.toxiproxy = ToxiproxyServer(seed=self.seed, log_path=self.run_dir / "stdout" / "toxiproxy.log").start()
+        self.client = self.toxiproxy.client()
+        shard_addrs = {s: f"127.0.0.1:{free_port()}" for s in self.topology["shards"]}
+        links: dict[str, dict[str, str]] = {}
+        for learner in self.topology["learners"]:
+            links[learner] = {}
+            for shard, addr in shard_addrs.items():
+                name = link_name(learner, shard)
+                links[learner][shard] = self.client.create_proxy(name, upstream=addr)
+                if self.wan is not None:
+                    self.client.apply_profile(name, self.wan)
+        self.topology.update(shard_addrs=shard_addrs, links=links, run_id=uuid.uuid4().hex[:12])
+        run = {"seed": self.seed, "config": self.config, "topology": self.topology, "slices": self.slices}
+        (self.run_dir / "run.json").write_text(json.dumps(run, indent=1))
+        for shard in self.topology["shards"]:
+            self.members[shard] = Member(shard, "syncer")
+            self.spawn(shard)
+        for learner in self.topology["learners"]:
+            self.members[learner] = Member(learner, "learner")
+            if start_learners:
+                self.spawn(learner)
+
+    def _fragments(self) -> int:
+        d, m = self.config["diloco"], self.config["model"]
+        return d["fragments"] or m["n_layers"] + 1
+
+    def close(self) -> None:
+        """Stops everything this cluster started; safe to call twice and from `finally`."""
+        for m in list(self.members.values())[::-1]:
+            if m.proc is not None:
+                procs.stop(m.proc, grace_s=5.0)
+                m.proc = None
+        if self.client is not None:
+            try:
+                self.client.delete_all()
+            except Exception:  # the server may be gone already; stopping it below removes all
+                pass
+        if self.toxiproxy is not None:
+            self.toxiproxy.stop()
+            self.toxiproxy = None
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # process control (what faults use) -------------------------------------
+    def spawn(self, name: str) -> subprocess.Popen:
+        m = self.members[name]
+        if m.proc is not None and m.proc.poll() is None:
+            raise RuntimeError(f"{name} is already running (pid {m.proc.pid})")
+        m.incarnation += 1
+        module = "trainer.learner" if m.role == "learner" else "trainer.syncer"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if m.role == "learner":
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={self.slices}"
+        env.setdefault("JAX_PLATFORMS", "cpu")
+        out = open(self.run_dir / "stdout" / f"{name}.{m.incarnation}.log", "wb")
+        argv = [self.python, "-m", module, "--run-dir", str(self.run_dir), "--id", name,
+                "--incarnation", str(m.incarnation)]
+        with out:
+            m.proc = procs.spawn(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        m.paused = False
+        return m.proc
+
+    def pid(self, name: str) -> int | None:
+        m = self.members[name]
+        return m.proc.pid if m.proc is not None and m.proc.poll() is None else None
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: the process gets no chance to clean up, as with a machine failure."""
+        m = self.members[name]
+        if m.proc is not None:
+            if m.proc.poll() is None:
+                os.kill(m.proc.pid, signal.SIGKILL)
+            m.proc.wait()
+            m.proc = None
+
+    def pause(self, name: str) -> None:
+        self._signal(name, signal.SIGSTOP)
+        self.members[name].paused = True
+
+    def resume(self, name: str) -> None:
+        self._signal(name, signal.SIGCONT)
+        self.members[name].paused = False
+
+    def _signal(self, name: str, sig: int) -> None:
+        pid = self.pid(name)
+        if pid is not None:
+            os.kill(pid, sig)
+
+    def set_live_slices(self, learner: str, live: int) -> None:
+        """A slice control message: the learner reshards its batch over `live` slices."""
+        path = self.run_dir / "control" / f"{learner}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"live_slices": live}))
+        tmp.replace(path)
+
+    def links_of(self, learner: str) -> list[str]:
+        return [link_name(learner, s) for s in self.topology["shards"]]
+
+    def running(self) -> dict[str, bool]:
+        return {n: self.pid(n) is not None for n in self.members}
+
+    def wait_exit(self, names: list[str], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        for n in names:
+            m = self.members[n]
+            if m.proc is None:
+                continue
+            try:
+                m.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return False
+        return True
