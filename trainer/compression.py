@@ -1,0 +1,161 @@
+"""Outer-gradient compression: a pseudo-gradient tensor in fp32, bf16, int8 or 4 bits.
+
+Pure numpy (+ ml_dtypes for bfloat16). `encode` turns fp32 tensors into `Encoded`
+records, `decode` turns them back into fp32: the merge and the outer step always
+accumulate in fp32, whatever went over the wire.
+
+Formats and their error bounds (x a tensor, s its per-tensor scale, x̂ = decode(encode(x))):
+
+  fp32  as is, s = 1.                                         x̂ == x bit for bit
+  bf16  round to nearest even, s = 1.                         |x̂ − x| ≤ 2^-8·|x| (normal range)
+  int8  symmetric, s = max|x|/127, q = rint(x/s) ∈ [−127, 127].
+                                                              |x̂ − x| ≤ s/2   (+ fp32 rounding of q·s)
+  int4  E3M0-style: sign bit + 3-bit magnitude code c, s = max|x|;
+        c = 0 is zero, c = 1..7 is s·2^(c−7), so |x̂| ∈ {0, s/64, s/32, …, s/2, s};
+        nearest level in the linear domain, ties to the smaller magnitude.
+                                                              |x̂ − x| ≤ max(|x|/3, s/128)
+        Two codes per byte, element 2i in the low nibble, 2i+1 in the high one:
+        ceil(n/2) bytes. The sign bit of a zero is always 0.
+
+Why E3M0 for 4 bits rather than 15 uniform levels: pseudo-gradients are heavy-tailed,
+and a log grid keeps a bounded *relative* error down to s/64 where uniform int4 rounds
+everything below s/14 to zero (DESIGN.md names E3M0; so does Streaming DiLoCo).
+
+Non-finite input to int8/int4 gives scale NaN, so the decoded tensor is all NaN and
+the syncer's NaN checks see it rather than a silently clipped value.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+KINDS = ("fp32", "bf16", "int8", "int4")
+STORAGE_DTYPE = {
+    "fp32": np.dtype(np.float32),
+    "bf16": np.dtype(ml_dtypes.bfloat16),
+    "int8": np.dtype(np.int8),
+    "int4": np.dtype(np.uint8),
+}
+# int4 magnitude levels / s for codes c = 0..7, ascending, and the midpoints between them.
+_INT4_LEVELS = np.array([0.0] + [2.0 ** (c - 7) for c in range(1, 8)])
+_INT4_MIDS = (_INT4_LEVELS[:-1] + _INT4_LEVELS[1:]) / 2
+_FP32_MAX = float(np.finfo(np.float32).max)
+
+
+def storage_size(kind: str, shape: tuple[int, ...]) -> int:
+    """Number of storage elements (of STORAGE_DTYPE[kind]) for a tensor of `shape`."""
+    n = math.prod(shape)
+    return (n + 1) // 2 if kind == "int4" else n
+
+
+@dataclass(frozen=True, eq=False)
+class Encoded:
+    """One compressed tensor: `data` is the flat storage, `shape` the logical shape."""
+
+    kind: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+    scale: float = 1.0
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"Encoded.kind must be one of {KINDS}, got {self.kind!r}")
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if any(d < 0 for d in self.shape):
+            raise ValueError(f"Encoded.shape must be non-negative, got {self.shape}")
+        want = STORAGE_DTYPE[self.kind]
+        if self.data.dtype != want or self.data.ndim != 1:
+            raise ValueError(f"Encoded.data for {self.kind} must be 1-D {want}, "
+                             f"got {self.data.ndim}-D {self.data.dtype}")
+        if self.data.size != storage_size(self.kind, self.shape):
+            raise ValueError(f"Encoded.data for {self.kind} {self.shape} must hold "
+                             f"{storage_size(self.kind, self.shape)} elements, got {self.data.size}")
+        object.__setattr__(self, "scale", float(self.scale))
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def __eq__(self, other) -> bool:  # bitwise: NaN scales and payloads compare equal to themselves
+        return (isinstance(other, Encoded) and (self.kind, self.shape) == (other.kind, other.shape)
+                and np.float64(self.scale).tobytes() == np.float64(other.scale).tobytes()
+                and self.data.tobytes() == other.data.tobytes())
+
+    __hash__ = None
+
+
+def _absmax(x64: np.ndarray) -> float:
+    return float(np.max(np.abs(x64))) if x64.size else 0.0
+
+
+def _encode_int8(x64: np.ndarray) -> tuple[np.ndarray, float]:
+    amax = _absmax(x64)
+    if not math.isfinite(amax):
+        return np.zeros(x64.size, np.int8), math.nan
+    scale = np.float32(amax / 127)
+    if np.float64(scale) * 127.5 <= amax:  # rounded far down (subnormal): rint(x/s) must stay ≤ 127
+        scale = np.nextafter(scale, np.float32(np.inf))
+    q = np.rint(x64 / np.float64(scale)) if scale > 0 else np.zeros_like(x64)
+    return np.clip(q, -127, 127).astype(np.int8), float(scale)
+
+
+def _encode_int4(x64: np.ndarray) -> tuple[np.ndarray, float]:
+    amax = _absmax(x64)
+    if not math.isfinite(amax):
+        return np.zeros(storage_size("int4", x64.shape), np.uint8), math.nan
+    scale = float(np.float32(amax))
+    mag = np.abs(x64) / scale if scale > 0 else np.zeros_like(x64)
+    code = np.searchsorted(_INT4_MIDS, mag, side="left").astype(np.uint8)  # 0..7
+    code |= ((x64 < 0) & (code > 0)).astype(np.uint8) << 3
+    if code.size % 2:
+        code = np.append(code, np.uint8(0))
+    return code[0::2] | (code[1::2] << 4), scale
+
+
+def _decode_int4(data: np.ndarray, n: int, scale: float) -> np.ndarray:
+    code = np.empty(data.size * 2, np.uint8)
+    code[0::2], code[1::2] = data & 0x0F, data >> 4
+    code = code[:n]
+    sign = np.where(code & 0x08, -1.0, 1.0)
+    return sign * _INT4_LEVELS[code & 0x07] * scale
+
+
+def encode_one(x: np.ndarray, kind: str) -> Encoded:
+    x = np.asarray(x)
+    if kind == "fp32":
+        return Encoded(kind, x.shape, np.ascontiguousarray(x, np.float32).ravel().copy())
+    if kind == "bf16":
+        return Encoded(kind, x.shape, np.asarray(x, np.float32).astype(STORAGE_DTYPE["bf16"]).ravel())
+    x64 = np.asarray(x, np.float64).ravel()
+    if kind == "int8":
+        data, scale = _encode_int8(x64)
+    elif kind == "int4":
+        data, scale = _encode_int4(x64)
+    else:
+        raise ValueError(f"compression kind must be one of {KINDS}, got {kind!r}")
+    return Encoded(kind, x.shape, data, scale)
+
+
+def decode_one(e: Encoded) -> np.ndarray:
+    if e.kind in ("fp32", "bf16"):
+        flat = e.data.astype(np.float32)
+    elif e.kind == "int8":  # 127·s may round past the fp32 maximum when max|x| is close to it
+        flat = np.clip(e.data.astype(np.float64) * e.scale, -_FP32_MAX, _FP32_MAX)
+    else:
+        flat = _decode_int4(e.data, math.prod(e.shape), e.scale)
+    return flat.astype(np.float32).reshape(e.shape)
+
+
+def encode(arrays: list[np.ndarray], kind: str) -> list[Encoded]:
+    """Compresses each fp32 tensor of a fragment with its own scale."""
+    if kind not in KINDS:
+        raise ValueError(f"compression kind must be one of {KINDS}, got {kind!r}")
+    return [encode_one(a, kind) for a in arrays]
+
+
+def decode(encoded: list[Encoded]) -> list[np.ndarray]:
+    """Back to fp32 tensors of the original shapes."""
+    return [decode_one(e) for e in encoded]
