@@ -1,0 +1,168 @@
+"""The messages between learner units, syncer shards and the harness.
+
+Frozen dataclasses. A *fragment* on the wire is a list of leaf arrays (in the order
+the fragmenter gives them); a *payload* is such a list, compressed (`Encoded`) or
+raw (`np.ndarray`). Every class names the fields that hold tensor lists in
+`TENSOR_FIELDS`; all other fields are JSON scalars (str, int, float, bool, None),
+which is all the codec (trainer/codec.py) needs to know.
+
+Decoupled / streaming / sync DiLoCo:
+  learner → shard   Hello, Contribution
+  shard → learner   FragmentUpdate
+Data-parallel baselines (mode "dp", "elastic_dp"), one message per fragment per step:
+  learner → shard   GradStep
+  shard → learner   GradMean
+Harness → learner   SliceControl
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+import numpy as np
+
+from trainer.compression import Encoded
+
+Tensor = np.ndarray | Encoded
+
+
+def _same(a, b) -> bool:
+    """Bitwise equality of field values: arrays by dtype, shape and bytes (NaN equals NaN)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
+                and a.shape == b.shape and a.tobytes() == b.tobytes())
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+class _Message:
+    TENSOR_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other) and all(
+            _same(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+
+    __hash__ = None
+
+    def _non_negative(self, *names: str) -> None:
+        for name in names:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{type(self).__name__}.{name} must be ≥ 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, eq=False)
+class Hello(_Message):
+    """Learner → every shard on (re)connect: send me every fragment you own (rejoin=True)."""
+
+    learner: str
+    incarnation: int
+
+
+@dataclass(frozen=True, eq=False)
+class Contribution(_Message):
+    """Learner → the shard owning `fragment`: a compressed pseudo-gradient Δ = Θ_base − θ_m.
+
+    (learner, incarnation, seq) identifies it; seq increases per learner incarnation over
+    all its messages. base_version is the version of the Θ[fragment] the Δ is taken against.
+    c_steps / c_tokens count the inner steps and tokens since the learner last sent this
+    fragment. step_time_s is its latest inner-step time; last_sync_s its latest measured
+    send → update time (None before the first).
+    """
+
+    TENSOR_FIELDS: ClassVar[tuple[str, ...]] = ("payload",)
+    learner: str
+    incarnation: int
+    seq: int
+    fragment: int
+    base_version: int
+    c_steps: int
+    c_tokens: int
+    step_time_s: float
+    last_sync_s: float | None
+    payload: list[Tensor]
+
+    def __post_init__(self):
+        self._non_negative("incarnation", "seq", "fragment", "base_version", "c_steps", "c_tokens")
+
+
+@dataclass(frozen=True, eq=False)
+class FragmentUpdate(_Message):
+    """Shard → learner: the current global Θ[fragment] at `version`.
+
+    rejoin=True marks the answer to a Hello (sent to that learner only); False a commit
+    (sent to every live learner).
+    """
+
+    TENSOR_FIELDS: ClassVar[tuple[str, ...]] = ("params",)
+    fragment: int
+    version: int
+    rejoin: bool
+    params: list[np.ndarray]
+
+    def __post_init__(self):
+        self._non_negative("fragment", "version")
+
+
+@dataclass(frozen=True, eq=False)
+class GradStep(_Message):
+    """Data-parallel baseline, learner → shard: its gradient of `fragment` at inner `step`.
+
+    The learner then waits for the GradMean answering this seq for every fragment.
+    """
+
+    TENSOR_FIELDS: ClassVar[tuple[str, ...]] = ("payload",)
+    learner: str
+    incarnation: int
+    seq: int
+    fragment: int
+    step: int
+    c_tokens: int
+    payload: list[Tensor]
+
+    def __post_init__(self):
+        self._non_negative("incarnation", "seq", "fragment", "step", "c_tokens")
+
+
+@dataclass(frozen=True, eq=False)
+class GradMean(_Message):
+    """Data-parallel baseline, shard → each learner in the round: the token-weighted mean
+    gradient of `fragment` over `n_learners` learners; `seq` is the recipient's own GradStep
+    it answers, so a late retransmission is never applied to the wrong step."""
+
+    TENSOR_FIELDS: ClassVar[tuple[str, ...]] = ("grads",)
+    fragment: int
+    round: int
+    seq: int
+    n_learners: int
+    grads: list[np.ndarray]
+
+    def __post_init__(self):
+        self._non_negative("fragment", "round", "seq", "n_learners")
+
+
+@dataclass(frozen=True, eq=False)
+class SliceControl(_Message):
+    """Harness → learner (kill_slice fault): the unit now has `live_slices` slices."""
+
+    live_slices: int
+
+    def __post_init__(self):
+        self._non_negative("live_slices")
+
+
+MESSAGE_TYPES: dict[str, type] = {
+    c.__name__: c for c in (Hello, Contribution, FragmentUpdate, GradStep, GradMean, SliceControl)
+}
+
+
+def describe(msg) -> dict:
+    """The message's scalar fields plus kind and tensor bytes: for the shell's send/recv lines."""
+    out = {"msg": type(msg).__name__}
+    for f in fields(msg):
+        value = getattr(msg, f.name)
+        if f.name in msg.TENSOR_FIELDS:
+            out["tensor_bytes"] = sum(int(t.nbytes) for t in value)
+        else:
+            out[f.name] = value
+    return out
