@@ -12,7 +12,7 @@ import platform
 import time
 from pathlib import Path
 
-from harness.cli import UserError
+from harness.errors import UserError
 
 # name -> ("module:function", one line of what it measures)
 BENCHES: dict[str, tuple[str, str]] = {

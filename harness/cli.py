@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from harness.errors import UserError  # noqa: F401  (re-exported for command modules)
+
 # (command, module, one line of help). Order is the order in --help.
 COMMANDS: list[tuple[str, str, str]] = [
     ("demo", "harness.demo", "set up and run the default chaos scenario, print where results are"),
@@ -18,10 +20,6 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("fleet", "harness.fleet", "fleet-scale goodput simulator: Decoupled DiLoCo vs data-parallel"),
     ("bench", "harness.bench", "run a benchmark, writing runs/bench/NAME.json"),
 ]
-
-
-class UserError(Exception):
-    """Bad input from the user: printed as one clear message, no traceback."""
 
 
 def build_parser() -> argparse.ArgumentParser:

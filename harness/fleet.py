@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.cli import UserError
+from harness.errors import UserError
 
 YEAR_S = 365 * 86400.0
 BLOCK_CHIPS = 1 << 16  # failures are drawn per block of chips, so a chip's history never depends on N
