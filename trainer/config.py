@@ -1,0 +1,283 @@
+"""Run configuration: frozen, typed dataclasses, validated on construction.
+
+Every field is checked in `__post_init__`; a bad value raises `ValueError` naming
+the field, the value and the valid range. `RunConfig.to_dict()` /
+`RunConfig.from_dict()` round-trip exactly through JSON (the event log's first
+line and the process config file); unknown keys are rejected with the key and
+the valid keys.
+
+Vocabulary (DESIGN.md): M learners, S slices per learner, P fragments, H =
+`sync_every` inner steps, overlap τ, mixing α, quorum K, grace factor γ.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _where(cls: type, name: str) -> str:
+    return f"{cls.__name__}.{name}"
+
+
+def _check_int(obj: Any, name: str, lo: int, hi: int | None = None) -> None:
+    value = getattr(obj, name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{_where(type(obj), name)} must be an int, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ValueError(f"{_where(type(obj), name)} = {value} is out of range; valid: {rng}")
+
+
+def _check_float(obj: Any, name: str, lo: float, hi: float, *, lo_open: bool = False,
+                 hi_open: bool = False) -> None:
+    value = getattr(obj, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{_where(type(obj), name)} must be a number, got {value!r}")
+    too_low = value <= lo if lo_open else value < lo
+    too_high = value >= hi if hi_open else value > hi
+    if too_low or too_high or value != value:  # value != value: NaN
+        rng = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+        raise ValueError(f"{_where(type(obj), name)} = {value} is out of range; valid: {rng}")
+    object.__setattr__(obj, name, float(value))  # 1 and 1.0 round-trip the same way
+
+
+def _check_choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(obj, name)
+    if value not in choices:
+        raise ValueError(f"{_where(type(obj), name)} = {value!r} is not valid; valid: "
+                         + ", ".join(repr(c) for c in choices))
+
+
+def _check_bool(obj: Any, name: str) -> None:
+    value = getattr(obj, name)
+    if not isinstance(value, bool):
+        raise ValueError(f"{_where(type(obj), name)} must be true or false, got {value!r}")
+
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The tiny decoder-only transformer (trainer/model.py)."""
+
+    n_layers: int = 2
+    d_model: int = 64
+    n_heads: int = 4
+    d_ff: int = 256
+    context: int = 64  # max sequence length (learned positions)
+    vocab: int = 256  # byte vocabulary
+
+    def __post_init__(self) -> None:
+        _check_int(self, "n_layers", 1, 64)
+        _check_int(self, "d_model", 1, 8192)
+        _check_int(self, "n_heads", 1, 256)
+        _check_int(self, "d_ff", 1, 65536)
+        _check_int(self, "context", 1, 65536)
+        _check_int(self, "vocab", 2, 1 << 20)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"ModelConfig.d_model = {self.d_model} must be divisible by "
+                             f"ModelConfig.n_heads = {self.n_heads}")
+
+
+@dataclass(frozen=True)
+class InnerOptConfig:
+    """Inner AdamW with linear warmup then cosine decay to 0, global-norm clipping."""
+
+    lr: float = 3e-3  # peak learning rate
+    b1: float = 0.9
+    b2: float = 0.95
+    weight_decay: float = 0.1
+    warmup_steps: int = 20
+    total_steps: int = 400  # length of the whole schedule, warmup included
+    clip_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_float(self, "lr", 0.0, 10.0, lo_open=True)
+        _check_float(self, "b1", 0.0, 1.0, hi_open=True)
+        _check_float(self, "b2", 0.0, 1.0, hi_open=True)
+        _check_float(self, "weight_decay", 0.0, 10.0)
+        _check_int(self, "total_steps", 1)
+        _check_int(self, "warmup_steps", 0, self.total_steps - 1)
+        _check_float(self, "clip_norm", 0.0, INF, lo_open=True, hi_open=True)
+
+
+@dataclass(frozen=True)
+class OuterOptConfig:
+    """Outer optimizer: optax.sgd(lr, momentum, nesterov) on the merged pseudo-gradient."""
+
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+
+    def __post_init__(self) -> None:
+        _check_float(self, "lr", 0.0, 10.0, lo_open=True)
+        _check_float(self, "momentum", 0.0, 1.0, hi_open=True)
+        _check_bool(self, "nesterov")
+
+
+MERGES = ("rda", "mean")
+WEIGHTINGS = ("tokens", "uniform")
+COMPRESSIONS = ("fp32", "bf16", "int8", "int4")
+FRAGMENTATIONS = ("balanced", "strided")
+MODES = ("decoupled", "streaming", "sync_diloco", "dp")
+
+
+@dataclass(frozen=True)
+class DilocoConfig:
+    """The Decoupled DiLoCo knobs (DESIGN.md, "The algorithm")."""
+
+    learners: int = 4  # M
+    slices: int = 1  # S, devices per learner unit
+    fragments: int = 3  # P; 0 means n_layers + 1 (see `n_fragments`)
+    sync_every: int = 6  # H inner steps between two syncs of one fragment
+    overlap: int = 1  # τ inner steps a learner keeps stepping while a fragment is in flight
+    mixing: float = 0.0  # α: θ[p] ← α·θ[p] + (1−α)·Θ[p] on arrival
+    quorum: int = 1  # K learners a round waits for
+    grace_factor: float = 0.5  # γ of the adaptive grace window
+    merge: str = "rda"
+    weighting: str = "tokens"
+    staleness_discount: bool = True  # (1 + staleness)^-0.5 on each contribution
+    compression: str = "fp32"
+    fragmentation: str = "balanced"
+    mode: str = "decoupled"
+
+    def __post_init__(self) -> None:
+        _check_int(self, "learners", 1, 1024)
+        _check_int(self, "slices", 1, 1024)
+        _check_int(self, "fragments", 0, 4096)
+        _check_int(self, "sync_every", 1)
+        _check_int(self, "overlap", 0)
+        _check_float(self, "mixing", 0.0, 1.0, hi_open=True)
+        _check_int(self, "quorum", 1, self.learners)
+        _check_float(self, "grace_factor", 0.0, 1.0, hi_open=True)
+        _check_choice(self, "merge", MERGES)
+        _check_choice(self, "weighting", WEIGHTINGS)
+        _check_bool(self, "staleness_discount")
+        _check_choice(self, "compression", COMPRESSIONS)
+        _check_choice(self, "fragmentation", FRAGMENTATIONS)
+        _check_choice(self, "mode", MODES)
+
+    def n_fragments(self, model: ModelConfig) -> int:
+        """P, with 0 resolved to n_layers + 1 (one fragment per layer plus embed/final)."""
+        return self.fragments or model.n_layers + 1
+
+
+TASK_KINDS = ("markov", "corpus", "quadratic")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Data. `batch_size` is per learner unit, split evenly over its S slices."""
+
+    kind: str = "markov"
+    batch_size: int = 16  # sequences (LM) or samples (quadratic) per learner per step
+    seq_len: int = 64  # predicted tokens per sequence; a batch row holds seq_len + 1 tokens
+    markov_order: int = 1
+    markov_states: int = 16  # alphabet: tokens 0..markov_states-1
+    markov_seed: int = 0  # the chain itself; data streams also fold in RunConfig.seed
+    markov_concentration: float = 0.2  # Dirichlet α of each transition row: small = peaked
+    eval_batches: int = 4
+    dim: int = 8  # quadratic: entries per block
+    quad_blocks: int = 3  # quadratic: blocks `layer_i/w`, so P fragments have leaves to hold
+    quad_noise: float = 0.1  # quadratic: std of per-step target noise
+    corpus_mb: float = 2.0  # corpus: bytes of stdlib sources read (MB = 1e6 bytes)
+    corpus_eval_fraction: float = 0.05  # corpus: held-out tail
+
+    def __post_init__(self) -> None:
+        _check_choice(self, "kind", TASK_KINDS)
+        _check_int(self, "batch_size", 1, 1 << 16)
+        _check_int(self, "seq_len", 1, 1 << 16)
+        _check_int(self, "markov_order", 1, 3)
+        _check_int(self, "markov_states", 2, 256)
+        if self.markov_states ** self.markov_order > 1024:
+            raise ValueError(
+                f"TaskConfig.markov_states ** markov_order = "
+                f"{self.markov_states}**{self.markov_order} exceeds 1024 contexts; "
+                f"lower markov_states or markov_order")
+        _check_int(self, "markov_seed", 0)
+        _check_float(self, "markov_concentration", 0.0, 100.0, lo_open=True)
+        _check_int(self, "eval_batches", 1, 1024)
+        _check_int(self, "dim", 1, 1 << 16)
+        _check_int(self, "quad_blocks", 1, 256)
+        _check_float(self, "quad_noise", 0.0, 100.0)
+        _check_float(self, "corpus_mb", 0.0, 64.0, lo_open=True)
+        _check_float(self, "corpus_eval_fraction", 0.0, 0.5, lo_open=True)
+
+    @property
+    def tokens_per_row(self) -> int:
+        """Tokens one batch row contributes (the unit of c_tokens): predicted tokens for
+        the language tasks, 1 sample for the quadratic."""
+        return 1 if self.kind == "quadratic" else self.seq_len
+
+
+_SECTIONS = {"model": ModelConfig, "inner": InnerOptConfig, "outer": OuterOptConfig,
+             "diloco": DilocoConfig, "task": TaskConfig}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "run"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    inner: InnerOptConfig = field(default_factory=InnerOptConfig)
+    outer: OuterOptConfig = field(default_factory=OuterOptConfig)
+    diloco: DilocoConfig = field(default_factory=DilocoConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    steps: int = 400  # inner steps per learner
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"RunConfig.name must be a non-empty string, got {self.name!r}")
+        _check_int(self, "seed", 0, (1 << 32) - 1)
+        _check_int(self, "steps", 1)
+        for key, cls in _SECTIONS.items():
+            if not isinstance(getattr(self, key), cls):
+                raise ValueError(f"RunConfig.{key} must be a {cls.__name__}, "
+                                 f"got {type(getattr(self, key)).__name__}")
+        d, t, m = self.diloco, self.task, self.model
+        if t.batch_size % d.slices:
+            raise ValueError(f"TaskConfig.batch_size = {t.batch_size} must be divisible by "
+                             f"DilocoConfig.slices = {d.slices} (the batch is split over slices)")
+        if t.kind != "quadratic":
+            if t.seq_len > m.context:
+                raise ValueError(f"TaskConfig.seq_len = {t.seq_len} exceeds "
+                                 f"ModelConfig.context = {m.context}; valid: [1, {m.context}]")
+            if t.kind == "markov" and t.markov_states > m.vocab:
+                raise ValueError(f"TaskConfig.markov_states = {t.markov_states} exceeds "
+                                 f"ModelConfig.vocab = {m.vocab}")
+            if t.kind == "corpus" and m.vocab < 256:
+                raise ValueError(f"ModelConfig.vocab = {m.vocab}: the corpus task is "
+                                 f"byte-level and needs vocab >= 256")
+
+    @property
+    def n_fragments(self) -> int:
+        return self.diloco.n_fragments(self.model)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (only str, int, float, bool and nested dicts)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        """Inverse of `to_dict`. Missing keys take their defaults; unknown keys raise."""
+        _reject_unknown(cls, data, "RunConfig")
+        kwargs = dict(data)
+        for key, sub in _SECTIONS.items():
+            if key in kwargs:
+                value = kwargs[key]
+                if not isinstance(value, dict):
+                    raise ValueError(f"RunConfig.{key} must be a table/dict, got {value!r}")
+                _reject_unknown(sub, value, f"RunConfig.{key}")
+                kwargs[key] = sub(**value)
+        return cls(**kwargs)
+
+
+def _reject_unknown(cls: type, data: dict[str, Any], where: str) -> None:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must be a dict, got {type(data).__name__}")
+    valid = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in valid:
+            raise ValueError(f"unknown key {where}.{key!s}; valid keys: {', '.join(valid)}")
