@@ -1,0 +1,260 @@
+"""LearnerCore: one learner unit's side of the protocol, sans-IO (docs/PROTOCOL.md, "Learner").
+
+The shell runs the inner steps; the core decides what goes over the network and what
+happens to the parameters when a global fragment arrives. The parameters are an
+opaque object (a JAX pytree in the trainer, a list of numpy arrays in tests), touched
+only through the injected `LearnerMath`.
+
+Per fragment p the core keeps base[p] (the last global Θ[p] received) and its version,
+c_steps[p] / c_tokens[p] since p was last sent, and the in-flight record (seq, sent_at,
+sent_step). Rules:
+
+- after each inner step, if `due_fragment(step)` names p: send Δ = base[p] − θ[p]
+  (compressed by `pseudo_grad_payload`), reset p's counters, record p in flight;
+- on FragmentUpdate(p): θ[p] ← mix(θ[p], Θ[p], α), base[p] ← Θ[p]; if p was awaiting its
+  fetch, θ[p] ← Θ[p] (overwrite) and p's counters restart; last_sync_s = now − sent_at;
+- after `start` and after every reconnect to a shard, the shard's fragments await a fetch
+  (the Hello's rejoin reply, or any newer update) and are not contributed until it comes;
+- decoupled mode never blocks; streaming / sync_diloco block once a fragment has been in
+  flight τ steps; dp / elastic_dp block from `grads_ready` until every GradMean is in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from trainer.messages import Contribution, FragmentUpdate, GradMean, GradStep, Hello, SliceControl
+from trainer.protocol_base import (DILOCO_MODES, DP_MODES, LEARNER_BUGS, MODES, ApplyGrads, Block,
+                                   IllegalTransition, Log, NotStarted, Send, SetSlices, Unblock,
+                                   UnexpectedMessage, UnknownFragment, UnknownPeer, check_common)
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    learner: str
+    incarnation: int            # increases on every restart of the unit
+    owners: tuple[str, ...]     # owners[p]: the shard owning fragment p; P = len(owners)
+    mode: str = "decoupled"
+    tau: int = 2                # overlap τ: inner steps a fragment may be in flight (streaming)
+    alpha: float = 0.0          # mixing α: θ[p] ← α·θ[p] + (1−α)·Θ[p]
+    bugs: frozenset = frozenset()
+
+    def __post_init__(self):
+        check_common("LearnerConfig", self.mode, self.bugs, LEARNER_BUGS)
+        object.__setattr__(self, "owners", tuple(self.owners))
+        if not self.learner or self.incarnation < 0:
+            raise ValueError(f"LearnerConfig needs a name and incarnation ≥ 0, got "
+                             f"{self.learner!r}, {self.incarnation}")
+        if not self.owners or not all(self.owners):
+            raise ValueError(f"LearnerConfig.owners must name a shard per fragment, got {self.owners}")
+        if self.mode == "sync_diloco" and len(self.owners) != 1:
+            raise ValueError(f"LearnerConfig: sync_diloco syncs the whole model, P must be 1, got {len(self.owners)}")
+        if self.tau < 0 or not 0 <= self.alpha <= 1:
+            raise ValueError(f"LearnerConfig needs tau ≥ 0 and 0 ≤ alpha ≤ 1, got {self.tau}, {self.alpha}")
+
+    @property
+    def shards(self) -> tuple[str, ...]:
+        return tuple(sorted(set(self.owners)))
+
+
+@dataclass(frozen=True)
+class LearnerMath:
+    """get_fragment(params, p) -> arrays; set_fragment(params, p, arrays) -> params;
+    pseudo_grad_payload(base, local) -> payload (Δ = base − local, compressed);
+    mix(local, global, alpha) -> arrays; due_fragment(step) -> p | None;
+    grad_payload(arrays) -> payload (dp modes only)."""
+
+    get_fragment: Callable[[Any, int], list]
+    set_fragment: Callable[[Any, int, list], Any]
+    pseudo_grad_payload: Callable[[list, list], list]
+    mix: Callable[[list, list, float], list]
+    due_fragment: Callable[[int], int | None]
+    grad_payload: Callable[[list], list] | None = None
+
+
+@dataclass(frozen=True)
+class InFlight:
+    seq: int
+    sent_at: float
+    sent_step: int
+
+
+@dataclass(frozen=True)
+class LearnerState:
+    params: Any
+    base: tuple                  # per p: the last Θ[p] received (at first: own initial params)
+    base_version: tuple          # per p
+    c_steps: tuple               # per p, since p was last sent
+    c_tokens: tuple
+    step: int = 0                # inner steps done
+    seq: int = 0                 # last seq used by this incarnation
+    started: bool = False
+    awaiting: frozenset = frozenset()               # fragments not contributed until fetched
+    in_flight: dict = field(default_factory=dict)   # p -> InFlight
+    blocked: bool = False
+    step_time_s: float | None = None
+    last_sync_s: float | None = None
+    live_slices: int | None = None
+    dp_grads: Any = None                            # dp: the gradient pytree being averaged
+    dp_wait: dict = field(default_factory=dict)     # dp: p -> GradStep awaiting its GradMean
+
+
+def _put(t: tuple, p: int, value) -> tuple:
+    return t[:p] + (value,) + t[p + 1:]
+
+
+class LearnerCore:
+    # message type -> (handler, modes in which it is legal)
+    _HANDLERS = {
+        FragmentUpdate: ("_on_update", DILOCO_MODES),
+        GradMean: ("_on_grad_mean", DP_MODES),
+        SliceControl: ("_on_slices", MODES),
+    }
+
+    def __init__(self, config: LearnerConfig, math: LearnerMath):
+        if config.mode in DP_MODES and math.grad_payload is None:
+            raise ValueError(f"mode {config.mode!r} needs LearnerMath.grad_payload")
+        self.config, self.math = config, math
+
+    def init(self, params) -> LearnerState:
+        n = len(self.config.owners)
+        return LearnerState(params=params, base=tuple(list(self.math.get_fragment(params, p)) for p in range(n)),
+                            base_version=(0,) * n, c_steps=(0,) * n, c_tokens=(0,) * n)
+
+    @staticmethod
+    def params(state: LearnerState):
+        return state.params
+
+    def must_wait(self, state: LearnerState) -> bool:
+        """True while the shell must not run the next inner step."""
+        if self.config.mode in DP_MODES:
+            return bool(state.dp_wait)
+        if self.config.mode == "decoupled":
+            return False
+        return any(state.step - f.sent_step >= self.config.tau for f in state.in_flight.values())
+
+    # --- events -----------------------------------------------------------------------------
+    def start(self, state: LearnerState, now: float):
+        if state.started:
+            raise IllegalTransition(f"{self.config.learner} started twice")
+        state = replace(state, started=True, awaiting=self._to_fetch(range(len(self.config.owners))))
+        return state, [Send(s, self._hello()) for s in self.config.shards]
+
+    def shard_connected(self, state: LearnerState, now: float, shard: str):
+        """The link to `shard` is (again) up: fetch its fragments, resend unanswered dp gradients."""
+        self._started(state)
+        if shard not in self.config.owners:
+            raise UnknownPeer(f"{shard!r} owns no fragment; shards: {list(self.config.shards)}")
+        mine = [p for p, owner in enumerate(self.config.owners) if owner == shard]
+        state = replace(state, awaiting=state.awaiting | self._to_fetch(mine))
+        return state, [Send(shard, self._hello())] + [Send(shard, state.dp_wait[p]) for p in mine
+                                                      if p in state.dp_wait]
+
+    def after_inner_step(self, state: LearnerState, now: float, params, tokens: int, step_time_s: float):
+        """An inner step finished: `params` are the new local ones."""
+        self._started(state)
+        if self.must_wait(state):
+            raise IllegalTransition(f"{self.config.learner} stepped while it must wait")
+        state = replace(state, params=params, step=state.step + 1, step_time_s=step_time_s,
+                        c_steps=tuple(c + 1 for c in state.c_steps),
+                        c_tokens=tuple(c + tokens for c in state.c_tokens))
+        p = None if self.config.mode in DP_MODES else self.math.due_fragment(state.step)
+        if p is None:
+            return state, []
+        self._fragment(p)
+        return self._check_block(*self._contribute(state, now, p))
+
+    def grads_ready(self, state: LearnerState, now: float, grads, tokens: int):
+        """dp modes: send this step's gradient, one GradStep per fragment, and wait for the means."""
+        self._started(state)
+        if self.config.mode not in DP_MODES:
+            raise UnexpectedMessage(f"grads_ready is for the dp modes, not {self.config.mode!r}")
+        if state.dp_wait:
+            raise IllegalTransition(f"{self.config.learner}: step {state.step} is still being averaged")
+        wait, seq = {}, state.seq
+        for p, owner in enumerate(self.config.owners):
+            seq += 1
+            wait[p] = GradStep(self.config.learner, self.config.incarnation, seq, p, state.step, tokens,
+                               self.math.grad_payload(self.math.get_fragment(grads, p)))
+        state = replace(state, seq=seq, dp_wait=wait, dp_grads=grads)
+        return self._check_block(state, [Send(self.config.owners[p], m) for p, m in wait.items()])
+
+    def receive(self, state: LearnerState, now: float, sender: str, msg):
+        handler, modes = self._HANDLERS.get(type(msg), (None, ()))
+        if self.config.mode not in modes:
+            raise UnexpectedMessage(f"learner ({self.config.mode}) never receives {type(msg).__name__}")
+        self._started(state)
+        return getattr(self, handler)(state, now, sender, msg)
+
+    # --- handlers ---------------------------------------------------------------------------
+    def _on_update(self, state: LearnerState, now: float, sender: str, msg: FragmentUpdate):
+        p = self._fragment(msg.fragment, sender)
+        fetch = p in state.awaiting
+        if not fetch and msg.version <= state.base_version[p]:
+            return state, [Log("drop", {"what": "FragmentUpdate", "fragment": p, "version": msg.version,
+                                        "reason": "old_version"})]
+        glob = list(msg.params)
+        local = glob if fetch else self.math.mix(self.math.get_fragment(state.params, p), glob, self.config.alpha)
+        state = replace(state, params=self.math.set_fragment(state.params, p, local),
+                        base=_put(state.base, p, glob), base_version=_put(state.base_version, p, msg.version),
+                        awaiting=state.awaiting - {p})
+        if fetch:  # local progress on p was overwritten: count afresh
+            state = replace(state, c_steps=_put(state.c_steps, p, 0), c_tokens=_put(state.c_tokens, p, 0))
+        if (flight := state.in_flight.get(p)) is not None:
+            state = replace(state, last_sync_s=now - flight.sent_at,
+                            in_flight={q: f for q, f in state.in_flight.items() if q != p})
+        return self._check_block(state, [])
+
+    def _on_grad_mean(self, state: LearnerState, now: float, sender: str, msg: GradMean):
+        p = self._fragment(msg.fragment, sender)
+        sent = state.dp_wait.get(p)
+        if sent is None or sent.seq != msg.seq:
+            return state, [Log("drop", {"what": "GradMean", "fragment": p, "seq": msg.seq,
+                                        "reason": "not_awaited"})]
+        grads = self.math.set_fragment(state.dp_grads, p, list(msg.grads))
+        wait = {q: m for q, m in state.dp_wait.items() if q != p}
+        state = replace(state, dp_wait=wait, dp_grads=grads if wait else None)
+        return self._check_block(state, [] if wait else [ApplyGrads(state.step, grads)])
+
+    def _on_slices(self, state: LearnerState, now: float, sender: str, msg: SliceControl):
+        return replace(state, live_slices=msg.live_slices), [
+            SetSlices(msg.live_slices), Log("slices", {"live_slices": msg.live_slices})]
+
+    # --- helpers ----------------------------------------------------------------------------
+    def _contribute(self, state: LearnerState, now: float, p: int):
+        if p in state.awaiting:  # counters keep running; p goes out on its next turn
+            return state, [Log("drop", {"what": "Contribution", "fragment": p, "reason": "awaiting_fetch"})]
+        seq = state.seq + 1
+        payload = self.math.pseudo_grad_payload(state.base[p], self.math.get_fragment(state.params, p))
+        msg = Contribution(self.config.learner, self.config.incarnation, seq, p, state.base_version[p],
+                           state.c_steps[p], state.c_tokens[p], state.step_time_s, state.last_sync_s, payload)
+        state = replace(state, seq=seq, c_steps=_put(state.c_steps, p, 0), c_tokens=_put(state.c_tokens, p, 0),
+                        in_flight={**state.in_flight, p: InFlight(seq, now, state.step)})
+        return state, [Send(self.config.owners[p], msg)]
+
+    def _check_block(self, state: LearnerState, actions: list):
+        wait = self.must_wait(state)
+        if wait == state.blocked:
+            return state, actions
+        reason = "dp_mean" if self.config.mode in DP_MODES else "in_flight"
+        return replace(state, blocked=wait), actions + [
+            Block(reason) if wait else Unblock(), Log("blocked", {"on": wait, "reason": reason, "step": state.step})]
+
+    def _to_fetch(self, fragments) -> frozenset:
+        if self.config.mode in DP_MODES or "rejoin_without_fetch" in self.config.bugs:
+            return frozenset()
+        return frozenset(fragments)
+
+    def _hello(self) -> Hello:
+        return Hello(self.config.learner, self.config.incarnation)
+
+    def _started(self, state: LearnerState) -> None:
+        if not state.started:
+            raise NotStarted(f"{self.config.learner}: event before start")
+
+    def _fragment(self, p: int, sender: str | None = None) -> int:
+        if not 0 <= p < len(self.config.owners):
+            raise UnknownFragment(f"fragment {p} of {len(self.config.owners)}")
+        if sender is not None and sender != self.config.owners[p]:
+            raise UnknownPeer(f"fragment {p} comes from {self.config.owners[p]!r}, not {sender!r}")
+        return p

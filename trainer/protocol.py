@@ -1,0 +1,24 @@
+"""The sans-IO protocol of Decoupled DiLoCo: learner and syncer cores, their actions and errors.
+
+One import for the shells and the simulator:
+
+    from trainer.protocol import SyncerCore, SyncerConfig, SyncerMath, LearnerCore, ...
+
+The cores take `(state, now, event)` and return `(new_state, actions)`; no sockets,
+threads or clocks inside (h11-style). docs/PROTOCOL.md has the state machines.
+Layout: vocabulary in protocol_base.py, the shard in syncer_core.py, the learner unit in
+learner_core.py.
+"""
+from trainer.learner_core import InFlight, LearnerConfig, LearnerCore, LearnerMath, LearnerState
+from trainer.protocol_base import (BUGS, DILOCO_MODES, DP_MODES, LEARNER_BUGS, MODES, SYNCER_BUGS, ApplyGrads,
+                                   Block, IllegalTransition, Log, NotStarted, SaveCheckpoint, Send, SetSlices,
+                                   SetTimer, Unblock, UnexpectedMessage, UnknownFragment, UnknownPeer)
+from trainer.syncer_core import Pending, Round, SyncerConfig, SyncerCore, SyncerMath, SyncerState
+
+__all__ = [
+    "BUGS", "DILOCO_MODES", "DP_MODES", "LEARNER_BUGS", "MODES", "SYNCER_BUGS",
+    "ApplyGrads", "Block", "Log", "SaveCheckpoint", "Send", "SetSlices", "SetTimer", "Unblock",
+    "IllegalTransition", "NotStarted", "UnexpectedMessage", "UnknownFragment", "UnknownPeer",
+    "InFlight", "LearnerConfig", "LearnerCore", "LearnerMath", "LearnerState",
+    "Pending", "Round", "SyncerConfig", "SyncerCore", "SyncerMath", "SyncerState",
+]

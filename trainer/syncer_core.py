@@ -1,0 +1,362 @@
+"""SyncerCore: one syncer shard as a sans-IO state machine (docs/PROTOCOL.md, "Syncer").
+
+The shard owns some fragments. Per fragment p it holds the global Θ[p], the outer
+optimizer state, version[p] and, while an outer round is open, the pending
+contributions. Every event is a method `(state, now, ...) -> (state, actions)`; the
+state is immutable (dicts inside are never mutated: each transition builds new ones).
+
+An outer round for p (decoupled mode; streaming and sync_diloco use K = M and no grace):
+
+  idle ──contribution──▶ collecting ──K distinct learners──▶ grace ──deadline or all live in──▶ commit ─▶ idle
+                          (round_open)       (SetTimer at quorum + grace)          (merge, outer step, version+1,
+                                                                                     FragmentUpdate to live, SaveCheckpoint)
+
+  grace = γ · max(0, τ·ξ_step − ξ_quorum − ξ_sync)
+
+ξ_step and ξ_sync are EMAs of what learners report in their contributions, ξ_quorum of
+(quorum time − round open time), all shard-wide; ξ_quorum takes the current round's
+observation before the grace is computed. In "dp" / "elastic_dp" a round collects one
+GradStep per learner and answers each with the token-weighted mean (GradMean).
+
+All math is injected (`SyncerMath`), so this file imports neither JAX nor the optimizer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from trainer.messages import Contribution, FragmentUpdate, GradMean, GradStep, Hello
+from trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, SYNCER_BUGS, IllegalTransition, Log,
+                                   SaveCheckpoint, Send, SetTimer, UnexpectedMessage, UnknownFragment,
+                                   UnknownPeer, check_common, ema)
+
+SNAPSHOT_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class SyncerConfig:
+    shard: str
+    fragments: tuple[int, ...]  # owned fragment indices
+    learners: tuple[str, ...]   # the M learner units of the run
+    mode: str = "decoupled"
+    quorum: int = 1             # K, decoupled mode only (the others use K = M)
+    tau: float = 2              # overlap τ, inner steps
+    grace_gamma: float = 0.5    # γ < 1
+    ema_weight: float = 0.25    # weight of a new observation in ξ
+    bugs: frozenset = frozenset()
+
+    def __post_init__(self):
+        check_common("SyncerConfig", self.mode, self.bugs, SYNCER_BUGS)
+        object.__setattr__(self, "fragments", tuple(self.fragments))
+        object.__setattr__(self, "learners", tuple(self.learners))
+        if not self.shard:
+            raise ValueError("SyncerConfig.shard must be a non-empty name")
+        if len(set(self.fragments)) != len(self.fragments) or any(p < 0 for p in self.fragments):
+            raise ValueError(f"SyncerConfig.fragments must be distinct indices ≥ 0, got {self.fragments}")
+        if not self.learners or len(set(self.learners)) != len(self.learners):
+            raise ValueError(f"SyncerConfig.learners must be distinct names, at least one, got {self.learners}")
+        if not 1 <= self.quorum <= len(self.learners):
+            raise ValueError(f"SyncerConfig.quorum must be in 1..{len(self.learners)} (M), got {self.quorum}")
+        if self.tau < 0 or not 0 <= self.grace_gamma < 1 or not 0 < self.ema_weight <= 1:
+            raise ValueError("SyncerConfig needs tau ≥ 0, 0 ≤ grace_gamma < 1, 0 < ema_weight ≤ 1; got "
+                             f"{self.tau}, {self.grace_gamma}, {self.ema_weight}")
+
+    @property
+    def k(self) -> int:
+        """The minimum quorum actually used."""
+        return self.quorum if self.mode == "decoupled" else len(self.learners)
+
+
+@dataclass(frozen=True)
+class SyncerMath:
+    """merge_and_step(Θ[p], outer_p, deltas, weights) -> (Θ[p], outer_p): merge + outer step;
+    weight(c_tokens, c_steps, staleness) -> float; decode(payload) -> fp32 arrays;
+    outer_init(Θ[p]) -> outer_p; average(grads, weights) -> arrays (dp modes only)."""
+
+    merge_and_step: Callable[[list, Any, list, list], tuple[list, Any]]
+    weight: Callable[[int, int, int], float]
+    decode: Callable[[list], list]
+    outer_init: Callable[[list], Any]
+    average: Callable[[list, list], list] | None = None
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A contribution (or dp gradient, base_version = its step) waiting in a round."""
+
+    incarnation: int
+    seq: int
+    base_version: int
+    c_steps: int
+    c_tokens: int
+    payload: list
+    received_at: float
+
+
+@dataclass(frozen=True)
+class Round:
+    opened_at: float
+    pending: dict            # learner -> Pending; one per learner
+    quorum_at: float | None = None
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class SyncerState:
+    theta: dict              # p -> list of arrays
+    outer: dict              # p -> outer optimizer state (opaque)
+    version: dict            # p -> int
+    durable: dict            # p -> highest version the shell reported saved
+    live: frozenset = frozenset()
+    rounds: dict = field(default_factory=dict)       # p -> Round, open rounds only
+    last_merged: dict = field(default_factory=dict)  # (learner, p) -> (incarnation, seq)
+    dp_sent: dict = field(default_factory=dict)      # (learner, p) -> last GradMean sent
+    xi_step: float | None = None
+    xi_quorum: float | None = None
+    xi_sync: float | None = None
+
+
+def _without(d: dict, key) -> dict:
+    return {k: v for k, v in d.items() if k != key}
+
+
+class SyncerCore:
+    # message type -> (handler, modes in which it is legal)
+    _HANDLERS = {
+        Hello: ("_on_hello", MODES),
+        Contribution: ("_on_contribution", DILOCO_MODES),
+        GradStep: ("_on_grad_step", DP_MODES),
+    }
+
+    def __init__(self, config: SyncerConfig, math: SyncerMath):
+        if config.mode in DP_MODES and math.average is None:
+            raise ValueError(f"mode {config.mode!r} needs SyncerMath.average")
+        self.config, self.math = config, math
+
+    def init(self, theta: dict) -> SyncerState:
+        """Θ[p] for every owned p (the run's initial parameters), at version 0."""
+        frags = self.config.fragments
+        if missing := set(frags) - set(theta):
+            raise ValueError(f"init needs Θ for every owned fragment; missing {sorted(missing)}")
+        return SyncerState(theta={p: list(theta[p]) for p in frags},
+                           outer={p: self.math.outer_init(theta[p]) for p in frags},
+                           version=dict.fromkeys(frags, 0), durable=dict.fromkeys(frags, 0))
+
+    # --- events -----------------------------------------------------------------------------
+    def learner_connected(self, state: SyncerState, now: float, learner: str):
+        self._known(learner)
+        return replace(state, live=state.live | {learner}), []
+
+    def learner_disconnected(self, state: SyncerState, now: float, learner: str):
+        """The live set shrinks: a round waiting for 'all live learners' may now commit."""
+        self._known(learner)
+        state, actions = replace(state, live=state.live - {learner}), []
+        for p in sorted(state.rounds):
+            state, more = self._advance(state, now, p)
+            actions += more
+        return state, actions
+
+    def receive(self, state: SyncerState, now: float, sender: str, msg):
+        handler, modes = self._HANDLERS.get(type(msg), (None, ()))
+        if self.config.mode not in modes:
+            raise UnexpectedMessage(f"shard {self.config.shard} ({self.config.mode}) never receives "
+                                    f"{type(msg).__name__}")
+        if msg.learner != sender:
+            raise UnknownPeer(f"{type(msg).__name__} signed {msg.learner!r} arrived from {sender!r}")
+        self._known(sender)
+        return getattr(self, handler)(state, now, msg)
+
+    def timer(self, state: SyncerState, now: float, key: str):
+        """A grace window may have expired. Timers of rounds already closed are harmless."""
+        kind, _, p = key.partition(":")
+        if kind != "grace" or not p.isdigit():
+            raise IllegalTransition(f"unknown timer {key!r}")
+        return self._advance(state, now, self._owned(int(p)))
+
+    def durable(self, state: SyncerState, now: float, versions: dict):
+        """The shell saved a snapshot holding these versions: they survive a restart."""
+        for p, v in versions.items():
+            if v > state.version[self._owned(p)]:
+                raise IllegalTransition(f"fragment {p}: version {v} reported durable, only "
+                                        f"{state.version[p]} committed")
+        durable = {p: max(v, versions.get(p, v)) for p, v in state.durable.items()}
+        return replace(state, durable=durable), [Log("checkpoint_saved", {"versions": dict(versions)})]
+
+    # --- the durable part -------------------------------------------------------------------
+    def snapshot(self, state: SyncerState) -> dict:
+        """Θ, outer states, versions and who was merged last, for the shell's checkpoint."""
+        merged: dict = {}
+        for (learner, p), (inc, seq) in sorted(state.last_merged.items()):
+            merged.setdefault(learner, {})[str(p)] = [inc, seq]
+        return {"format": SNAPSHOT_FORMAT, "shard": self.config.shard,
+                "fragments": {str(p): {"version": state.version[p], "theta": list(state.theta[p]),
+                                       "outer": state.outer[p]} for p in self.config.fragments},
+                "last_merged": merged}
+
+    def restore(self, snap: dict) -> SyncerState:
+        """A restarted shard: the snapshot's versions are durable; rounds and links start empty."""
+        cfg = self.config
+        if snap.get("format") != SNAPSHOT_FORMAT or snap.get("shard") != cfg.shard:
+            raise ValueError(f"snapshot of shard {snap.get('shard')!r} format {snap.get('format')}, "
+                             f"expected shard {cfg.shard!r} format {SNAPSHOT_FORMAT}")
+        frags = {int(p): f for p, f in snap["fragments"].items()}
+        if set(frags) != set(cfg.fragments):
+            raise ValueError(f"snapshot holds fragments {sorted(frags)}, shard owns {list(cfg.fragments)}")
+        version = {p: int(f["version"]) for p, f in frags.items()}
+        return SyncerState(theta={p: list(f["theta"]) for p, f in frags.items()},
+                           outer={p: f["outer"] for p, f in frags.items()}, version=version,
+                           durable=dict(version),
+                           last_merged={(learner, int(p)): (int(v[0]), int(v[1]))
+                                        for learner, d in snap["last_merged"].items() for p, v in d.items()})
+
+    def grace_s(self, state: SyncerState) -> float:
+        if self.config.mode != "decoupled":
+            return 0.0
+        budget = self.config.tau * (state.xi_step or 0.0) - (state.xi_quorum or 0.0) - (state.xi_sync or 0.0)
+        return self.config.grace_gamma * max(0.0, budget)
+
+    # --- message handlers -------------------------------------------------------------------
+    def _on_hello(self, state: SyncerState, now: float, msg: Hello):
+        if self.config.mode in DP_MODES:
+            return state, []  # nothing to fetch: dp shards hold no parameters
+        return state, [Send(msg.learner, FragmentUpdate(p, state.version[p], True, state.theta[p]))
+                       for p in self.config.fragments]
+
+    def _on_contribution(self, state: SyncerState, now: float, c: Contribution):
+        p = self._owned(c.fragment)
+        prev = state.rounds[p].pending.get(c.learner) if p in state.rounds else None
+        why = self._seen(state, p, c, prev)
+        if why is None and (c.c_steps < 1 or c.c_tokens < 1):
+            why = "empty"
+        if why is None and c.base_version > state.version[p]:
+            why = "future_base"  # Δ against a version this shard never had (lost in a restart)
+        if why:
+            return state, [self._drop(c, why)]
+        new = Pending(c.incarnation, c.seq, c.base_version, c.c_steps, c.c_tokens, c.payload, now)
+        if prev is not None and prev.base_version == new.base_version:
+            # Same base: the newer Δ = Θ_base − θ_m already holds the older one's progress,
+            # so it replaces it and the counters add up.
+            new = replace(new, c_steps=new.c_steps + prev.c_steps, c_tokens=new.c_tokens + prev.c_tokens)
+        cw = self.config.ema_weight
+        state = replace(state, xi_step=ema(state.xi_step, c.step_time_s, cw),
+                        xi_sync=state.xi_sync if c.last_sync_s is None else ema(state.xi_sync, c.last_sync_s, cw))
+        return self._add(state, now, p, c.learner, new, prev)
+
+    def _on_grad_step(self, state: SyncerState, now: float, g: GradStep):
+        p = self._owned(g.fragment)
+        prev = state.rounds[p].pending.get(g.learner) if p in state.rounds else None
+        why = self._seen(state, p, g, prev)
+        if why:
+            actions = [self._drop(g, why)]
+            resend = state.dp_sent.get((g.learner, p))
+            if resend is not None and resend.seq == g.seq:  # its mean was lost with the link
+                actions.append(Send(g.learner, resend))
+            return state, actions
+        return self._add(state, now, p, g.learner, Pending(g.incarnation, g.seq, g.step, 1, g.c_tokens,
+                                                           g.payload, now), prev)
+
+    # --- rounds -----------------------------------------------------------------------------
+    def _add(self, state: SyncerState, now: float, p: int, learner: str, new: Pending, prev: Pending | None):
+        actions = []
+        if prev is not None:
+            actions.append(Log("drop", {"what": "contribution", "fragment": p, "learner": learner,
+                                        "incarnation": prev.incarnation, "seq": prev.seq,
+                                        "reason": "superseded", "by_seq": new.seq}))
+        rnd = state.rounds.get(p)
+        if rnd is None:
+            rnd = Round(opened_at=now, pending={})
+            actions.append(Log("round_open", {"fragment": p, "version": state.version[p], "learner": learner}))
+        rnd = replace(rnd, pending={**rnd.pending, learner: new})
+        state, more = self._advance(replace(state, rounds={**state.rounds, p: rnd}), now, p)
+        return state, actions + more
+
+    def _advance(self, state: SyncerState, now: float, p: int):
+        """The round table: collecting → grace once K learners are in → commit."""
+        rnd = state.rounds.get(p)
+        if rnd is None:
+            return state, []
+        if self.config.mode in DP_MODES:
+            expected = frozenset(self.config.learners) if self.config.mode == "dp" else state.live
+            return self._commit_dp(state, now, p) if expected.issubset(rnd.pending) else (state, [])
+        actions = []
+        if rnd.quorum_at is None:
+            need = 1 if "ignore_quorum" in self.config.bugs else self.config.k
+            if len(rnd.pending) < need:
+                return state, []
+            state = replace(state, xi_quorum=ema(state.xi_quorum, now - rnd.opened_at, self.config.ema_weight))
+            rnd = replace(rnd, quorum_at=now, deadline=now + self.grace_s(state))
+            state = replace(state, rounds={**state.rounds, p: rnd})
+            actions.append(SetTimer(f"grace:{p}", rnd.deadline))
+        if now >= rnd.deadline or state.live.issubset(rnd.pending):
+            return self._commit(state, now, p)
+        return state, actions
+
+    def _commit(self, state: SyncerState, now: float, p: int):
+        rnd, v, bugs = state.rounds[p], state.version[p], self.config.bugs
+        merged = sorted(rnd.pending.items())
+        stale = [v - pc.base_version for _, pc in merged]
+        weights = [float(self.math.weight(pc.c_tokens, pc.c_steps, 0 if "stale_as_fresh" in bugs else s))
+                   for (_, pc), s in zip(merged, stale)]
+        if not sum(weights) > 0:  # nothing to merge: close the round, Θ and version unchanged
+            return replace(state, rounds=_without(state.rounds, p)), [
+                Log("drop", {"what": "contribution", "fragment": p, "learner": learner, "seq": pc.seq,
+                             "incarnation": pc.incarnation, "reason": "zero_weight"}) for learner, pc in merged]
+        theta, outer = self.math.merge_and_step(state.theta[p], state.outer[p],
+                                                [self.math.decode(pc.payload) for _, pc in merged], weights)
+        state, actions = self._close(replace(state, theta={**state.theta, p: list(theta)},
+                                             outer={**state.outer, p: outer}), now, p, weights, stale)
+        update = FragmentUpdate(p, v + 1, False, state.theta[p])
+        actions += [Send(learner, update) for learner in sorted(state.live)]
+        return state, actions + [SaveCheckpoint(dict(state.version))]
+
+    def _commit_dp(self, state: SyncerState, now: float, p: int):
+        merged = sorted(state.rounds[p].pending.items())
+        weights = [float(pc.c_tokens) for _, pc in merged]
+        grads = self.math.average([self.math.decode(pc.payload) for _, pc in merged], weights)
+        state, actions = self._close(state, now, p, weights, [0] * len(merged))
+        means = {(learner, p): GradMean(p, state.version[p], pc.seq, len(merged), list(grads))
+                 for learner, pc in merged}
+        actions += [Send(learner, m) for (learner, _), m in means.items()]
+        return replace(state, dp_sent={**state.dp_sent, **means}), actions
+
+    def _close(self, state: SyncerState, now: float, p: int, weights: list, stale: list):
+        """Bookkeeping of every commit: version + 1, who was merged, merge/round_commit lines."""
+        rnd, v = state.rounds[p], state.version[p] + 1
+        merged = sorted(rnd.pending.items())
+        logs = [Log("merge", {"fragment": p, "version": v, "learner": learner, "incarnation": pc.incarnation,
+                              "seq": pc.seq, "base_version": pc.base_version, "staleness": s, "weight": w,
+                              "c_steps": pc.c_steps, "c_tokens": pc.c_tokens})
+                for (learner, pc), w, s in zip(merged, weights, stale)]
+        logs.append(Log("round_commit", {
+            "fragment": p, "version": v, "n": len(merged), "tokens": sum(pc.c_tokens for _, pc in merged),
+            "opened_at": rnd.opened_at, "quorum_at": rnd.quorum_at,
+            "grace_s": None if rnd.quorum_at is None else rnd.deadline - rnd.quorum_at}))
+        state = replace(state, version={**state.version, p: v}, rounds=_without(state.rounds, p),
+                        last_merged={**state.last_merged,
+                                     **{(learner, p): (pc.incarnation, pc.seq) for learner, pc in merged}})
+        return state, logs
+
+    # --- checks -----------------------------------------------------------------------------
+    def _seen(self, state: SyncerState, p: int, msg, prev: Pending | None) -> str | None:
+        """'duplicate' / 'old_seq' if (incarnation, seq) is not newer than what was merged or
+        is pending from this learner for p: each contribution is merged at most once."""
+        key = (msg.incarnation, msg.seq)
+        last = state.last_merged.get((msg.learner, p))
+        if last is not None and key <= last and "merge_twice" not in self.config.bugs:
+            return "duplicate" if key == last else "old_seq"
+        if prev is not None and key <= (prev.incarnation, prev.seq):
+            return "duplicate" if key == (prev.incarnation, prev.seq) else "old_seq"
+        return None
+
+    def _drop(self, msg, reason: str) -> Log:
+        return Log("drop", {"what": type(msg).__name__, "fragment": msg.fragment, "learner": msg.learner,
+                            "incarnation": msg.incarnation, "seq": msg.seq, "reason": reason})
+
+    def _owned(self, p: int) -> int:
+        if p not in self.config.fragments:
+            raise UnknownFragment(f"shard {self.config.shard} owns fragments {list(self.config.fragments)}, not {p}")
+        return p
+
+    def _known(self, learner: str) -> None:
+        if learner not in self.config.learners:
+            raise UnknownPeer(f"learner {learner!r} is not one of {list(self.config.learners)}")
