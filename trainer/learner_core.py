@@ -49,8 +49,8 @@ class LearnerConfig:
             raise ValueError(f"LearnerConfig.owners must name a shard per fragment, got {self.owners}")
         if self.mode == "sync_diloco" and len(self.owners) != 1:
             raise ValueError(f"LearnerConfig: sync_diloco syncs the whole model, P must be 1, got {len(self.owners)}")
-        if self.tau < 0 or not 0 <= self.alpha <= 1:
-            raise ValueError(f"LearnerConfig needs tau ≥ 0 and 0 ≤ alpha ≤ 1, got {self.tau}, {self.alpha}")
+        if self.tau < 0 or not 0 <= self.alpha < 1:  # α = 1 would never take Θ
+            raise ValueError(f"LearnerConfig needs tau ≥ 0 and 0 ≤ alpha < 1, got {self.tau}, {self.alpha}")
 
     @property
     def shards(self) -> tuple[str, ...]:
