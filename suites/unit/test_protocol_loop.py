@@ -66,7 +66,7 @@ def test_streaming_unblocks_when_the_fragment_comes_back():
     net.run(12)
     # fragment 1 leaves at step 2 (t=3), is merged at 4.2 and back at 5.4: steps 3 and 4
     # overlap, then the learner waits until it arrives
-    assert blocks(net, "A")[:2] == [(5.0, "Block"), (5.4, "Unblock")]
+    assert blocks(net, "A")[:2] == [(5.0, "Block"), (pytest.approx(5.4), "Unblock")]
     core, state = net.cores["A"], net.states["A"]
     stuck = replace(state, in_flight={0: InFlight(seq=1, sent_at=0.0, sent_step=state.step - 2)})
     with pytest.raises(IllegalTransition):  # the shell must honour a Block
@@ -133,7 +133,7 @@ def test_rejoin_fetch_overwrites_and_contributions_resume_within_a_cycle():
         {"what": "FragmentUpdate", "fragment": 0, "version": b.base_version[0], "reason": "old_version"}]
     net.run(40)
     mine = [(t, m) for t, s, _, m in net.sent if s == "B" and isinstance(m, Contribution) and m.incarnation == 1]
-    assert mine[0][0] == 25.8 and mine[0][1].base_version == b.base_version[1]  # step 6: fragment 1 again
+    assert mine[0][0] == pytest.approx(25.8) and mine[0][1].base_version == b.base_version[1]  # step 6: fragment 1 again
     first_merge = min(t for t, _, k, f in net.logs if k == "merge" and f["learner"] == "B" and f["incarnation"] == 1)
     assert first_merge == pytest.approx(27.8)  # restart + fetch + one fragment cycle + the trip
 
@@ -141,7 +141,7 @@ def test_rejoin_fetch_overwrites_and_contributions_resume_within_a_cycle():
 def test_planted_bug_rejoin_without_fetch_contributes_first_and_never_overwrites():
     net = rejoin_scenario(frozenset({"rejoin_without_fetch"}))
     early = [(t, m) for t, s, _, m in net.sent if s == "B" and isinstance(m, Contribution) and m.incarnation == 1]
-    assert early[0][0] == 21.8 and early[0][1].base_version == 0  # before any Θ reached it
+    assert early[0][0] == pytest.approx(21.8) and early[0][1].base_version == 0  # before any Θ reached it
     assert not overwritten(net.states["B"])
 
 
