@@ -126,8 +126,8 @@ def encode_frame(msg, run_id: str, sender: str) -> bytes:
             scalars[f.name] = value
     header = json.dumps({"run_id": run_id, "sender": sender, "kind": kind, "fields": scalars,
                          "tensors": tensors}, separators=(",", ":"), default=_scalar).encode()
-    body = b"".join([_HEAD.pack(MAGIC, PROTOCOL_VERSION, len(header)), header, *blobs])
-    return _LEN.pack(len(body)) + body
+    length = _HEAD.size + len(header) + sum(map(len, blobs))
+    return b"".join([_LEN.pack(length), _HEAD.pack(MAGIC, PROTOCOL_VERSION, len(header)), header, *blobs])
 
 
 # --- decoding -----------------------------------------------------------------------------
@@ -266,7 +266,7 @@ class FrameDecoder:
         end = _LEN.size + length
         if len(buf) < end:
             return None
-        body = memoryview(bytearray(buf[_LEN.size:end]))  # owned copy: decoded arrays view it
+        body = memoryview(buf[_LEN.size:end])  # a bytearray slice is an owned copy: arrays view it
         del buf[:end]
         header, msg = _parse(body, self.expected_run_id)
         header["frame_bytes"] = end
