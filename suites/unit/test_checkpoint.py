@@ -1,0 +1,160 @@
+"""trainer/checkpoint.py: async orbax checkpoints that restore without templates and
+never return a partially written step (a real process is SIGKILLed mid-save)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from trainer import tasks
+from trainer.checkpoint import Checkpointer
+from trainer.config import InnerOptConfig, ModelConfig, RunConfig, TaskConfig
+from trainer.inner import make_inner, opt_state_to_tree
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def syncer_tree(round_: int) -> dict:
+    rng = np.random.default_rng(round_)
+    return {"theta": {"0": [rng.standard_normal((3, 2)).astype(np.float32),
+                            rng.standard_normal(4).astype(np.float32)],
+                      "1": [np.ones(5, np.float32)]},
+            "outer": {"0": [np.zeros((3, 2), np.float32), np.zeros(4, np.float32)],
+                      "1": []},
+            "version": [round_, 2], "round": round_, "lr": 0.7, "ok": True,
+            "tokens": np.int64(123456789012)}
+
+
+def assert_same(a, b):
+    assert type(a) is type(b) or (isinstance(a, np.ndarray) and isinstance(b, np.ndarray))
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, list):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    else:
+        assert a == b
+
+
+def test_round_trip_returns_plain_numpy_trees(tmp_path):
+    with Checkpointer(tmp_path / "ck") as ck:
+        assert ck.latest_step() is None and ck.restore() is None
+        tree = syncer_tree(3)
+        ck.save(3, tree)
+        ck.wait()
+        assert ck.latest_step() == 3
+        got = ck.restore()
+    want = {**tree, "tokens": np.array(123456789012)}  # numpy scalars come back 0-d
+    assert_same(got, want)
+    with Checkpointer(tmp_path / "ck") as again:  # a restarted process, no template
+        assert again.latest_step() == 3
+        assert_same(again.restore(3), want)
+
+
+def test_save_copies_the_tree_so_the_caller_may_keep_mutating(tmp_path):
+    x = np.zeros(1000, np.float32)
+    with Checkpointer(tmp_path) as ck:
+        ck.save(1, {"x": x})
+        x += 1  # immediately, while the write may be in flight
+        ck.wait()
+        np.testing.assert_array_equal(ck.restore()["x"], np.zeros(1000, np.float32))
+
+
+def test_keeps_the_newest_and_steps_must_increase(tmp_path):
+    with Checkpointer(tmp_path, max_to_keep=2) as ck:
+        for step in (1, 2, 5):
+            ck.save(step, {"round": step})
+        ck.wait()
+        assert ck.steps() == [2, 5]
+        assert ck.restore(2) == {"round": 2}
+        with pytest.raises(ValueError, match="step 5 <= last saved step 5"):
+            ck.save(5, {"round": 5})
+        with pytest.raises(ValueError, match="no finalized checkpoint for step 1"):
+            ck.restore(1)
+
+
+def test_unstorable_leaves_are_named(tmp_path):
+    with Checkpointer(tmp_path) as ck:
+        with pytest.raises(ValueError, match="leaf meta/name has type str"):
+            ck.save(1, {"meta": {"name": "learner-1"}})
+        with pytest.raises(ValueError, match="leaf x/1 has type NoneType"):
+            ck.save(1, {"x": [1, None]})
+
+
+def test_a_learner_resumes_exactly_from_its_checkpoint(tmp_path):
+    cfg = RunConfig(model=ModelConfig(n_layers=1, d_model=16, n_heads=2, d_ff=32,
+                                      context=8, vocab=32),
+                    task=TaskConfig(batch_size=4, seq_len=8),
+                    inner=InnerOptConfig(warmup_steps=2, total_steps=20))
+    task = tasks.task_for_run(cfg)
+    loop = make_inner(cfg, task.loss_fn)
+    p = task.init_params(jax.random.key(0))
+    s = loop.init(p)
+    for step in range(3):
+        p, s, _ = loop.step(p, s, task.batch(0, step))
+    with Checkpointer(tmp_path) as ck:
+        ck.save(3, {"theta": p, "inner": opt_state_to_tree(s),
+                    "c_steps": [3, 3], "c_tokens": [96, 96]})
+        ck.wait()
+    with Checkpointer(tmp_path) as restarted:
+        tree = restarted.restore()
+    q = jax.tree.map(np.asarray, tree["theta"])
+    t = loop.opt_state_from_tree(q, tree["inner"])
+    assert tree["c_steps"] == [3, 3] and tree["c_tokens"] == [96, 96]
+    for step in range(3, 6):
+        p, s, _ = loop.step(p, s, task.batch(0, step))
+        q, t, _ = loop.step(q, t, task.batch(0, step))
+    for x, y in zip(jax.tree.leaves(p), jax.tree.leaves(q)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+KILL_MID_SAVE = textwrap.dedent("""
+    import json, os, signal, sys
+    import numpy as np
+    from trainer.checkpoint import Checkpointer
+    ck = Checkpointer(sys.argv[1])
+    ck.save(1, {"x": np.zeros(4, np.float32), "round": 1})
+    ck.wait()
+    big = np.random.default_rng(0).standard_normal(5_000_000).astype(np.float32)
+    ck.save(2, {"x": big, "round": 2})
+    print(json.dumps(sorted(os.listdir(sys.argv[1]))), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # mid-save: the write runs in orbax's thread
+""")
+
+
+def test_a_process_killed_mid_save_leaves_only_an_ignored_tmp_dir(tmp_path):
+    ck_dir = tmp_path / "ck"
+    proc = subprocess.run([sys.executable, "-c", KILL_MID_SAVE, str(ck_dir)],
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    at_kill = json.loads(proc.stdout.strip().splitlines()[-1])
+    left = sorted(os.listdir(ck_dir))
+    # What orbax leaves: the finalized step 1 and step 2's tmp dir (renamed to "2"
+    # only once complete). Should the write ever win the race, "2" is complete.
+    assert "1" in left and at_kill[0] == "1"
+    assert left in (["1", "2.orbax-checkpoint-tmp"], ["1", "2"]), left
+    with Checkpointer(ck_dir) as ck:
+        restored = ck.restore()
+        if "2" in left:
+            assert ck.latest_step() == 2 and restored["x"].shape == (5_000_000,)
+        else:
+            assert ck.latest_step() == 1 and restored["round"] == 1
+            np.testing.assert_array_equal(restored["x"], np.zeros(4, np.float32))
+            assert sorted(os.listdir(ck_dir)) == ["1"]  # the new manager cleaned up
+            ck.save(2, {"round": 2})  # and the step can be written again
+            ck.wait()
+            assert ck.restore() == {"round": 2}

@@ -1,0 +1,130 @@
+"""Asynchronous checkpoints with orbax-checkpoint (0.12): a thin `Checkpointer`.
+
+What a caller gets:
+- `save(step, tree)` returns at once; orbax writes in a background thread. The
+  tree is copied to host numpy first, so the caller may keep mutating its arrays.
+- `latest_step()` is the newest *finalized* step on disk, read from the directory
+  (not orbax's in-memory list, which includes a save still in flight). A step is
+  durable exactly when it shows up here: `wait()` then `latest_step()` to
+  acknowledge one.
+- `restore(step=None)` returns the latest finalized checkpoint as a plain tree
+  (dicts, lists, numpy arrays, Python scalars) without any template, or None.
+
+Atomicity is orbax's: on a local filesystem a step is written into
+`<step>.orbax-checkpoint-tmp-<timestamp>/` and renamed to `<step>/` only when
+complete (AtomicRenameTemporaryPath). A process SIGKILLed mid-save leaves only the
+tmp directory, which `latest_step()` ignores and the next `Checkpointer` on the
+directory deletes (`cleanup_tmp_directories=True`). suites/unit/test_checkpoint.py
+kills a real process mid-save and lists what is left.
+
+Trees may hold: nested dicts with str keys, lists/tuples (restored as lists),
+numpy/JAX arrays (restored as numpy) and Python int/float/bool (restored as is).
+Strings and None are rejected at `save` (orbax cannot store strings); an optax
+state, made of NamedTuples, goes through `trainer.inner.opt_state_to_tree` first.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+
+def to_host_tree(tree: Any, path: str = "") -> Any:
+    """A deep numpy copy of `tree`; raises ValueError naming the first leaf orbax
+    could not store."""
+    if isinstance(tree, dict):
+        for key in tree:
+            if not isinstance(key, str):
+                raise ValueError(f"checkpoint tree key {path}{key!r} must be a str")
+        return {k: to_host_tree(v, f"{path}{k}/") for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [to_host_tree(v, f"{path}{i}/") for i, v in enumerate(tree)]
+    if isinstance(tree, (bool, int, float)):
+        return tree
+    if isinstance(tree, (np.ndarray, np.generic, jax.Array)):
+        return np.array(tree, copy=True)
+    raise ValueError(f"checkpoint tree leaf {path.rstrip('/') or '<root>'} has type "
+                     f"{type(tree).__name__}; valid: dict, list, tuple, numpy/JAX array, "
+                     f"int, float, bool")
+
+
+def _to_numpy(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _to_numpy(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_to_numpy(v) for v in tree]
+    if isinstance(tree, jax.Array):
+        return np.asarray(tree)
+    return tree
+
+
+class Checkpointer:
+    """Numbered, asynchronous checkpoints of one tree in `directory`."""
+
+    def __init__(self, directory: str | Path, max_to_keep: int = 3):
+        if max_to_keep < 1:
+            raise ValueError(f"max_to_keep = {max_to_keep} must be >= 1")
+        self.directory = Path(directory).absolute()
+        self._mngr = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=max_to_keep, enable_async_checkpointing=True,
+                cleanup_tmp_directories=True, create=True))
+        self._last_saved: int | None = self.latest_step()
+
+    def save(self, step: int, tree: dict) -> None:
+        """Start saving `tree` as `step` and return; steps must increase. If the
+        previous save is still running, this first waits for it (orbax's rule)."""
+        if not isinstance(step, int) or step < 0:
+            raise ValueError(f"checkpoint step {step!r} must be an int >= 0")
+        if self._last_saved is not None and step <= self._last_saved:
+            raise ValueError(f"checkpoint step {step} <= last saved step "
+                             f"{self._last_saved} in {self.directory}; steps must increase")
+        if not isinstance(tree, dict):
+            raise ValueError(f"checkpoint tree must be a dict, got {type(tree).__name__}")
+        host_tree = to_host_tree(tree)
+        self._mngr.save(step, args=ocp.args.StandardSave(host_tree), force=True)
+        self._last_saved = step
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is finalized on disk."""
+        self._mngr.wait_until_finished()
+        self._mngr.check_for_errors()
+
+    def saving(self) -> bool:
+        return self._mngr.is_saving_in_progress()
+
+    def steps(self) -> list[int]:
+        """Finalized steps on disk, ascending."""
+        return sorted(ocp.utils.checkpoint_steps(self.directory))
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def restore(self, step: int | None = None) -> dict | None:
+        """The tree saved at `step` (default: the latest finalized one), or None if
+        there is none. Never a partially written checkpoint."""
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                return None
+        elif step not in self.steps():
+            raise ValueError(f"no finalized checkpoint for step {step} in "
+                             f"{self.directory}; finalized steps: {self.steps()}")
+        restored = self._mngr.restore(step, args=ocp.args.StandardRestore())
+        return _to_numpy(restored)
+
+    def close(self) -> None:
+        """Finish any save in flight and release orbax's threads."""
+        self._mngr.wait_until_finished()
+        self._mngr.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
