@@ -1,0 +1,462 @@
+"""Scenarios: cluster shape + training budget + WAN profile + faults + expectations.
+
+A scenario is TOML on disk (`scenarios/NAME.toml`) or the same frozen dataclasses
+in Python; docs/SCENARIOS.md describes every key. `load_scenario` reads a file (a
+bare name looks in the repo's scenarios/ folder), `scenario_from_dict` builds from
+a dict, `Scenario.to_dict` and `scenario_to_toml` write one back out; all round-trip.
+
+Durations are strings with a unit ("500ms", "15s", "2m", "1h") or plain numbers of
+seconds; a field named `x_s` is written `x` or `x_s`. Fields named `_ms` take
+milliseconds, `_kbps` kilobits per second (or "2mbps", "500kbps").
+
+The run's length: `train.duration` is the wall-clock budget of the run, measured
+from the cluster's start (t = 0, when the injector starts its clock). The run ends
+when every unit has done `train.steps` inner steps or when the budget is spent,
+whichever comes first. Fault times are checked against `train.duration`: every
+fault starts before it; one may last past it (the injector heals it at teardown).
+
+Every error is a `ScenarioError` naming the file, the key path (`faults[1].down_for`),
+what was wrong and what would be valid.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import tomllib
+import typing
+from dataclasses import MISSING, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from faults.model import FAULT_KINDS, FailureProcess, Fault, FieldError, check_choice, check_number, suggest
+from faults.schedule import RunShape, Schedule, ScheduleError, validate
+from harness.toxiproxy_client import LinkProfile
+from trainer.config import COMPRESSIONS, MERGES, MODES, TASK_KINDS, InnerOptConfig, RunConfig
+
+SCENARIOS_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+BACKENDS = ("local", "docker")
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+
+class ScenarioError(ValueError):
+    """Bad scenario input: `source` (file), `path` (key path), `problem`, `valid`."""
+
+    def __init__(self, source: str, path: str, problem: str, valid: str = ""):
+        self.source, self.path, self.problem, self.valid = source, path, problem, valid
+        where = f"{source}: {path}: " if path else f"{source}: "
+        super().__init__(where + problem + (f"; valid: {valid}" if valid else ""))
+
+
+# ------------------------------------------------------------------ the dataclasses
+@dataclass(frozen=True)
+class ClusterSpec:
+    learners: int = 4  # M learner units
+    slices: int = 1  # S slices (devices) per unit
+    shards: int = 1  # syncer shards
+    backend: str = "local"
+
+    def __post_init__(self) -> None:
+        for name in ("learners", "slices", "shards"):
+            check_number(self, name, "1..1024", lambda v: 1 <= v <= 1024, integer=True)
+        check_choice(self, "backend", BACKENDS)
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """The training budget; optional overrides of the trainer's defaults (None = default)."""
+
+    steps: int  # inner steps per learner unit (the token budget)
+    duration_s: float  # the run's wall-clock budget (see the module docstring)
+    task: str = "markov"
+    mode: str = "decoupled"
+    fragments: int | None = None
+    sync_every: int | None = None
+    quorum: int | None = None
+    overlap: int | None = None
+    mixing: float | None = None
+    compression: str | None = None
+    merge: str | None = None
+    batch_size: int | None = None
+    seq_len: int | None = None
+    lr: float | None = None  # inner AdamW peak learning rate
+
+    def __post_init__(self) -> None:
+        check_number(self, "steps", ">= 1", lambda v: v >= 1, integer=True)
+        check_number(self, "duration_s", "> 0 seconds", lambda v: v > 0)
+        check_choice(self, "task", TASK_KINDS)
+        check_choice(self, "mode", MODES)
+        for name, choices in (("compression", COMPRESSIONS), ("merge", MERGES)):
+            if getattr(self, name) is not None:
+                check_choice(self, name, choices)
+
+
+@dataclass(frozen=True)
+class Expect:
+    """Thresholds the run's checks must meet; None = not checked."""
+
+    goodput_min: float | None = None
+    uptime_min: float | None = None
+    loss_parity_max: float | None = None
+    recovery_max_s: float | None = None
+
+    def __post_init__(self) -> None:
+        check_number(self, "goodput_min", "[0, 1]", lambda v: 0 <= v <= 1, optional=True)
+        check_number(self, "uptime_min", "[0, 1]", lambda v: 0 <= v <= 1, optional=True)
+        check_number(self, "loss_parity_max", ">= 0 (a fraction of the reference loss)",
+                     lambda v: v >= 0, optional=True)
+        check_number(self, "recovery_max_s", "> 0 seconds", lambda v: v > 0, optional=True)
+
+
+# The trainer's config fields each scenario key sets (for errors from RunConfig).
+_TRAINER_KEYS = {"DilocoConfig.learners": "cluster.learners", "DilocoConfig.slices": "cluster.slices",
+                 "RunConfig.steps": "train.steps", "InnerOptConfig.total_steps": "train.steps",
+                 "InnerOptConfig.lr": "train.lr", "TaskConfig.kind": "train.task",
+                 **{f"DilocoConfig.{k}": f"train.{k}" for k in ("fragments", "sync_every", "quorum", "overlap",
+                                                                 "mixing", "compression", "merge", "mode")},
+                 "TaskConfig.batch_size": "train.batch_size", "TaskConfig.seq_len": "train.seq_len"}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    seed: int
+    train: TrainSpec
+    description: str = ""
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    wan: LinkProfile | None = None  # the base profile of every link; None = unshaped
+    faults: tuple[Fault, ...] = ()
+    failure_process: FailureProcess | None = None  # random faults, drawn into the schedule
+    expect: Expect = field(default_factory=Expect)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "faults", tuple(self.faults))
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise FieldError("Scenario", "name", f"{self.name!r} cannot name a run directory",
+                             "lowercase letters, digits, '.', '_' and '-', e.g. 'wan-brownout'")
+        check_number(self, "seed", "[0, 2**32)", lambda v: 0 <= v < 2**32, integer=True)
+        if not isinstance(self.description, str):
+            raise FieldError("Scenario", "description", f"expected a string, got {self.description!r}")
+        m, q = self.cluster.learners, self.train.quorum
+        if q is not None and q > m:
+            raise FieldError("Scenario", "train.quorum", f"quorum {q} is more than the {m} learners "
+                             f"(cluster.learners)", f"1..{m}")
+        try:
+            config = self.run_config()
+        except ValueError as e:
+            key = re.search(r"\b(\w+Config\.\w+)", str(e))
+            raise FieldError("Scenario", _TRAINER_KEYS.get(key.group(1) if key else "", "train"), str(e)) from None
+        if self.cluster.shards > config.n_fragments:
+            raise FieldError("Scenario", "cluster.shards", f"{self.cluster.shards} shards for "
+                             f"{config.n_fragments} fragments: a shard would own none",
+                             f"1..{config.n_fragments}")
+        n = len(self.faults)
+        validate(self.schedule_faults(), self.shape(),
+                 name=lambda i: f"faults[{i}]" if i < n else "a drawn fault")
+
+    def shape(self) -> RunShape:
+        c = self.cluster
+        return RunShape(learners=c.learners, run_s=self.train.duration_s, slices=c.slices, shards=c.shards)
+
+    def drawn_faults(self) -> list[Fault]:
+        """The failure process's faults: the same for the same scenario, every time."""
+        if self.failure_process is None:
+            return []
+        shape = self.shape()
+        return self.failure_process.draw(shape.units, shape.run_s, slices=shape.slices, avoid=self.faults)
+
+    def schedule_faults(self) -> list[Fault]:
+        return [*self.faults, *self.drawn_faults()]
+
+    def schedule(self) -> Schedule:
+        """Every fault of the run, explicit and drawn, sorted: what the injector walks."""
+        return Schedule(tuple(self.schedule_faults()))
+
+    def run_config(self) -> RunConfig:
+        """The trainer's configuration: its defaults, with this scenario's settings."""
+        t, c = self.train, self.cluster
+        set_ = lambda names: {k: getattr(t, k) for k in names if getattr(t, k) is not None}  # noqa: E731
+        warmup = min(InnerOptConfig().warmup_steps, t.steps - 1)
+        return RunConfig.from_dict({
+            "name": self.name, "seed": self.seed, "steps": t.steps,
+            "diloco": {"learners": c.learners, "slices": c.slices, "mode": t.mode,
+                       **set_(("fragments", "sync_every", "quorum", "overlap", "mixing", "compression", "merge"))},
+            "task": {"kind": t.task, **set_(("batch_size", "seq_len"))},
+            "inner": {"total_steps": t.steps, "warmup_steps": warmup, **set_(("lr",))},
+        })
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; `scenario_from_dict` is the inverse. Unset options are left out."""
+        d: dict[str, Any] = {"name": self.name, "seed": self.seed, "description": self.description,
+                             "cluster": dataclasses.asdict(self.cluster), "train": _set(self.train)}
+        if self.wan is not None:
+            d["wan"] = _set(self.wan)
+        d["faults"] = [f.to_dict() for f in self.faults]
+        if self.failure_process is not None:
+            d["failure_process"] = self.failure_process.to_dict()
+        d["expect"] = _set(self.expect)
+        return d
+
+
+def _set(obj: Any) -> dict[str, Any]:
+    return {k: v for k, v in dataclasses.asdict(obj).items() if v is not None}
+
+
+# ------------------------------------------------------------------ units
+_NUM = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
+_DURATION = re.compile(rf"\s*({_NUM})\s*(ms|s|m|min|h)?\s*")
+_PER_S = {"s": 1, "m": 60, "min": 60, "h": 3600}
+_RATE = re.compile(rf"\s*({_NUM})\s*(kbps|mbps|gbps)?\s*", re.I)
+_KBPS = {"kbps": 1, "mbps": 1000, "gbps": 1_000_000}
+
+
+class _Bad(ValueError):
+    def __init__(self, problem: str, valid: str = ""):
+        super().__init__(problem + (f"; valid: {valid}" if valid else ""))
+        self.problem, self.valid = problem, valid
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _number_and_unit(value: Any, pattern: re.Pattern, what: str, valid: str) -> tuple[float, str | None]:
+    if _is_number(value):
+        return float(value), None
+    m = pattern.fullmatch(value) if isinstance(value, str) else None
+    if not m:
+        raise _Bad(f"cannot read {value!r} as {what}", valid)
+    return float(m.group(1)), m.group(2)
+
+
+def parse_duration(value: Any, unit: str = "s") -> float:
+    """A number (already in `unit`) or a string with a unit, in `unit` ("s" or "ms")."""
+    num, u = _number_and_unit(value, _DURATION, "a duration", f'a number of {"seconds" if unit == "s" else "ms"},'
+                              ' or a string with a unit ms, s, m or h, e.g. "500ms", "15s", "2m"')
+    u = u or unit
+    if u == unit:
+        return num
+    if u == "ms":  # divide: 500 / 1000 is exactly 0.5, 500 * 0.001 is not
+        return num / 1000
+    return num * _PER_S[u] * (1000 if unit == "ms" else 1)
+
+
+def parse_bandwidth_kbps(value: Any) -> float:
+    """A number of kilobits per second, or a string "500kbps", "2mbps", "1gbps"."""
+    num, u = _number_and_unit(value, _RATE, "a bandwidth", "a number of kilobits per second, or a string "
+                              'with a unit kbps, mbps or gbps, e.g. "2mbps"')
+    return num * _KBPS[(u or "kbps").lower()]
+
+
+def _shown(name: str) -> str:
+    """How a field is written in a scenario file: `at_s` as `at`."""
+    return name[:-2] if name.endswith("_s") else name
+
+
+def _what(f: dataclasses.Field, base: Any) -> str:
+    word = f.metadata.get("none_word")
+    alt = f', or "{word}"' if word else ""
+    if f.name.endswith("_s"):
+        return f'a duration, e.g. "15s" or "500ms"{alt}'
+    if f.name.endswith("_ms"):
+        return f"milliseconds, e.g. 40{alt}"
+    if f.name.endswith("_kbps"):
+        return f'kilobits per second, e.g. 2000 or "2mbps"{alt}'
+    return {int: "a whole number", float: "a number", str: "a string"}.get(base, "see docs/SCENARIOS.md")
+
+
+def _convert(f: dataclasses.Field, hint: Any, value: Any) -> Any:
+    args = typing.get_args(hint) or (hint,)
+    others = [a for a in args if a is not type(None)]
+    base = others[0] if len(others) == 1 else None
+    if value is None and type(None) in args:
+        return None
+    if f.metadata.get("none_word") is not None and value == f.metadata["none_word"]:
+        return None
+    if f.name.endswith("_s"):
+        return parse_duration(value, "s")
+    if f.name.endswith("_ms"):
+        return parse_duration(value, "ms")
+    if f.name.endswith("_kbps"):
+        return parse_bandwidth_kbps(value)
+    ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool), float: _is_number,
+          str: lambda v: isinstance(v, str)}.get(base, lambda v: isinstance(v, (str, dict)))
+    if not ok(value):
+        raise _Bad(f"expected {_what(f, base)}, got {_describe(value)}", _what(f, base))
+    return value
+
+
+def _describe(value: Any) -> str:
+    kind = {bool: "a boolean", int: "a whole number", float: "a number", str: "a string", dict: "a table",
+            list: "an array"}.get(type(value), type(value).__name__)
+    return f"{kind} {value!r}" if not isinstance(value, (dict, list)) else kind
+
+
+# ------------------------------------------------------------------ reading
+def _build(cls: type, data: Any, src: str, path: str, skip: tuple[str, ...] = ()) -> tuple[Any, dict]:
+    """One table -> cls(...), with units converted and errors that name the key.
+    Returns the object and {field: key as written}."""
+    if not isinstance(data, dict):
+        raise ScenarioError(src, path, f"expected a table, got {_describe(data)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    keys = {**{n: n for n in fields}, **{_shown(n): n for n in fields}}
+    kwargs: dict[str, Any] = {}
+    written: dict[str, str] = {}
+    for key, value in data.items():
+        if key in skip:
+            continue
+        name = keys.get(key)
+        if name is None:
+            shown = [_shown(n) for n in fields]
+            hint = f" ({key!r} belongs above the first [table])" if key in _TOP else suggest(key, shown)
+            raise ScenarioError(src, f"{path}.{key}", f"unknown key{hint}", ", ".join(shown))
+        if name in written:
+            raise ScenarioError(src, f"{path}.{key}", f"{written[name]!r} and {key!r} set the same thing",
+                                "one of them")
+        try:
+            kwargs[name] = _convert(fields[name], hints[name], value)
+        except _Bad as e:
+            raise ScenarioError(src, f"{path}.{key}", e.problem, e.valid) from None
+        written[name] = key
+    for name, f in fields.items():
+        if name not in kwargs and f.default is MISSING and f.default_factory is MISSING:
+            base = [a for a in (typing.get_args(hints[name]) or (hints[name],)) if a is not type(None)][0]
+            raise ScenarioError(src, f"{path}.{_shown(name)}", "missing (required)", _what(f, base))
+    try:
+        return cls(**kwargs), written
+    except FieldError as e:
+        raise ScenarioError(src, f"{path}.{written.get(e.field, _shown(e.field))}", e.problem, e.valid) from None
+    except ValueError as e:  # LinkProfile: its messages start with the field's name
+        name = re.match(r"\w*", str(e)).group(0)
+        key = written.get(name) or (_shown(name) if name in fields else "")
+        raise ScenarioError(src, f"{path}.{key}" if key else path, str(e)) from None
+
+
+_TOP = ("name", "seed", "description", "cluster", "train", "wan", "faults", "failure_process", "expect")
+
+
+def scenario_from_dict(d: dict, source: str = "<python>") -> Scenario:
+    """A scenario from a dict (a parsed TOML file, or `Scenario.to_dict()`)."""
+    if not isinstance(d, dict):
+        raise ScenarioError(source, "", f"expected a table, got {_describe(d)}")
+    for key in d:
+        if key not in _TOP:
+            raise ScenarioError(source, key, f"unknown key{suggest(key, _TOP)}", ", ".join(_TOP))
+    for key, hint in (("name", 'e.g. name = "unit-loss"'), ("seed", "e.g. seed = 7"),
+                      ("train", 'a [train] table with steps and duration, e.g. steps = 400, duration = "60s"')):
+        if key not in d:
+            raise ScenarioError(source, key, "missing (required)", hint)
+    kw: dict[str, Any] = {k: d[k] for k in ("name", "seed", "description") if k in d}
+    for key, cls in (("cluster", ClusterSpec), ("train", TrainSpec), ("wan", LinkProfile), ("expect", Expect)):
+        if key in d:
+            kw[key] = _build(cls, d[key], source, key)[0]
+    if "failure_process" in d:
+        table = d["failure_process"]
+        if isinstance(table, dict) and "seed" not in table:
+            table = {**table, "seed": d["seed"]}  # by default the scenario's seed
+        kw["failure_process"] = _build(FailureProcess, table, source, "failure_process")[0]
+    faults, written = _read_faults(d.get("faults", []), source)
+    try:
+        return Scenario(**kw, faults=tuple(faults))
+    except ScheduleError as e:
+        if e.index < len(faults):
+            path = f"faults[{e.index}].{written[e.index].get(e.field, _shown(e.field))}"
+            raise ScenarioError(source, path, e.problem, e.valid) from None
+        raise ScenarioError(source, "failure_process", f"drawn fault {e.fault.kind} of {e.fault.target} at "
+                            f"{e.fault.at_s:g}s: {e.problem}", e.valid) from None
+    except FieldError as e:
+        raise ScenarioError(source, e.field, e.problem, e.valid) from None
+
+
+def _read_faults(entries: Any, source: str) -> tuple[list[Fault], list[dict]]:
+    if not isinstance(entries, list):
+        raise ScenarioError(source, "faults", f"expected an array of tables ([[faults]]), got {_describe(entries)}")
+    faults, written = [], []
+    kinds = ", ".join(FAULT_KINDS)
+    for i, entry in enumerate(entries):
+        path = f"faults[{i}]"
+        if not isinstance(entry, dict):
+            raise ScenarioError(source, path, f"expected a table, got {_describe(entry)}")
+        if "kind" not in entry:
+            raise ScenarioError(source, f"{path}.kind", "missing (required)", kinds)
+        kind = entry["kind"]
+        if kind == "failure_process":
+            raise ScenarioError(source, f"{path}.kind", "a failure process is a table of its own, "
+                                "[failure_process], not one of [[faults]]", kinds)
+        if kind not in FAULT_KINDS:
+            raise ScenarioError(source, f"{path}.kind", f"unknown fault kind {kind!r}{suggest(str(kind), FAULT_KINDS)}",
+                                kinds)
+        fault, keys = _build(FAULT_KINDS[kind], entry, source, path, skip=("kind",))
+        faults.append(fault)
+        written.append(keys)
+    return faults, written
+
+
+def load_scenario(path_or_name: str | Path) -> Scenario:
+    """Reads a scenario file; a bare name (no '/', no '.toml') is a built-in."""
+    text_name = str(path_or_name)
+    if isinstance(path_or_name, str) and "/" not in text_name and not text_name.endswith(".toml"):
+        path, source = SCENARIOS_DIR / f"{text_name}.toml", f"scenarios/{text_name}.toml"
+        if not path.is_file():
+            names = [n for n, _ in list_scenarios()]
+            raise ScenarioError(source, "", f"no built-in scenario {text_name!r}{suggest(text_name, names)}",
+                                ", ".join(names) + ", or a path to a .toml file")
+    else:
+        path, source = Path(path_or_name), text_name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ScenarioError(source, "", f"cannot read the file: {e.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
+        problem = re.sub(r"\s*\(at .*\)$", "", str(e))
+        where = f"line {m.group(1)}, column {m.group(2)}" if m else ""
+        raise ScenarioError(source, where, f"TOML syntax error: {problem}", "TOML, see https://toml.io") from None
+    return scenario_from_dict(data, source)
+
+
+def list_scenarios() -> list[tuple[str, str]]:
+    """(name, one-line description) of every built-in scenario, by name."""
+    out = []
+    for path in sorted(SCENARIOS_DIR.glob("*.toml")):
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        out.append((path.stem, str(data.get("description", "")).strip().split("\n")[0]))
+    return out
+
+
+# ------------------------------------------------------------------ writing
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # JSON string escapes are TOML's
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def scenario_to_toml(s: Scenario) -> str:
+    """The scenario as a TOML file that `load_scenario` reads back to an equal Scenario.
+    Durations are written as plain seconds under their short keys (`at = 20.0`)."""
+    d = s.to_dict()
+    line = lambda k, v: f"{_shown(k)} = {_toml(v)}"  # noqa: E731
+    lines = [line(k, d[k]) for k in ("name", "seed", "description")]
+    for key in ("cluster", "train", "wan"):
+        if key in d:
+            lines += ["", f"[{key}]", *(line(k, v) for k, v in d[key].items())]
+    for fault in d["faults"]:
+        fields = {f.name: f for f in dataclasses.fields(FAULT_KINDS[fault["kind"]])}
+        lines += ["", "[[faults]]"]
+        for k, v in fault.items():
+            v = fields[k].metadata.get("none_word") if v is None and k in fields else v
+            if v is not None:
+                lines.append(line(k, v))
+    for key in ("failure_process", "expect"):
+        if d.get(key):
+            lines += ["", f"[{key}]", *(line(k, v) for k, v in d[key].items())]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,256 @@
+"""Scenarios (harness/scenario.py): the built-ins, round trips, units, and a table of
+malformed scenarios with the message each must give (file, key path, what is valid)."""
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+
+from faults.model import FailureProcess, KillUnit, Partition
+from harness.scenario import (SCENARIOS_DIR, ClusterSpec, Expect, Scenario, ScenarioError, TrainSpec,
+                              list_scenarios, load_scenario, parse_bandwidth_kbps, parse_duration,
+                              scenario_from_dict, scenario_to_toml)
+
+BUILT_INS = [name for name, _ in list_scenarios()]
+REQUIRED = {"baseline", "unit-loss", "rolling-kills", "heterogeneous", "wan-brownout", "partition",
+            "syncer-crash", "chaos"}
+
+
+def test_the_required_built_ins_exist():
+    assert REQUIRED <= set(BUILT_INS) and len(BUILT_INS) >= 8
+    assert all(desc and "\n" not in desc for _, desc in list_scenarios())
+
+
+@pytest.mark.parametrize("name", BUILT_INS)
+def test_built_in_loads_small_and_round_trips(name):
+    s = load_scenario(name)
+    assert s.name == name and s.description
+    assert (s.cluster.learners, s.train.task) == (4, "markov") and 60 <= s.train.duration_s <= 90
+    assert s.cluster.slices == (2 if any(f.kind == "kill_slice" for f in s.faults) else 1)
+    assert scenario_from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    assert scenario_from_dict(tomllib.loads(scenario_to_toml(s))) == s
+    assert load_scenario(SCENARIOS_DIR / f"{name}.toml") == s
+    s.schedule().validate(s.shape())
+    assert s.run_config().diloco.learners == 4
+
+
+def test_every_fault_kind_appears_in_some_built_in():
+    kinds = {f.kind for n in BUILT_INS for f in load_scenario(n).schedule()}
+    assert kinds >= {"kill_unit", "kill_slice", "pause_unit", "slow_unit", "kill_syncer", "wan", "partition",
+                     "reset", "truncate"}
+
+
+def test_chaos_draws_the_same_faults_every_time_at_the_documented_rate():
+    s = load_scenario("chaos")
+    fp = s.failure_process
+    assert fp.seed == s.seed and fp.mix == "llama3"
+    assert (80 - 5) * 4 * fp.chips_per_unit / fp.mtbi_s == pytest.approx(8.0)  # as the file says
+    assert load_scenario("chaos").schedule() == s.schedule() and len(s.schedule()) == 7
+
+
+@pytest.mark.parametrize("text, seconds", [("500ms", 0.5), ("15s", 15.0), ("2m", 120.0), ("1h", 3600.0),
+                                           ("1.5min", 90.0), (" 20 s ", 20.0), (45, 45.0), (0.25, 0.25),
+                                           ("30", 30.0)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+def test_durations_in_milliseconds_and_bandwidths():
+    assert parse_duration("40ms", "ms") == 40.0 and parse_duration("0.1s", "ms") == 100.0
+    assert parse_duration(40, "ms") == 40.0
+    assert [parse_bandwidth_kbps(v) for v in ("2mbps", "500kbps", "1Gbps", 2000, "64")] == \
+        [2000.0, 500.0, 1e6, 2000.0, 64.0]
+    for bad in ("2 MB/s", "fast", True):
+        with pytest.raises(ValueError, match="as a bandwidth"):
+            parse_bandwidth_kbps(bad)
+
+
+def test_python_scenario_and_run_config():
+    s = Scenario(name="py", seed=3, train=TrainSpec(steps=50, duration_s=30, quorum=2, lr=1e-3, compression="int4"),
+                 cluster=ClusterSpec(learners=3), faults=(KillUnit("learner-2", 5, None),),
+                 expect=Expect(goodput_min=0.5))
+    c = s.run_config()
+    assert (c.diloco.learners, c.diloco.quorum, c.diloco.compression, c.inner.lr) == (3, 2, "int4", 1e-3)
+    assert (c.steps, c.inner.total_steps, c.inner.warmup_steps, c.seed) == (50, 50, 20, 3)
+    assert scenario_from_dict(s.to_dict()) == s
+    assert 'down_for = "never"' in scenario_to_toml(s)
+    with pytest.raises(ValueError, match="train.quorum: quorum 4 is more than the 3 learners"):
+        Scenario(name="py", seed=3, train=TrainSpec(steps=50, duration_s=30, quorum=4),
+                 cluster=ClusterSpec(learners=3))
+
+
+def test_failure_process_avoids_explicit_faults_and_defaults_to_the_scenario_seed():
+    d = {"name": "x", "seed": 5, "train": {"steps": 10, "duration": "2m"},
+         "faults": [{"kind": "kill_unit", "target": "learner-0", "at": 1, "down_for": "never"}],
+         "failure_process": {"mtbi": "1m", "chips_per_unit": 4, "repair": "5s", "mix": {"kill_unit": 1}}}
+    s = scenario_from_dict(d)
+    assert s.failure_process.seed == 5 and s.drawn_faults()
+    assert not any(f.target == "learner-0" for f in s.drawn_faults())
+    assert s.schedule().faults[0] == KillUnit("learner-0", 1.0, None)
+
+
+def test_bare_name_and_path_errors():
+    with pytest.raises(ScenarioError, match=r"^scenarios/unit-los.toml: no built-in scenario 'unit-los' "
+                                            r"\(did you mean 'unit-loss'\?\); valid: baseline"):
+        load_scenario("unit-los")
+    with pytest.raises(ScenarioError, match="nowhere/x.toml: cannot read the file"):
+        load_scenario("nowhere/x.toml")
+
+
+# ------------------------------------------------------------------ malformed scenarios
+HEAD = 'name = "x"\nseed = 1\n'
+CLUSTER = "[cluster]\nlearners = 4\n"
+TRAIN = '[train]\nsteps = 100\nduration = "60s"\n'
+OK = HEAD + CLUSTER + TRAIN
+
+
+def fault(kind: str, **kv) -> str:
+    body = "".join(f"{k} = {json.dumps(v)}\n" for k, v in kv.items())
+    return f'\n[[faults]]\nkind = "{kind}"\n{body}'
+
+
+KILL = fault("kill_unit", target="learner-1", at="20s", down_for="15s")
+MALFORMED = [
+    # top level
+    ("nmae = 'x'\n" + OK, "nmae: unknown key (did you mean 'name'?)"),
+    ("seed = 1\n" + CLUSTER + TRAIN, "name: missing (required)"),
+    (HEAD + CLUSTER, "train: missing (required); valid: a [train] table"),
+    ('name = "My Run"\nseed = 1\n' + CLUSTER + TRAIN, "name: 'My Run' cannot name a run directory"),
+    ('name = "x"\nseed = -1\n' + CLUSTER + TRAIN, "seed: -1 is out of range; valid: [0, 2**32)"),
+    (HEAD + "cluster = 4\n" + TRAIN, "cluster: expected a table, got a whole number 4"),
+    (HEAD + 'faults = "none"\n' + CLUSTER + TRAIN, "faults: expected an array of tables ([[faults]]), got a string"),
+    (HEAD + "seed =\n" + TRAIN, "line 3, column 7: TOML syntax error: Invalid value"),
+    (OK + "[train]\nsteps = 3\n", "line 8, column 7: TOML syntax error"),
+    # cluster
+    (HEAD + "[cluster]\nlearner = 4\n" + TRAIN, "cluster.learner: unknown key (did you mean 'learners'?)"),
+    (HEAD + '[cluster]\nbackend = "k8s"\n' + TRAIN, "cluster.backend: 'k8s' is not one of the choices; "
+                                                    "valid: local, docker"),
+    (HEAD + "[cluster]\nlearners = 0\n" + TRAIN, "cluster.learners: 0 is out of range; valid: 1..1024"),
+    (HEAD + "[cluster]\nshards = 5\n" + TRAIN, "cluster.shards: 5 shards for 3 fragments: a shard would own none"),
+    # train
+    (HEAD + CLUSTER + '[train]\nsteps = 100\n', "train.duration: missing (required); valid: a duration"),
+    (HEAD + CLUSTER + '[train]\nduration = "60s"\n', "train.steps: missing (required); valid: a whole number"),
+    (HEAD + CLUSTER + '[train]\nsteps = 100\nduration = "60 parsecs"\n',
+     "train.duration: cannot read '60 parsecs' as a duration; valid: a number of seconds"),
+    (HEAD + CLUSTER + '[train]\nsteps = 100\nduration = "-5s"\n', "train.duration: -5.0 is out of range; valid: > 0"),
+    (HEAD + CLUSTER + '[train]\nsteps = "400"\nduration = 60\n',
+     "train.steps: expected a whole number, got a string '400'"),
+    (HEAD + CLUSTER + '[train]\nsteps = 1.5\nduration = 60\n', "train.steps: expected a whole number, got a number"),
+    (OK + 'faults = "none"\n', "train.faults: unknown key ('faults' belongs above the first [table]); valid: steps"),  # a key below [train]
+    (OK + "quorum = 5\n", "train.quorum: quorum 5 is more than the 4 learners (cluster.learners); valid: 1..4"),
+    (OK + 'task = "markow"\n', "train.task: 'markow' is not one of the choices (did you mean 'markov'?)"),
+    (OK + 'mode = "async"\n', "train.mode: 'async' is not one of the choices; valid: decoupled"),
+    (OK + 'compression = "int3"\n', "train.compression: 'int3' is not one of the choices"),
+    (OK + "seq_len = 1000\n", "train.seq_len: TaskConfig.seq_len = 1000 exceeds ModelConfig.context"),
+    (HEAD + "[cluster]\nslices = 2\n" + TRAIN + "batch_size = 7\n",
+     "train.batch_size: TaskConfig.batch_size = 7 must be divisible by DilocoConfig.slices = 2"),
+    (OK + "sync_every = 0\n", "train.sync_every: DilocoConfig.sync_every = 0 is out of range"),
+    (OK + "warmup = 3\n", "train.warmup: unknown key; valid: steps, duration, task"),
+    # wan
+    (OK + '[wan]\nbandwidth_kbps = "2 MB/s"\n', "wan.bandwidth_kbps: cannot read '2 MB/s' as a bandwidth"),
+    (OK + "[wan]\nlatency_ms = 10\njitter_ms = 20\n", "wan.jitter_ms: jitter_ms must be in [0, latency_ms=10.0]"),
+    (OK + "[wan]\nbandwith_kbps = 100\n", "wan.bandwith_kbps: unknown key (did you mean 'bandwidth_kbps'?)"),
+    # faults: kinds and keys
+    (OK + fault("kil_unit", target="learner-1", at=1, down_for=1),
+     "faults[0].kind: unknown fault kind 'kil_unit' (did you mean 'kill_unit'?); valid: kill_unit, kill_slice"),
+    (OK + '[[faults]]\ntarget = "learner-1"\n', "faults[0].kind: missing (required); valid: kill_unit"),
+    (OK + fault("failure_process"), "faults[0].kind: a failure process is a table of its own, [failure_process]"),
+    (OK + fault("kill_unit", target="learner-1", at="20s"),
+     'faults[0].down_for: missing (required); valid: a duration, e.g. "15s" or "500ms", or "never"'),
+    (OK + fault("kill_unit", target="learner-1", at="20s", donw_for="5s"),
+     "faults[0].donw_for: unknown key (did you mean 'down_for'?); valid: target, at, down_for"),
+    (OK + fault("kill_unit", target="learner-1", at="20s", at_s=20, down_for=5),
+     "faults[0].at_s: 'at' and 'at_s' set the same thing"),
+    (OK + fault("truncate", target="link:*", at="20s", duration="5s"), "faults[0].bytes: missing (required)"),
+    # faults: targets
+    (OK + fault("kill_unit", target="learner-7", at="20s", down_for="5s"),
+     "faults[0].target: unknown target 'learner-7' in a run with 4 learners and 1 syncer shard(s); "
+     "valid: learner-0..learner-3"),
+    (OK + fault("kill_unit", target="syncer-0", at="20s", down_for="5s"),
+     "faults[0].target: kill_unit cannot target 'syncer-0'; valid: learner-N"),
+    (OK + fault("kill_syncer", target="syncer-1", at="20s", down_for="5s"),
+     "faults[0].target: unknown target 'syncer-1'"),
+    (OK + fault("partition", target="link:learner-2~syncer", at="20s", duration="5s"),
+     "faults[0].target: partition cannot target 'link:learner-2~syncer'; valid: link:learner-N, "),
+    (OK + fault("reset", target="link:learner-1~syncer-3", at="20s", duration="5s"),
+     "faults[0].target: unknown target 'link:learner-1~syncer-3'"),
+    # faults: values and times
+    (OK + fault("kill_unit", target="learner-1", at="-1s", down_for="5s"),
+     "faults[0].at: -1.0 is out of range; valid: >= 0 seconds"),
+    (OK + fault("kill_unit", target="learner-1", at="90s", down_for="5s"),
+     "faults[0].at: 90s is at or past the end of the run (60s); valid: [0, 60) seconds"),
+    (OK + fault("pause_unit", target="learner-1", at="1m", duration="5s"), "faults[0].at: 60s is at or past the end"),
+    (OK + fault("kill_syncer", target="syncer-0", at="20s", down_for="never"),
+     "faults[0].down_for: cannot read 'never' as a duration"),
+    (OK + fault("slow_unit", target="learner-1", at=0, duration="10s", speed=1.5),
+     "faults[0].speed: 1.5 is out of range; valid: (0, 1)"),
+    (OK + fault("slow_unit", target="learner-1", at=0, duration="10s", speed=0.5, period_ms="5ms"),
+     "faults[0].period_ms: 5.0 is out of range; valid: [10, 10000] ms"),
+    (OK + fault("partition", target="link:*", at=0, duration="10s", direction="sideways"),
+     "faults[0].direction: 'sideways' is not one of the choices; valid: both, upstream, downstream"),
+    (OK + fault("wan", target="link:*", at=0), "faults[0].bandwidth_kbps: a wan fault with no bandwidth limit"),
+    (OK + fault("kill_slice", target="learner-1", at="5s", duration="5s"), "faults[0].target: learner-1 has 1 slice"),
+    (HEAD + "[cluster]\nslices = 2\n" + TRAIN + fault("kill_slice", target="learner-1", at=5, duration=5, slices=2),
+     "faults[0].slices: 2 of 2 slices: the unit would have none left; valid: 1..1"),
+    # faults: impossible overlaps
+    (OK + KILL + fault("kill_unit", target="learner-1", at="30s", down_for="5s"),
+     "faults[1].at: overlaps faults[0] (kill_unit of learner-1, 20s–35s): the unit is already down; "
+     "valid: start it at or after 35s, when faults[0] ends"),
+    (OK + fault("kill_unit", target="learner-1", at="20s", down_for="never")
+     + fault("pause_unit", target="learner-1", at="40s", duration="5s"),
+     "faults[1].at: overlaps faults[0] (kill_unit of learner-1, 20s–the end): a unit cannot be paused while it is down"),
+    (OK + fault("slow_unit", target="learner-2", at=0, duration="60s", speed=0.5)
+     + fault("pause_unit", target="learner-2", at="10s", duration="5s"),
+     "faults[1].at: overlaps faults[0] (slow_unit of learner-2, 0s–60s): pause and slow both drive SIGSTOP/SIGCONT"),
+    (OK + fault("wan", target="link:*", at=0, latency_ms=40) + fault("wan", target="link:learner-1", at=10,
+                                                                      duration=5, bandwidth_kbps=100),
+     "faults[1].at: overlaps faults[0] (wan of link:*, 0s–the end): two wan faults on one link at once "
+     "(the second would replace the first's toxic); valid: give faults[0] an end at or before 10s"),
+    # failure process and expectations
+    (OK + '[failure_process]\nmtbi = "5m"\nchips_per_unit = 8\nrepair = "10s"\nmix = "llama2"\n',
+     "failure_process.mix: unknown mix 'llama2' (did you mean 'llama3'?)"),
+    (OK + '[failure_process]\nmtbi = "0s"\nchips_per_unit = 8\nrepair = "10s"\n',
+     "failure_process.mtbi: 0.0 is out of range; valid: > 0 seconds"),
+    (OK + '[failure_process]\nmtbi = "5m"\nrepair = "10s"\n', "failure_process.chips_per_unit: missing (required)"),
+    (OK + '[failure_process]\nmtbi = "5m"\nchips_per_unit = 8\nrepair = "10s"\nmix = { gpu = 1 }\n',
+     "failure_process.mix: unknown cause or kind 'gpu'"),
+    (OK + "[expect]\ngoodput_min = 1.5\n", "expect.goodput_min: 1.5 is out of range; valid: [0, 1]"),
+    (OK + '[expect]\nrecovery_max = "soon"\n', "expect.recovery_max: cannot read 'soon' as a duration"),
+    (OK + '[expect]\nrecovery_max = "20s"\nrecovery_max_s = 20\n',
+     "expect.recovery_max_s: 'recovery_max' and 'recovery_max_s' set the same thing"),
+    (OK + "[expect]\ngoodput = 0.8\n", "expect.goodput: unknown key (did you mean 'goodput_min'?)"),
+]
+
+
+@pytest.mark.parametrize("text, fragment", MALFORMED, ids=[f"{i:02d}" for i in range(len(MALFORMED))])
+def test_malformed_scenario_is_rejected_with_file_key_and_valid(tmp_path, text, fragment):
+    path = tmp_path / "x.toml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(str(path))
+    assert str(e.value).startswith(f"{path}: ")
+    assert fragment in str(e.value), str(e.value)
+
+
+def test_the_malformed_table_is_big_enough():
+    assert len(MALFORMED) >= 30
+
+
+def test_from_dict_names_the_python_source():
+    with pytest.raises(ScenarioError, match=r"^<python>: train.steps: missing"):
+        scenario_from_dict({"name": "x", "seed": 1, "train": {"duration": 5}})
+    d = load_scenario("partition").to_dict()
+    d["faults"][1]["target"] = "link:learner-9"
+    with pytest.raises(ScenarioError, match=r"^<python>: faults\[1\].target: unknown target 'link:learner-9'"):
+        scenario_from_dict(d)
+
+
+def test_a_scenario_can_be_written_and_read_back_by_hand(tmp_path):
+    s = Scenario(name="hand", seed=9, description='quotes " and \\ survive',
+                 train=TrainSpec(steps=10, duration_s=20),
+                 faults=(Partition("link:learner-0~syncer-0", 1.5, 2.25, direction="downstream"),),
+                 failure_process=FailureProcess(30, 2, 1, mix={"thermal": 1, "nic": 2}, seed=1))
+    path = tmp_path / "hand.toml"
+    path.write_text(scenario_to_toml(s))
+    assert load_scenario(str(path)) == s
