@@ -119,7 +119,7 @@ def validate(faults: Sequence[Fault], shape: RunShape, name=lambda i: f"fault {i
             why = conflict(faults[i], faults[j])
             if why:
                 g = faults[j]
-                fix = (f"start and end it before {g.at_s:g}s ({name(j)} never ends)" if g.end_s is None
+                fix = (f"give {name(j)} an end at or before {faults[i].at_s:g}s" if g.end_s is None
                        else f"start it at or after {g.end_s:g}s, when {name(j)} ends")
                 raise ScheduleError(i, faults[i], "at_s", f"overlaps {name(j)} ({g.kind} of {g.target}, "
                                     f"{_when(g)}): {why}", fix)
