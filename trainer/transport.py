@@ -230,7 +230,7 @@ class ShardLink:
                 continue
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            delay = self.backoff_s[0]
+            connected_at = time.monotonic()
             with self._lock:
                 self._sock = sock
             self.stats.connects += 1
@@ -243,6 +243,14 @@ class ShardLink:
                 self._sock = None
             sock.close()
             self.inbox.put(NetEvent("disconnected", self.shard))
+            # Through a proxy, connect succeeds even when the shard behind it is down
+            # and the proxy hangs up at once: only a connection that lasted resets
+            # the backoff, so a dead shard is retried ever more slowly.
+            if time.monotonic() - connected_at > 1.0:
+                delay = self.backoff_s[0]
+            else:
+                self._closed.wait(delay)
+                delay = min(delay * 2, self.backoff_s[1])
 
     def _read_loop(self, sock: socket.socket) -> None:
         decoder = FrameDecoder(expected_run_id=self.run_id)

@@ -1,0 +1,189 @@
+"""A learner unit as a process: `python -m trainer.learner --run-dir D --id learner-2`.
+
+It runs inner AdamW steps on its own data shard and never blocks on the network
+(decoupled mode): links to the syncer shards live in background threads and what
+they receive is fed to the LearnerCore between two inner steps. It checkpoints
+its own θ, inner optimizer state and step counter with orbax; after a restart it
+restores them and the core fetches every current global fragment Θ[p].
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import time
+
+import jax
+import numpy as np
+
+from trainer import shell
+from trainer.checkpoint import Checkpointer
+from trainer.inner import make_inner, opt_state_to_tree
+from trainer.protocol import ApplyGrads, IllegalTransition, LearnerCore, Send, SetSlices
+from trainer.tasks import task_for_run
+from trainer.transport import ShardLink
+from trainer.wiring import fragmenter_for, learner_config, learner_math
+
+EVAL_EVERY = 25        # inner steps between held-out evaluations of the local θ
+CKPT_EVERY = 50        # inner steps between learner checkpoints
+FETCH_WAIT_S = 5.0     # at (re)start, wait this long for the global fragments before stepping
+DRAIN_S = 1.0          # after the last step, keep receiving for this long
+
+
+class Learner:
+    def __init__(self, args):
+        self.run_dir, self.name, self.incarnation = args.run_dir, args.id, args.incarnation
+        self.run_info, self.cfg = shell.load_run(self.run_dir)
+        topo = self.run_info["topology"]
+        self.index = topo["learners"].index(self.name)
+        self.ev = shell.open_events(self.run_dir, self.name, self.incarnation)
+        self.stopper = shell.Stopper()
+        self.task = task_for_run(self.cfg)
+        self.eval_batches = self.task.eval_batches()
+        params = self.task.init_params(jax.random.PRNGKey(self.cfg.seed))  # Θ0, the same everywhere
+        self.inner = make_inner(self.cfg, self.task.loss_fn)
+        self.opt_state = self.inner.init(params)
+        self.frag = fragmenter_for(self.cfg, params)
+        self.ckpt = Checkpointer(self.run_dir / "ckpt" / self.name)
+        self.step = 0
+        restored = self.ckpt.restore()
+        if restored is not None:
+            params = restored["params"]
+            self.opt_state = self.inner.opt_state_from_tree(params, restored["opt"])
+            self.step = int(restored["step"])
+            self.ev.emit("checkpoint_restored", step=self.step)
+        bugs = frozenset(b for b in args.bugs.split(",") if b)
+        self.core = LearnerCore(learner_config(self.cfg, topo, self.name, self.incarnation, bugs),
+                                learner_math(self.cfg, self.frag))
+        self.state = self.core.init(params)
+        self.live_slices = self.cfg.diloco.slices
+        self.control_mtime = 0.0
+        self.inbox: queue.Queue = queue.Queue()
+        self.links = {shard: ShardLink(self.name, shard, addr, topo["run_id"], self.inbox)
+                      for shard, addr in topo["links"][self.name].items()}
+
+    # --- driving the core -------------------------------------------------------------------
+    def do(self, event: str, *args) -> None:
+        self.state, actions = getattr(self.core, event)(self.state, shell.monotonic(), *args)
+        shell.log_actions(self.ev, actions)
+        for a in actions:
+            if isinstance(a, Send):
+                nbytes = self.links[a.to].send(a.msg)
+                shell.log_msg(self.ev, "send" if nbytes else "drop", a.to, a.msg, nbytes)
+            elif isinstance(a, ApplyGrads):
+                params, self.opt_state = self.inner.apply_grads(self.core.params(self.state), self.opt_state,
+                                                                a.grads)
+                self.do("after_inner_step", params, self._dp_tokens, self._dp_dt)
+            elif isinstance(a, SetSlices):
+                self.live_slices = a.live_slices
+
+    def drain(self, timeout_s: float = 0.0) -> None:
+        """Feeds everything the links received to the core; waits up to timeout_s for the first."""
+        try:
+            ev = self.inbox.get(timeout=timeout_s) if timeout_s > 0 else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if ev.kind == "connected":
+                self.ev.emit("link_up", peer=ev.peer)
+                self.do("shard_connected", ev.peer)
+            elif ev.kind == "disconnected":
+                self.ev.emit("link_down", peer=ev.peer)
+            else:
+                shell.log_msg(self.ev, "recv", ev.peer, ev.msg, ev.nbytes)
+                try:
+                    self.do("receive", ev.peer, ev.msg)
+                except IllegalTransition as e:
+                    self.ev.emit("drop", what=type(ev.msg).__name__, reason=f"illegal: {e}", peer=ev.peer)
+            try:
+                ev = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def read_control(self) -> None:
+        """Slice control from the harness (kill_slice): control/<name>.json."""
+        path = self.run_dir / "control" / f"{self.name}.json"
+        try:
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if mtime != self.control_mtime:
+            self.control_mtime = mtime
+            live = int(json.loads(path.read_text())["live_slices"])
+            from trainer.messages import SliceControl
+            self.do("receive", "harness", SliceControl(max(1, min(live, self.cfg.diloco.slices))))
+
+    # --- the loop ---------------------------------------------------------------------------
+    def run(self) -> int:
+        ev = self.ev
+        ev.emit("unit_up", incarnation=self.incarnation, pid=os.getpid(), step=self.step)
+        for link in self.links.values():
+            link.start()
+        self.do("start")
+        deadline = time.monotonic() + FETCH_WAIT_S
+        while self.state.awaiting and time.monotonic() < deadline and not self.stopper.stop:
+            self.drain(timeout_s=0.05)
+        dp = self.cfg.diloco.mode in ("dp", "elastic_dp")
+        pending_loss = None
+        while self.step < self.cfg.steps and not self.stopper.stop:
+            self.drain()
+            self.read_control()
+            if self.core.must_wait(self.state):
+                self.drain(timeout_s=0.05)
+                continue
+            t0 = time.monotonic()
+            params = self.core.params(self.state)
+            batch = self.task.batch(self.index, self.step)
+            live = range(self.live_slices)
+            if dp:
+                grads, metrics = self.inner.grad(params, batch, live)
+                self._dp_tokens, self._dp_dt = int(metrics["tokens"]), time.monotonic() - t0
+                self.do("grads_ready", jax.tree.map(np.asarray, grads), self._dp_tokens)
+                while self.core.must_wait(self.state) and not self.stopper.stop:
+                    self.drain(timeout_s=0.05)
+            else:
+                params, self.opt_state, metrics = self.inner.step(params, self.opt_state, batch, live)
+                self.do("after_inner_step", params, int(metrics["tokens"]), time.monotonic() - t0)
+            self.step += 1
+            # metrics reach the host one step late, so the device is never waited on for a log line
+            if pending_loss is not None:
+                ev.emit("step", **{**pending_loss, "loss": float(pending_loss["loss"])})
+            pending_loss = {"step": self.step, "tokens": int(metrics["tokens"]), "loss": metrics["loss"],
+                            "dt": round(time.monotonic() - t0, 6), "live_slices": self.live_slices}
+            if self.step % EVAL_EVERY == 0 or self.step == self.cfg.steps:
+                ev.emit("eval", step=self.step, loss=self.inner.evaluate(self.core.params(self.state),
+                                                                         self.eval_batches))
+            if self.step % CKPT_EVERY == 0:
+                self.save()
+        if pending_loss is not None:
+            pending_loss["loss"] = float(pending_loss["loss"])
+            ev.emit("step", **pending_loss)
+        end = time.monotonic() + (0 if self.stopper.stop else DRAIN_S)
+        while time.monotonic() < end:
+            self.drain(timeout_s=0.05)
+        return self.close(finished=self.step >= self.cfg.steps)
+
+    def save(self) -> None:
+        params = self.core.params(self.state)
+        self.ckpt.save(self.step, {"params": jax.tree.map(np.asarray, params),
+                                   "opt": opt_state_to_tree(self.opt_state), "step": np.int64(self.step)})
+        self.ev.emit("checkpoint_saved", step=self.step)
+
+    def close(self, finished: bool) -> int:
+        for link in self.links.values():
+            link.close()
+        stats = {s: vars(link.stats) for s, link in self.links.items()}
+        self.ckpt.close()
+        self.ev.emit("done", step=self.step, finished=finished, links=stats)
+        self.ev.close()
+        return 0
+
+
+def main(argv=None) -> int:
+    args = shell.parse_args(argv, "learner")
+    return Learner(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""What the learner and syncer processes share: reading run.json, signals, logging
+core actions, timers. Process-level I/O only; the logic lives in the cores."""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+
+from trainer.config import RunConfig
+from trainer.events import EventWriter
+from trainer.messages import describe
+from trainer.protocol import Log
+
+
+def parse_args(argv, what: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"python -m trainer.{what}", description=f"one {what} process of a run")
+    p.add_argument("--run-dir", required=True, type=Path, help="the run directory (holds run.json)")
+    p.add_argument("--id", required=True, help=f"this {what}'s name in the topology")
+    p.add_argument("--incarnation", type=int, default=0, help="restart count of this process")
+    p.add_argument("--bugs", default="", help="planted bugs, comma-separated (for the test suites)")
+    return p.parse_args(argv)
+
+
+def load_run(run_dir: Path) -> tuple[dict, RunConfig]:
+    run = json.loads((run_dir / "run.json").read_text())
+    return run, RunConfig.from_dict(run["config"])
+
+
+class Stopper:
+    """SIGTERM/SIGINT set a flag the main loop polls: the process exits cleanly."""
+
+    def __init__(self):
+        self.stop = False
+        signal.signal(signal.SIGTERM, self._set)
+        signal.signal(signal.SIGINT, self._set)
+
+    def _set(self, *_):
+        self.stop = True
+
+
+def open_events(run_dir: Path, name: str, incarnation: int) -> EventWriter:
+    (run_dir / "logs").mkdir(exist_ok=True)
+    return EventWriter(run_dir / "logs" / f"{name}.{incarnation}.jsonl", src=name)
+
+
+def log_actions(ev: EventWriter, actions: list) -> None:
+    for a in actions:
+        if isinstance(a, Log):
+            ev.emit(a.kind, **a.fields)
+
+
+def log_msg(ev: EventWriter, kind: str, peer: str, msg, nbytes: int) -> None:
+    """A `send` or `recv` line: the message's identifying fields and the frame size."""
+    ev.emit(kind, peer=peer, bytes=nbytes, **describe(msg))
+
+
+class Timers:
+    """The cores' SetTimer actions: key -> due time (monotonic); a later set replaces."""
+
+    def __init__(self):
+        self.due: dict[str, float] = {}
+
+    def set(self, key: str, at: float) -> None:
+        self.due[key] = at
+
+    def pop_due(self, now: float) -> list[str]:
+        keys = sorted((at, k) for k, at in self.due.items() if at <= now)
+        for _, k in keys:
+            del self.due[k]
+        return [k for _, k in keys]
+
+    def next_in(self, now: float, cap: float) -> float:
+        return max(0.0, min([cap] + [at - now for at in self.due.values()]))
+
+
+def to_ckpt(tree) -> dict:
+    """A tree with strings, None and dict keys of any kind -> {"json": uint8 array,
+    "arrays": {i: array}}: orbax stores arrays; the structure travels as JSON."""
+    arrays: dict[str, np.ndarray] = {}
+
+    def walk(x):
+        if isinstance(x, dict):
+            return {"__dict__": [[walk(k), walk(v)] for k, v in x.items()]}
+        if isinstance(x, (list, tuple)):
+            return [walk(v) for v in x]
+        if isinstance(x, (np.ndarray, np.generic)) or hasattr(x, "__array__"):
+            key = str(len(arrays))
+            arrays[key] = np.asarray(x)
+            return {"__array__": key}
+        return x
+
+    meta = json.dumps(walk(tree)).encode()
+    return {"json": np.frombuffer(meta, np.uint8), "arrays": arrays}
+
+
+def _key(k):
+    return tuple(_key(v) for v in k) if isinstance(k, list) else k
+
+
+def from_ckpt(saved: dict):
+    arrays = saved.get("arrays", {})
+
+    def walk(x):
+        if isinstance(x, dict) and "__array__" in x:
+            return np.asarray(arrays[x["__array__"]])
+        if isinstance(x, dict):
+            return {_key(walk(k)): walk(v) for k, v in x["__dict__"]}
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        return x
+
+    return walk(json.loads(np.asarray(saved["json"], np.uint8).tobytes()))
+
+
+def monotonic() -> float:
+    return time.monotonic()

@@ -1,0 +1,88 @@
+"""Binds the numerics (fragments, outer math, compression) into the sans-IO cores.
+
+The cores take their math as injected functions (trainer/protocol.py); this module
+builds those functions from a RunConfig, once, for the process shells and the
+simulator alike. It also builds the cores' configs from the run's topology.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from trainer import compression, outer
+from trainer.config import RunConfig
+from trainer.fragments import Fragmenter, due_fragment
+from trainer.protocol import LearnerConfig, LearnerMath, SyncerConfig, SyncerMath
+
+
+def fragmenter_for(cfg: RunConfig, params: dict) -> Fragmenter:
+    return Fragmenter(params, cfg.n_fragments, cfg.diloco.fragmentation)
+
+
+def learner_math(cfg: RunConfig, frag: Fragmenter) -> LearnerMath:
+    d = cfg.diloco
+    H, P = d.sync_every, cfg.n_fragments
+
+    def pseudo_grad_payload(base, local):
+        # Δ = Θ_base[p] − θ_m[p], compressed for the wire; the syncer decodes to fp32.
+        return compression.encode(outer.pseudo_grad(base, local), d.compression)
+
+    return LearnerMath(
+        get_fragment=frag.get,
+        set_fragment=frag.set,
+        pseudo_grad_payload=pseudo_grad_payload,
+        mix=outer.mix,
+        due_fragment=lambda step: due_fragment(step, H, P),
+        # data-parallel gradients travel uncompressed, as in a standard all-reduce
+        grad_payload=lambda arrays: compression.encode([np.asarray(a, np.float32) for a in arrays], "fp32"),
+    )
+
+
+def syncer_math(cfg: RunConfig, frag: Fragmenter) -> SyncerMath:
+    d = cfg.diloco
+    opt = outer.OuterOptimizer(cfg.outer)
+    # DESIGN: plain weighted mean for the embedding fragment (RDA's renormalisation
+    # suits dense layers; embedding rows updated by few tokens would be stretched).
+    # The cores do not pass p to the math, so the embedding fragment is recognised
+    # by its exact list of leaf shapes.
+    mean_sigs = {_signature(frag, p) for p in range(cfg.n_fragments) if frag.is_embedding(p)}
+
+    def merge_and_step(theta, outer_state, deltas, weights):
+        kind = d.merge
+        if kind == "rda" and tuple(tuple(np.shape(a)) for a in theta) in mean_sigs:
+            kind = "mean"
+        merged = outer.merge(deltas, weights, kind)
+        return opt.step(theta, outer_state, merged)
+
+    def weight(c_tokens, c_steps, staleness):
+        return outer.contribution_weight(c_tokens, c_steps, staleness, d.weighting, d.staleness_discount)
+
+    def average(grads, weights):
+        return outer.merge(grads, weights, "mean")
+
+    return SyncerMath(merge_and_step=merge_and_step, weight=weight, decode=compression.decode,
+                      outer_init=opt.init, average=average)
+
+
+def _signature(frag: Fragmenter, p: int) -> tuple:
+    return tuple(frag._shapes[path] for path in frag.leaf_paths(p))
+
+
+def owners(topology: dict) -> dict[int, str]:
+    """fragment p -> the syncer shard that owns it."""
+    return {p: shard for shard, frags in topology["shards"].items() for p in frags}
+
+
+def learner_config(cfg: RunConfig, topology: dict, learner: str, incarnation: int,
+                   bugs: frozenset = frozenset()) -> LearnerConfig:
+    d = cfg.diloco
+    own = owners(topology)
+    return LearnerConfig(learner=learner, incarnation=incarnation,
+                         owners=[own[p] for p in range(cfg.n_fragments)],
+                         mode=d.mode, tau=d.overlap, alpha=d.mixing, bugs=bugs)
+
+
+def syncer_config(cfg: RunConfig, topology: dict, shard: str, bugs: frozenset = frozenset()) -> SyncerConfig:
+    d = cfg.diloco
+    return SyncerConfig(shard=shard, fragments=tuple(topology["shards"][shard]),
+                        learners=tuple(topology["learners"]), mode=d.mode, quorum=d.quorum,
+                        tau=d.overlap, grace_gamma=d.grace_factor, bugs=bugs)
