@@ -13,12 +13,15 @@ import sys
 
 from harness.errors import UserError  # noqa: F401  (re-exported for command modules)
 
-# (command, module, one line of help). Order is the order in --help.
+# (command, "module:register function", one line of help). Order is the order in --help.
 COMMANDS: list[tuple[str, str, str]] = [
-    ("demo", "harness.demo", "set up and run the default chaos scenario, print where results are"),
-    ("toxiproxy", "harness.toxiproxy_cmd", "start a Toxiproxy server in the foreground (for debugging)"),
-    ("fleet", "harness.fleet", "fleet-scale goodput simulator: Decoupled DiLoCo vs data-parallel"),
-    ("bench", "harness.bench", "run a benchmark, writing runs/bench/NAME.json"),
+    ("run", "harness.run_cmd:register_run", "run a fault scenario (a TOML file or a built-in name)"),
+    ("scenarios", "harness.run_cmd:register_scenarios", "list the built-in scenarios"),
+    ("replay", "harness.run_cmd:register_replay", "run a stored run again: same config, seed and schedule"),
+    ("demo", "harness.run_cmd:register_demo", "run the default scenario (chaos vs data-parallel), print where results are"),
+    ("fleet", "harness.fleet:register", "fleet-scale goodput simulator: Decoupled DiLoCo vs data-parallel"),
+    ("bench", "harness.bench:register", "run a benchmark, writing runs/bench/NAME.json"),
+    ("toxiproxy", "harness.toxiproxy_cmd:register", "start a Toxiproxy server in the foreground (for debugging)"),
 ]
 
 
@@ -28,14 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Chaos-engineering test harness for Decoupled DiLoCo training.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module, help_ in COMMANDS:
+    for name, target, help_ in COMMANDS:
+        module, func = target.split(":")
         try:
             mod = importlib.import_module(module)
         except ImportError as e:  # a command whose module is absent still shows up
             p = sub.add_parser(name, help=f"{help_} (unavailable: {e})")
             p.set_defaults(func=lambda a, e=e: _unavailable(e))
             continue
-        mod.register(sub, help_)
+        getattr(mod, func)(sub, help_)
     return parser
 
 

@@ -91,7 +91,8 @@ class LocalCluster:
                 if self.wan is not None:
                     self.client.apply_profile(name, self.wan)
         self.topology.update(shard_addrs=shard_addrs, links=links, run_id=uuid.uuid4().hex[:12])
-        run = {"seed": self.seed, "config": self.config, "topology": self.topology, "slices": self.slices}
+        run = {"seed": self.seed, "config": self.config, "topology": self.topology, "slices": self.slices,
+               "toxiproxy": {"pid": self.toxiproxy.pid, "url": self.toxiproxy.url}}
         (self.run_dir / "run.json").write_text(json.dumps(run, indent=1))
         for shard in self.topology["shards"]:
             self.members[shard] = Member(shard, "syncer")

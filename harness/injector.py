@@ -1,0 +1,209 @@
+"""The nemesis for the `local` backend: applies fault dataclasses to a LocalCluster.
+
+Jepsen's shape: `setup` heals (a clean slate), `start(fault)` / `end(fault)` invoke,
+`teardown` heals everything that is still broken — on success, failure and Ctrl-C.
+Every action returns and records a record of what it did (harness events
+`fault_start` / `fault_end`, `unit_down` / `unit_up` with the unit as src).
+
+Toxics a fault adds are named `f<id>_<type>_<stream>`, so faults never touch each
+other's toxics; a `wan` fault replaces the base WAN profile on its links while it
+lasts and puts it back at its end.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+from faults.model import Fault
+from faults.schedule import RunShape, expand_links
+from harness.cluster import LocalCluster
+from harness.toxiproxy_client import STREAMS, LinkProfile, toxic_spec
+
+_STREAMS_OF = {"both": STREAMS, "upstream": ("upstream",), "downstream": ("downstream",)}
+
+
+@dataclass
+class _Slow:
+    """Duty-cycled SIGSTOP/SIGCONT: the unit runs `speed` of each `period_s`."""
+
+    pid: int
+    speed: float
+    period_s: float
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                os.kill(self.pid, signal.SIGSTOP)
+                self.stop.wait((1 - self.speed) * self.period_s)
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                return
+            self.stop.wait(self.speed * self.period_s)
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+class Injector:
+    def __init__(self, cluster: LocalCluster, shape: RunShape, emit, *, dp_rollback: bool = False):
+        """`emit(kind, src, **fields)` records a harness event. `dp_rollback`: data-parallel
+        without elasticity — a dead learner stops every learner until it returns, and all
+        restart from their checkpoints."""
+        self.cluster, self.shape, self.emit = cluster, shape, emit
+        self.dp_rollback = dp_rollback
+        self.active: dict[int, Fault] = {}
+        self.ids: dict[int, int] = {}  # id(fault) -> fault number
+        self.slow: dict[int, _Slow] = {}
+        self.down: set[str] = set()  # units the injector took down
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def setup(self) -> None:
+        self._heal_links()
+
+    def teardown(self) -> None:
+        """Heals every fault still active (no toxic left, no process left stopped)."""
+        for n in list(self.active):
+            try:
+                self.end(self.active[n], final=True)
+            except Exception as e:  # keep healing the others
+                self.emit("fault_end", "harness", id=n, error=str(e))
+        for s in self.slow.values():
+            s.stop.set()
+
+    def _heal_links(self) -> None:
+        for proxy in list(self.cluster.client.proxies()):
+            for t in self.cluster.client.toxics(proxy):
+                if t["name"].startswith("f"):
+                    self.cluster.client.remove_toxic(proxy, t["name"])
+            self.cluster.client.set_enabled(proxy, True)
+
+    # --- invoke ---------------------------------------------------------------------------
+    def start(self, fault: Fault) -> None:
+        n = self.ids.setdefault(id(fault), len(self.ids))
+        self.active[n] = fault
+        self.emit("fault_start", "harness", id=n, fault=fault.to_dict())
+        getattr(self, f"_start_{fault.kind}")(n, fault)
+
+    def end(self, fault: Fault, final: bool = False) -> None:
+        n = self.ids[id(fault)]
+        if self.active.pop(n, None) is None:
+            return
+        getattr(self, f"_end_{fault.kind}")(n, fault, final)
+        self.emit("fault_end", "harness", id=n, fault=fault.to_dict(), healed_at_teardown=final)
+
+    # units -------------------------------------------------------------------------------
+    def _down(self, unit: str, reason: str) -> None:
+        self.cluster.kill(unit)
+        self.down.add(unit)
+        self.emit("unit_down", unit, reason=reason)
+
+    def _up(self, unit: str) -> None:
+        self.down.discard(unit)
+        self.cluster.spawn(unit)
+        self.emit("unit_up", unit, reason="restarted", pid=self.cluster.pid(unit))
+
+    def _start_kill_unit(self, n, f) -> None:
+        if self.dp_rollback:  # a synchronous job cannot go on without one of its members
+            for u in self.shape.units:
+                if self.cluster.pid(u) is not None:
+                    self._down(u, "killed" if u == f.target else "rollback")
+            return
+        self._down(f.target, "killed")
+
+    def _end_kill_unit(self, n, f, final) -> None:
+        if final:
+            return  # the run is over: nothing to restart
+        for u in (self.shape.units if self.dp_rollback else [f.target]):
+            if u in self.down and self.cluster.pid(u) is None:
+                self._up(u)
+
+    def _start_kill_syncer(self, n, f) -> None:
+        self._down(f.target, "killed")
+
+    def _end_kill_syncer(self, n, f, final) -> None:
+        if not final:
+            self._up(f.target)
+
+    def _start_pause_unit(self, n, f) -> None:
+        self.cluster.pause(f.target)
+        self.emit("unit_down", f.target, reason="paused")
+
+    def _end_pause_unit(self, n, f, final) -> None:
+        self.cluster.resume(f.target)
+        self.emit("unit_up", f.target, reason="resumed")
+
+    def _start_slow_unit(self, n, f) -> None:
+        pid = self.cluster.pid(f.target)
+        if pid is None:
+            return
+        s = self.slow[n] = _Slow(pid, f.speed, f.period_ms / 1000)
+        threading.Thread(target=s.run, name=f"slow-{f.target}", daemon=True).start()
+
+    def _end_slow_unit(self, n, f, final) -> None:
+        s = self.slow.pop(n, None)
+        if s is not None:
+            s.stop.set()
+
+    def _start_kill_slice(self, n, f) -> None:
+        self.cluster.set_live_slices(f.target, max(1, self.shape.slices - f.slices))
+
+    def _end_kill_slice(self, n, f, final) -> None:
+        self.cluster.set_live_slices(f.target, self.shape.slices)
+
+    # links -------------------------------------------------------------------------------
+    def _links(self, f) -> list[str]:
+        return expand_links(f.target, self.shape)
+
+    def _add(self, n: int, f, kind: str, streams, **attrs) -> None:
+        for link in self._links(f):
+            for stream in streams:
+                self.cluster.client.add_toxic(link, toxic_spec(kind, stream, name=f"f{n}_{kind}_{stream}", **attrs))
+
+    def _remove(self, n: int, f) -> None:
+        prefix = f"f{n}_"
+        for link in self._links(f):
+            for t in self.cluster.client.toxics(link):
+                if t["name"].startswith(prefix):
+                    self.cluster.client.remove_toxic(link, t["name"])
+
+    def _start_wan(self, n, f) -> None:
+        profile = LinkProfile(bandwidth_kbps=f.bandwidth_kbps, latency_ms=f.latency_ms, jitter_ms=f.jitter_ms)
+        for link in self._links(f):
+            for t in self.cluster.client.toxics(link):
+                if t["name"].startswith("wan_"):  # the base profile steps aside
+                    self.cluster.client.remove_toxic(link, t["name"])
+            self.cluster.client.apply_profile(link, profile, prefix=f"f{n}")
+
+    def _end_wan(self, n, f, final) -> None:
+        self._remove(n, f)
+        if self.cluster.wan is not None and not final:
+            for link in self._links(f):
+                self.cluster.client.apply_profile(link, self.cluster.wan)
+
+    def _start_partition(self, n, f) -> None:
+        # a timeout toxic with timeout 0 holds every byte forever: a black hole, as
+        # a partition looks to TCP (no reset, no refusal)
+        self._add(n, f, "timeout", _STREAMS_OF[f.direction], timeout=0)
+
+    def _start_reset(self, n, f) -> None:
+        self._add(n, f, "reset_peer", STREAMS, timeout=0)
+
+    def _start_truncate(self, n, f) -> None:
+        self._add(n, f, "limit_data", ("downstream", "upstream"), bytes=f.bytes)
+
+    def _end_link_fault(self, n, f, final) -> None:
+        self._remove(n, f)
+
+    _end_partition = _end_reset = _end_truncate = _end_link_fault
+
+
+def wait_until(t_wall: float, poll, interval_s: float = 0.1) -> None:
+    """Sleeps until wall time `t_wall`, calling `poll()` every interval (progress, liveness)."""
+    while (left := t_wall - time.time()) > 0:
+        poll()
+        time.sleep(min(interval_s, left))

@@ -1,0 +1,129 @@
+"""`diloco-chaos run | scenarios | replay | demo`."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+from harness.errors import UserError
+
+DEFAULT_SCENARIO = "chaos"
+
+
+def register_run(sub, help_: str) -> None:
+    p = sub.add_parser("run", help=help_, description="Run a fault scenario on real processes (tier cluster).")
+    p.add_argument("scenario", help="a TOML file, or a built-in name (see `diloco-chaos scenarios`)")
+    _run_options(p)
+    p.set_defaults(func=cmd_run)
+
+
+def register_demo(sub, help_: str) -> None:
+    p = sub.add_parser("demo", help=help_, description=f"`run {DEFAULT_SCENARIO} --compare dp`, fault-free reference included.")
+    _run_options(p)
+    p.set_defaults(func=lambda a: cmd_run(_demo_args(a)))
+
+
+def _demo_args(a):
+    a.scenario, a.compare = DEFAULT_SCENARIO, "dp"
+    return a
+
+
+def _run_options(p) -> None:
+    p.add_argument("--out", default="runs", type=Path, help="parent folder of run directories (default runs/)")
+    p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    p.add_argument("--compare", choices=["dp"], default=None,
+                   help="also run the same scenario and fault draw under data-parallel")
+    p.add_argument("--reference", choices=["auto", "none"], default="auto",
+                   help="loss parity against the fault-free run of the same scenario (auto: run it once, then reuse)")
+    p.add_argument("--tier", choices=["cluster"], default="cluster", help="where to run (cluster: real processes)")
+    p.add_argument("--no-live", action="store_true", help="no live progress display")
+
+
+def register_scenarios(sub, help_: str) -> None:
+    p = sub.add_parser("scenarios", help=help_)
+    p.set_defaults(func=cmd_scenarios)
+
+
+def register_replay(sub, help_: str) -> None:
+    p = sub.add_parser("replay", help=help_, description="Run a stored run again with its recorded config, seed and schedule.")
+    p.add_argument("run_dir", type=Path, help="a run directory (holds events.jsonl)")
+    p.add_argument("--out", default="runs", type=Path)
+    p.add_argument("--no-live", action="store_true")
+    p.set_defaults(func=cmd_replay)
+
+
+def _load(name_or_path: str, seed: int | None):
+    from harness.scenario import ScenarioError, load_scenario
+
+    try:
+        s = load_scenario(name_or_path)
+        return s if seed is None else dataclasses.replace(s, seed=seed)
+    except (ScenarioError, ValueError, FileNotFoundError) as e:
+        raise UserError(str(e)) from None
+
+
+def cmd_scenarios(args) -> int:
+    from harness.scenario import list_scenarios
+
+    for name, line in list_scenarios():
+        print(f"{name:16s} {line}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    s = _load(args.scenario, args.seed)
+    return _execute(s, args.out, compare=args.compare, reference=args.reference, live=not args.no_live)
+
+
+def cmd_replay(args) -> int:
+    from harness import eventlog
+    from harness.scenario import scenario_from_dict
+
+    try:
+        header = eventlog.read(args.run_dir).header
+    except eventlog.EventLogError as e:
+        raise UserError(str(e)) from None
+    d = dict(header["scenario"])
+    d["faults"] = header["schedule"]  # exactly the faults that ran, drawn ones included
+    d.pop("failure_process", None)
+    s = scenario_from_dict(d, source=str(args.run_dir / "events.jsonl"))
+    return _execute(s, args.out, compare=None, reference="none", live=not args.no_live, label=f"{s.name}-replay")
+
+
+def _reference(s, out: Path, live: bool) -> Path | None:
+    """The fault-free run of `s` (same config and seed), made once and reused."""
+    from harness.runner import run_scenario
+
+    if not s.faults and s.failure_process is None:
+        return None
+    clean = dataclasses.replace(s, faults=(), failure_process=None)
+    key = hashlib.sha256(json.dumps(clean.to_dict(), sort_keys=True).encode()).hexdigest()[:10]
+    ref_dir = out / "_reference" / f"{s.name}-{key}"
+    if (ref_dir / "summary.json").exists():
+        print(f"reference (fault-free) run: reusing {ref_dir}")
+        return ref_dir
+    print(f"reference (fault-free) run: {ref_dir}")
+    ref_dir.mkdir(parents=True, exist_ok=True)
+    run_scenario(clean, out, run_dir=ref_dir, live=live)
+    return ref_dir
+
+
+def _execute(s, out: Path, *, compare, reference, live, label=None) -> int:
+    from harness.report_text import print_summary
+    from harness.runner import run_scenario, unique_dir, with_mode
+
+    ref = _reference(s, out, live) if reference == "auto" else None
+    run_dir = unique_dir(out, label or s.name)
+    print(f"running {s.name} (seed {s.seed}, {len(s.schedule().faults)} faults) in {run_dir}")
+    result = run_scenario(s, out, run_dir=run_dir, live=live, reference=ref)
+    summary = result.summary
+    if compare == "dp":
+        dp_dir = run_dir / "dp"
+        dp_dir.mkdir()
+        print(f"running {s.name} under data-parallel, same fault draw, in {dp_dir}")
+        summary["dp"] = run_scenario(with_mode(s, "dp"), out, run_dir=dp_dir, live=live, reference=ref).summary
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    print_summary(summary)
+    print(f"results: {run_dir}  (events.jsonl, summary.json)")
+    return 0 if summary["valid"] is not False else 1

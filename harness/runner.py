@@ -1,0 +1,171 @@
+"""Runs a scenario on the cluster tier: cluster up, fault schedule walked at its
+times, event logs merged, the global model evaluated, metrics and checks written.
+
+    result = run_scenario(load_scenario("chaos"), Path("runs"))
+
+The run directory gets `events.jsonl` (first line: seed, full config, scenario,
+drawn schedule, replay command), `scenario.toml`, `summary.json`. Everything the
+run started is stopped on every way out (the `with` blocks), Ctrl-C included.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from faults.schedule import Schedule
+from harness import eventlog
+from harness.cluster import LocalCluster
+from harness.injector import Injector, wait_until
+from harness.progress import Progress
+from harness.scenario import Scenario, scenario_to_toml
+from trainer.config import RunConfig
+
+END_GRACE_S = 20.0  # after `duration`, learners still stepping get this long to finish
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_dir: Path
+    summary: dict
+
+
+def unique_dir(parent: Path, name: str) -> Path:
+    """parent/name, or parent/name-2, -3, ... : two runs never share a folder."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for i in range(1, 10_000):
+        d = parent / (name if i == 1 else f"{name}-{i}")
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"no free run directory for {name} under {parent}")
+
+
+def with_mode(s: Scenario, mode: str) -> Scenario:
+    """The same scenario (and fault draw) under another training mode, e.g. dp."""
+    return dataclasses.replace(s, train=dataclasses.replace(s.train, mode=mode))
+
+
+def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: str | None = None,
+                 live: bool = True, reference: Path | None = None) -> RunResult:
+    cfg = s.run_config()
+    run_dir = run_dir or unique_dir(out, label or s.name)
+    schedule = s.schedule()
+    (run_dir / "scenario.toml").write_text(scenario_to_toml(s))
+    header = {
+        "seed": s.seed, "config": cfg.to_dict(), "scenario": s.to_dict(), "tier": "cluster",
+        "schedule": schedule.to_dicts(), "replay": f"diloco-chaos replay {shlex.quote(str(run_dir))}",
+    }
+    harness_events: list[dict] = []
+
+    def emit(kind: str, src: str, **fields) -> None:
+        harness_events.append({"t": round(time.time(), 6), "src": src, "kind": kind, **fields})
+
+    shape = s.shape()
+    cluster = LocalCluster(run_dir, cfg.to_dict(), shards=s.cluster.shards, seed=s.seed, wan=s.wan,
+                           slices=s.cluster.slices)
+    progress = Progress(run_dir, s, enabled=live)
+    try:
+        with cluster:
+            header["topology"] = cluster.topology
+            header["t_start"] = t0 = time.time()
+            injector = Injector(cluster, shape, emit, dp_rollback=cfg.diloco.mode == "dp")
+            injector.setup()
+            try:
+                _walk(schedule, injector, cluster, t0, s.train.duration_s, progress)
+            finally:
+                injector.teardown()
+                header["t_end"] = time.time()
+                progress.stop()
+    except BaseException:
+        header.setdefault("t_end", time.time())
+        header["interrupted"] = True
+        if (run_dir / "logs").exists():
+            eventlog.merge(run_dir, header, harness_events)  # what happened so far is kept
+        raise
+    header.setdefault("t_end", time.time())
+    final = _global_eval(run_dir, cfg, cluster.topology)
+    if final is not None:
+        emit("eval", "harness", loss=final, step=cfg.steps, **{"global": True})
+    eventlog.merge(run_dir, header, harness_events)
+    summary = summarize(run_dir, s, reference)
+    return RunResult(run_dir, summary)
+
+
+def _walk(schedule: Schedule, injector: Injector, cluster: LocalCluster, t0: float, duration_s: float,
+          progress: Progress) -> None:
+    learners = cluster.topology["learners"]
+
+    def poll():
+        progress.update(injector)
+
+    for t, what, fault in schedule.timeline():
+        if t >= duration_s and what == "start":
+            break
+        wait_until(t0 + t, poll)
+        if _all_finished(cluster, learners, injector):
+            break
+        injector.start(fault) if what == "start" else injector.end(fault)
+    deadline = t0 + duration_s + END_GRACE_S
+    while time.time() < deadline and not _all_finished(cluster, learners, injector):
+        poll()
+        time.sleep(0.2)
+
+
+def _all_finished(cluster: LocalCluster, learners: list[str], injector: Injector) -> bool:
+    """Every learner has exited by itself (not killed and waiting to come back)."""
+    return all(cluster.pid(u) is None and u not in injector.down for u in learners)
+
+
+def _global_eval(run_dir: Path, cfg: RunConfig, topology: dict) -> float | None:
+    """Held-out loss of the global model at the end: Θ assembled from every syncer
+    shard's last checkpoint (DiLoCo modes), or learner-0's last checkpoint (dp)."""
+    try:
+        import jax
+
+        from trainer.checkpoint import Checkpointer
+        from trainer.inner import make_inner
+        from trainer.shell import from_ckpt
+        from trainer.tasks import task_for_run
+        from trainer.wiring import fragmenter_for
+
+        task = task_for_run(cfg)
+        params = task.init_params(jax.random.PRNGKey(cfg.seed))
+        if cfg.diloco.mode in ("dp", "elastic_dp"):
+            with Checkpointer(run_dir / "ckpt" / topology["learners"][0]) as ck:
+                saved = ck.restore()
+            if saved is None:
+                return None
+            params = saved["params"]
+        else:
+            frag = fragmenter_for(cfg, params)
+            for shard in topology["shards"]:
+                with Checkpointer(run_dir / "ckpt" / shard) as ck:
+                    saved = ck.restore()
+                if saved is None:
+                    continue
+                snap = from_ckpt(saved)
+                for p, f in snap["fragments"].items():
+                    params = frag.set(params, int(p), f["theta"])
+        return make_inner(cfg, task.loss_fn).evaluate(params, task.eval_batches())
+    except Exception as e:  # a missing/corrupt checkpoint must not lose the rest of the run
+        (run_dir / "global_eval_error.txt").write_text(repr(e))
+        return None
+
+
+def summarize(run_dir: Path, s: Scenario, reference: Path | None = None) -> dict:
+    from harness import checks, metrics
+
+    log = eventlog.read(run_dir)
+    ref = eventlog.read(reference) if reference else None
+    m = metrics.compute(log, ref)
+    results = checks.safety_checks(log, m) + checks.expect_checks(dataclasses.asdict(s.expect), m)
+    summary = {**m.to_dict(), "checks": [r.to_dict() for r in results],
+               "valid": checks.compose(results).valid, "run_dir": str(run_dir), "mode": log.config["diloco"]["mode"]}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    return summary
