@@ -68,6 +68,7 @@ class InnerLoop:
         self.tokens_per_row = cfg.task.tokens_per_row
         self.trace_counts: Counter = Counter()  # (fn name, live set) -> times traced
         self._fns: dict[tuple[int, ...], dict[str, Any]] = {}
+        self._in_flight: Any = None  # outputs of the last sharded call, see _dispatch
         self._apply = jax.jit(self._apply_impl)
         self._eval = jax.jit(self._eval_impl)
 
@@ -122,6 +123,19 @@ class InnerLoop:
         self._fns[live] = fns
         return fns
 
+    def _dispatch(self, fn: Callable, *args: Any) -> Any:
+        """Call a sharded function with at most one such call in flight. XLA:CPU runs
+        the S per-device parts on a shared thread pool and all-reduces between them;
+        with two multi-device steps queued, each can hold a thread waiting for a
+        participant the other step is blocking, and XLA aborts the process after
+        40 s (seen here with S=2 on 2 cores). Waiting for the previous call keeps
+        one step of host/device overlap and removes the deadlock."""
+        if self._in_flight is not None:
+            jax.block_until_ready(self._in_flight)
+        out = fn(*args)
+        self._in_flight = out
+        return out
+
     def _effective(self, batch: Any, live: tuple[int, ...]) -> tuple[Any, int]:
         rows = batch.shape[0]
         if rows % self.S:
@@ -142,8 +156,8 @@ class InnerLoop:
         fns = self._compiled(live)
         batch, eff = self._effective(batch, live)
         params, opt_state = jax.device_put((params, opt_state), fns["repl"])
-        params, opt_state, metrics = fns["step"](params, opt_state,
-                                                 jax.device_put(batch, fns["data"]))
+        params, opt_state, metrics = self._dispatch(
+            fns["step"], params, opt_state, jax.device_put(batch, fns["data"]))
         return params, opt_state, {**metrics, "tokens": eff * self.tokens_per_row,
                                    "rows": eff}
 
@@ -154,8 +168,8 @@ class InnerLoop:
         live = self.live_key(live_slices)
         fns = self._compiled(live)
         batch, eff = self._effective(batch, live)
-        grads, metrics = fns["grad"](jax.device_put(params, fns["repl"]),
-                                     jax.device_put(batch, fns["data"]))
+        grads, metrics = self._dispatch(fns["grad"], jax.device_put(params, fns["repl"]),
+                                        jax.device_put(batch, fns["data"]))
         return grads, {**metrics, "tokens": eff * self.tokens_per_row, "rows": eff}
 
     def apply_grads(self, params: dict, opt_state: Any, grads: Any) -> tuple[dict, Any]:
