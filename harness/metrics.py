@@ -1,0 +1,494 @@
+"""Metrics of one run, computed from its event log only (DESIGN.md "Metrics and checks").
+
+    m = compute(eventlog.read(run_dir), reference=eventlog.read(ref_dir))
+    m.goodput, m.badput, m.uptime, m.recovery, m.loss_parity, m.to_dict()
+
+Pure functions of the log: nothing here reads process internals, files or clocks.
+Exact definitions, and what they miss, are in docs/METRICS.md; the short form:
+
+Every learner's allocation [t_start, t_end] is split, without overlap, into
+productive time and the badput buckets below (fractions + goodput sum to 1):
+- dead: harness `unit_down` (killed / rollback / exited) → the next `unit_up`.
+- paused: `unit_down` reason paused → `unit_up` reason resumed (minus dead).
+- startup: from the unit becoming available (t_start, or its respawn) to the start
+  of the incarnation's first inner step (minus the above).
+- recovery (DiLoCo modes): a restart → the incarnation's first `merge`, minus the
+  above and minus the productive step time inside it.
+- waiting_on_sync: `blocked` on → off spans (dp without such lines: the gaps
+  between steps), minus all of the above.
+- productive / lost / rolled_back: step dt. DiLoCo modes: a step is productive for
+  fragment p when a `merge` of (learner, incarnation, seq, p) covers it (the merge's
+  c_steps steps up to the step that sent that seq); dt × (merged share of the P
+  fragments) is productive, the rest lost. dp modes: steps an earlier incarnation
+  logged beyond a later incarnation's start step were rolled back, the rest productive.
+  A step's dt excludes the part of [t − dt, t] the unit was paused or dead.
+- finished: after the last step of an incarnation whose `done` says finished, to t_end.
+- other: the remainder (loop overhead between steps, eval, checkpoint saves).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+
+from harness.eventlog import EventLog
+
+DP_MODES = ("dp", "elastic_dp")
+BADPUT = ("startup", "waiting_on_sync", "rolled_back", "lost", "recovery", "paused", "dead", "finished", "other")
+GAP_FACTOR, GAP_MIN_S = 3.0, 1.0  # a commit gap above max(GAP_MIN_S, GAP_FACTOR × median) is downtime
+RATE_WINDOW_S = 1.0
+
+# --- intervals: lists of (a, b), a ≤ b ------------------------------------------------------
+
+
+def norm(iv) -> list[tuple[float, float]]:
+    """Sorted, merged, empty pieces dropped."""
+    out: list[list[float]] = []
+    for a, b in sorted((a, b) for a, b in iv if b > a):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def measure(iv) -> float:
+    return sum(b - a for a, b in norm(iv))
+
+
+def clip(iv, lo: float, hi: float) -> list[tuple[float, float]]:
+    return norm((max(a, lo), min(b, hi)) for a, b in iv)
+
+
+def minus(iv, cut) -> list[tuple[float, float]]:
+    out, cut = [], norm(cut)
+    for a, b in norm(iv):
+        for c, d in cut:
+            if d <= a or c >= b:
+                continue
+            if c > a:
+                out.append((a, c))
+            a = max(a, d)
+        if b > a:
+            out.append((a, b))
+    return out
+
+
+def intersect(iv, other) -> list[tuple[float, float]]:
+    return minus(iv, minus(iv, other))
+
+
+# --- the history of each unit, as the log tells it --------------------------------------------
+
+
+@dataclass
+class Incarnation:
+    """One process lifetime of a unit: from its own `unit_up` to the next one, the
+    harness's `unit_down`, or the end of the run (`done` marks a clean finish)."""
+
+    n: int
+    up_t: float          # the process's own unit_up
+    restart_t: float     # the harness's respawn (unit_up reason restarted), else up_t
+    start_step: int      # learners: the step it starts from (0 or the restored checkpoint)
+    end_t: float
+    done: bool = False   # its `done` line says it finished its steps
+    restored: dict | None = None  # its checkpoint_restored line, if any
+    steps: list = field(default_factory=list)    # step lines
+    sends: list = field(default_factory=list)    # (Contribution send/drop line, step lines before it)
+    blocked: list = field(default_factory=list)  # (on, off) spans
+    events: list = field(default_factory=list)   # every line the process wrote
+
+
+@dataclass
+class UnitHistory:
+    unit: str
+    incs: list[Incarnation] = field(default_factory=list)
+    dead: list = field(default_factory=list)
+    paused: list = field(default_factory=list)
+
+
+def is_process_up(e: dict) -> bool:
+    """The unit's own unit_up carries its incarnation; the harness's carries a reason."""
+    return e["kind"] == "unit_up" and "incarnation" in e
+
+
+def window(log: EventLog) -> tuple[float, float]:
+    """[t_start, t_end] from the header, else the first and last event times."""
+    ts = [e["t"] for e in log.events] or [0.0]
+    return float(log.header.get("t_start", min(ts))), float(log.header.get("t_end", max(ts)))
+
+
+def histories(log: EventLog, t_end: float) -> dict[str, UnitHistory]:
+    out: dict[str, UnitHistory] = {}
+    st: dict[str, dict] = defaultdict(lambda: {"down": None, "pause": None, "restart": None,
+                                               "restore": None, "block": None, "live": False})
+    for e in log.events:
+        src, kind, t = e["src"], e["kind"], e["t"]
+        if src == "harness":
+            continue
+        h, s = out.setdefault(src, UnitHistory(src)), st[src]
+        cur = h.incs[-1] if h.incs else None
+
+        def end_current(at: float) -> None:
+            if cur is not None and s["live"]:
+                cur.end_t, s["live"] = at, False
+                if s["block"] is not None:
+                    cur.blocked.append((s["block"], at))
+                    s["block"] = None
+
+        if kind in ("unit_down", "unit_up") and not is_process_up(e):  # the harness, about this unit
+            if kind == "unit_down" and e.get("reason") == "paused":
+                s["pause"] = t if s["pause"] is None else s["pause"]
+            elif kind == "unit_down":
+                end_current(t)
+                s["down"] = t if s["down"] is None else s["down"]
+            elif e.get("reason") == "resumed" and s["pause"] is not None:
+                h.paused.append((s["pause"], t))
+                s["pause"] = None
+            elif e.get("reason") != "resumed":
+                if s["down"] is not None:
+                    h.dead.append((s["down"], t))
+                    s["down"] = None
+                s["restart"] = t
+            continue
+        if is_process_up(e):
+            end_current(t)
+            if s["down"] is not None:
+                h.dead.append((s["down"], t))
+                s["down"] = None
+            restore = s["restore"]
+            cur = Incarnation(int(e["incarnation"]), t, s["restart"] if s["restart"] is not None else t,
+                              int(e.get("step") or (restore or {}).get("step") or 0), t_end, restored=restore)
+            h.incs.append(cur)
+            s.update(restart=None, restore=None, live=True)
+        elif kind == "checkpoint_restored":  # written before the process's unit_up
+            s["restore"] = e
+            continue
+        if cur is None:
+            continue
+        cur.events.append(e)
+        if kind == "step":
+            cur.steps.append(e)
+        elif kind in ("send", "drop") and e.get("msg") == "Contribution":
+            cur.sends.append((e, len(cur.steps)))
+        elif kind == "blocked":
+            if e.get("on") and s["block"] is None:
+                s["block"] = t
+            elif not e.get("on") and s["block"] is not None:
+                cur.blocked.append((s["block"], t))
+                s["block"] = None
+        elif kind == "done":
+            cur.done = bool(e.get("finished", True))
+            end_current(t)
+    for src, h in out.items():
+        s = st[src]
+        if h.incs and s["live"] and s["block"] is not None:
+            h.incs[-1].blocked.append((s["block"], h.incs[-1].end_t))
+        if s["down"] is not None:
+            h.dead.append((s["down"], t_end))
+        if s["pause"] is not None:
+            h.paused.append((s["pause"], t_end))
+    return out
+
+
+def learner_names(log: EventLog) -> list[str]:
+    topo = log.header.get("topology") or {}
+    if topo.get("learners"):
+        return list(topo["learners"])
+    return [f"learner-{i}" for i in range(int(log.config["diloco"]["learners"]))]
+
+
+def fragment_count(log: EventLog) -> int:
+    shards = (log.header.get("topology") or {}).get("shards")
+    if shards:
+        return len({int(p) for ps in shards.values() for p in ps})
+    d = log.config["diloco"]
+    return int(d.get("fragments") or log.config["model"]["n_layers"] + 1)
+
+
+def step_lag(hs: dict[str, UnitHistory]) -> int:
+    """How many steps late a learner logs its step lines (trainer/learner.py: 1, metrics
+    reach the host one step late; a log written as it happens: 0). A Contribution for
+    fragment p sent in the k-th step of an incarnation has k ≥ Σ c_steps of p's sends
+    so far (counters reset at each send, and at fetches, which only lower the sum),
+    and it is logged after k − 1 − lag step lines."""
+    lag = 0
+    for h in hs.values():
+        for inc in h.incs:
+            total: Counter = Counter()
+            for e, before in inc.sends:
+                total[e["fragment"]] += int(e.get("c_steps") or 0)
+                lag = max(lag, total[e["fragment"]] - before - 1)
+    return min(lag, 1)
+
+
+def first_step_start(inc: Incarnation, lag: int) -> float | None:
+    if not inc.steps:
+        return None
+    s = inc.steps
+    return s[0]["t"] - s[0]["dt"] - (lag * s[1]["dt"] if len(s) > 1 else 0.0)
+
+
+# --- goodput and badput -----------------------------------------------------------------------
+
+
+def coverage(log: EventLog, hs: dict[str, UnitHistory], lag: int) -> dict[tuple, set]:
+    """(learner, incarnation, step) -> the fragments whose merged contributions include it."""
+    merged = {(e["learner"], e["incarnation"], e["seq"], e["fragment"]): e for e in log.of("merge")}
+    cover: dict[tuple, set] = defaultdict(set)
+    for name, h in hs.items():
+        for inc in h.incs:
+            for e, before in inc.sends:
+                m = merged.get((name, e.get("incarnation", inc.n), e.get("seq"), e.get("fragment")))
+                if m is None:
+                    continue
+                k = inc.start_step + before + 1 + lag  # the step that sent it
+                for s in range(max(inc.start_step + 1, k - int(m["c_steps"]) + 1), k + 1):
+                    cover[(name, inc.n, s)].add(e["fragment"])
+    return cover
+
+
+def rolled_back(h: UnitHistory) -> set[tuple[int, int]]:
+    """dp: (incarnation, step) of steps a later incarnation started below (it rolled them back)."""
+    out, floor = set(), math.inf
+    for inc in reversed(h.incs):
+        out |= {(inc.n, e["step"]) for e in inc.steps if e["step"] > floor}
+        floor = min(floor, inc.start_step)
+    return out
+
+
+def first_merges(log: EventLog) -> dict[tuple[str, int], float]:
+    out: dict[tuple[str, int], float] = {}
+    for e in log.of("merge"):
+        out.setdefault((e["learner"], e["incarnation"]), e["t"])
+    return out
+
+
+def learner_time(h: UnitHistory, t0: float, t1: float, *, dp: bool, lag: int, share, first_merge) -> dict:
+    """Seconds of [t0, t1] in each bucket for one learner (see the module docstring)."""
+    dead = clip(h.dead, t0, t1)
+    paused = minus(clip(h.paused, t0, t1), dead)
+    gone = norm(dead + paused)
+    startup, fin, recov, blocked = [], [], [], []
+    for i, inc in enumerate(h.incs):
+        avail = t0 if i == 0 else inc.restart_t
+        first = first_step_start(inc, lag)
+        startup.append((avail, max(avail, inc.end_t if first is None else first)))
+        if inc.done:
+            fin.append((inc.steps[-1]["t"] if inc.steps else inc.end_t, t1))
+        if not dp and inc.n >= 1:
+            recov.append((inc.restart_t, first_merge.get((h.unit, inc.n), inc.end_t)))
+        if inc.blocked or not dp:
+            blocked += inc.blocked
+        else:  # dp without blocked lines: the gaps between applied steps
+            blocked += [(a["t"], b["t"] - b["dt"]) for a, b in zip(inc.steps, inc.steps[1:])]
+    if not h.incs:
+        startup.append((t0, t1))
+    taken = list(gone)  # each bucket is what is left after the ones before it
+
+    def bucket(iv):
+        out = minus(clip(iv, t0, t1), taken)
+        taken.extend(out)
+        return out
+
+    startup, fin, recov, waiting = bucket(startup), bucket(fin), bucket(recov), bucket(blocked)
+    rb = rolled_back(h) if dp else set()
+    sec = dict.fromkeys(("productive",) + BADPUT, 0.0)
+    productive_in_recovery = 0.0
+    for inc in h.incs:
+        for e in inc.steps:
+            dt = max(0.0, e["dt"] - measure(intersect([(e["t"] - e["dt"], e["t"])], gone)))
+            if dp:
+                sec["rolled_back" if (inc.n, e["step"]) in rb else "productive"] += dt
+                continue
+            good = dt * share(h.unit, inc.n, e["step"])
+            sec["productive"] += good
+            if any(a <= e["t"] <= b for a, b in recov):
+                productive_in_recovery += good
+            else:
+                sec["lost"] += dt - good
+    sec.update(dead=measure(dead), paused=measure(paused), startup=measure(startup), finished=measure(fin),
+               waiting_on_sync=measure(waiting), recovery=max(0.0, measure(recov) - productive_in_recovery))
+    # startup is estimated from the first step line; where estimates overlap, the remainder
+    # would go negative: take it back from the estimated buckets so the sum stays exact
+    deficit = sum(sec.values()) - (t1 - t0)
+    for k in ("startup", "recovery", "waiting_on_sync"):
+        take = min(max(deficit, 0.0), sec[k])
+        sec[k] -= take
+        deficit -= take
+    sec["other"] = max(0.0, -deficit)
+    return sec
+
+
+# --- uptime ------------------------------------------------------------------------------------
+
+
+def commit_gaps(log: EventLog) -> tuple[list[float], float]:
+    """Sorted round_commit times (every shard) and the downtime bound max(1 s, 3 × median gap)."""
+    ts = sorted(e["t"] for e in log.of("round_commit"))
+    gaps = [b - a for a, b in zip(ts, ts[1:])]
+    return ts, max(GAP_MIN_S, GAP_FACTOR * statistics.median(gaps)) if gaps else GAP_MIN_S
+
+
+# --- the record --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recovery:
+    unit: str
+    incarnation: int
+    t_s: float                   # the restart, seconds from t_start
+    recovery_s: float | None     # restart → first merged contribution; None = never
+
+
+@dataclass(frozen=True)
+class LinkBytes:
+    learner: str
+    shard: str
+    up_bytes: int                # learner → shard (the learner's send lines)
+    down_bytes: int              # shard → learner (the learner's recv lines)
+    mean_Bps: float
+    peak_Bps: float              # busiest RATE_WINDOW_S window from t_start, both directions
+
+
+@dataclass(frozen=True)
+class Metrics:
+    mode: str
+    learners: int
+    fragments: int
+    t_start: float
+    t_end: float
+    duration_s: float
+    allocated_s: float
+    productive_s: float
+    goodput: float
+    badput_s: dict
+    badput: dict                 # fractions of allocated_s; with goodput they sum to 1
+    learner_goodput: dict
+    uptime: float
+    uptime_s: float
+    commit_gap_bound_s: float
+    downtime: tuple              # (from_s, to_s) gaps between commits above the bound
+    recovery: tuple              # of Recovery
+    recovery_max_s: float | None
+    final_loss: float | None
+    final_loss_from: str | None  # "global" (the harness's eval of Θ) or "learners"
+    reference_loss: float | None
+    loss_parity: float | None
+    loss_floor: float | None
+    floor_gap: float | None
+    links: tuple                 # of LinkBytes
+    bytes_total: int
+    mean_Bps: float
+    peak_Bps: float
+    bytes_per_token: float | None
+    staleness_hist: dict
+    staleness_max: int | None
+    staleness_mean: float | None
+    steps: int
+    tokens: int
+    merges: int
+    commits: int
+    dropped: dict                # contributions dropped, by reason
+    restarts: int                # every unit (learners and shards)
+    step_lag: int
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["staleness_hist"] = {str(k): v for k, v in sorted(self.staleness_hist.items())}
+        d["downtime"] = [list(g) for g in self.downtime]
+        return d
+
+
+def final_loss(log: EventLog) -> tuple[float | None, str | None]:
+    """The harness's eval of the global model; else the mean of each learner's last eval."""
+    glob = [e for e in log.of("eval", src="harness") if e.get("global")]
+    if glob:
+        return float(glob[-1]["loss"]), "global"
+    last = {e["src"]: e["loss"] for e in log.of("eval") if e["src"] != "harness"}
+    return (float(statistics.fmean(last.values())), "learners") if last else (None, None)
+
+
+def _loss_floor(header: dict) -> float | None:
+    task = header.get("task")
+    v = header.get("loss_floor", task.get("loss_floor") if isinstance(task, dict) else None)
+    return None if v is None else float(v)
+
+
+def _bandwidth(log: EventLog, learners: set, t0: float, t1: float):
+    dur = max(t1 - t0, 1e-9)
+    per = defaultdict(lambda: [0, 0, Counter()])
+    total = Counter()
+    for e in log.of("send", "recv"):
+        if e["src"] not in learners or not e.get("bytes"):
+            continue
+        row = per[(e["src"], e["peer"])]
+        row[0 if e["kind"] == "send" else 1] += int(e["bytes"])
+        w = int((e["t"] - t0) // RATE_WINDOW_S)
+        row[2][w] += int(e["bytes"])
+        total[w] += int(e["bytes"])
+    links = tuple(LinkBytes(a, b, up, down, (up + down) / dur, max(w.values(), default=0) / RATE_WINDOW_S)
+                  for (a, b), (up, down, w) in sorted(per.items()))
+    return links, sum(total.values()), max(total.values(), default=0) / RATE_WINDOW_S
+
+
+def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
+    t0, t1 = window(log)
+    dur = max(t1 - t0, 0.0)
+    mode = log.config["diloco"]["mode"]
+    dp = mode in DP_MODES
+    names = learner_names(log)
+    P = fragment_count(log)
+    hs = histories(log, t1)
+    lag = step_lag(hs)
+    cover = coverage(log, hs, lag)
+    firsts = first_merges(log)
+
+    def share(unit, n, step):
+        return len(cover.get((unit, n, step), ())) / P
+
+    per = {n: learner_time(hs.get(n, UnitHistory(n)), t0, t1, dp=dp, lag=lag, share=share,
+                           first_merge=firsts) for n in names}
+    alloc = len(names) * dur
+    sec = {k: sum(p[k] for p in per.values()) for k in ("productive",) + BADPUT}
+
+    commits, bound = commit_gaps(log)
+    up = clip([(a, b) for a, b in zip(commits, commits[1:]) if b - a <= bound], t0, t1)
+    down = tuple((a - t0, b - t0) for a, b in zip(commits, commits[1:]) if b - a > bound)
+
+    recs = tuple(Recovery(n, inc.n, inc.restart_t - t0,
+                          None if (n, inc.n) not in firsts else firsts[(n, inc.n)] - inc.restart_t)
+                 for n in names if n in hs for inc in hs[n].incs if inc.n >= 1)
+    done = [r.recovery_s for r in recs if r.recovery_s is not None]
+
+    loss, loss_from = final_loss(log)
+    ref = final_loss(reference)[0] if reference is not None else None
+    floor = _loss_floor(log.header)
+
+    links, total_bytes, peak = _bandwidth(log, set(names), t0, t1)
+    steps = [e for e in log.of("step") if e["src"] in names]
+    tokens = sum(int(e.get("tokens") or 0) for e in steps)
+    merges = log.of("merge")
+    stale = Counter(int(e["staleness"]) for e in merges if e.get("staleness") is not None)
+    dropped = Counter(
+        e.get("reason") or "not_sent" for e in log.of("drop")
+        if str(e.get("what", e.get("msg", ""))).lower() in ("contribution", "gradstep"))
+
+    return Metrics(
+        mode=mode, learners=len(names), fragments=P, t_start=t0, t_end=t1, duration_s=dur,
+        allocated_s=alloc, productive_s=sec["productive"],
+        goodput=sec["productive"] / alloc if alloc else 0.0,
+        badput_s={k: sec[k] for k in BADPUT}, badput={k: (sec[k] / alloc if alloc else 0.0) for k in BADPUT},
+        learner_goodput={n: (p["productive"] / dur if dur else 0.0) for n, p in per.items()},
+        uptime=measure(up) / dur if dur else 0.0, uptime_s=measure(up), commit_gap_bound_s=bound,
+        downtime=down, recovery=recs, recovery_max_s=max(done) if done else None,
+        final_loss=loss, final_loss_from=loss_from, reference_loss=ref,
+        loss_parity=(loss - ref) / ref if loss is not None and ref else None,
+        loss_floor=floor, floor_gap=None if loss is None or floor is None else loss - floor,
+        links=links, bytes_total=total_bytes, mean_Bps=total_bytes / dur if dur else 0.0, peak_Bps=peak,
+        bytes_per_token=total_bytes / tokens if tokens else None,
+        staleness_hist=dict(stale), staleness_max=max(stale) if stale else None,
+        staleness_mean=(sum(k * v for k, v in stale.items()) / sum(stale.values())) if stale else None,
+        steps=len(steps), tokens=tokens, merges=len(merges), commits=len(commits), dropped=dict(dropped),
+        restarts=sum(1 for h in hs.values() for inc in h.incs if inc.n >= 1), step_lag=lag)
