@@ -1,0 +1,261 @@
+"""harness/checks.py: each safety check on a hand-made log that passes and on one that
+breaks it (a duplicated merge line, a version going backwards, a NaN, ...), the
+expectation checks, and compose."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from test_metrics import LogBuilder
+
+from harness import checks
+from harness.checks import Result, compose, expect_checks
+from harness.metrics import compute
+
+
+def rounds(b: LogBuilder, times, learner="learner-0", shard="syncer-0"):
+    """One merged contribution (seq = index) per time: merge + round_commit lines."""
+    for seq, t in enumerate(times, 1):
+        b.merge(t, learner, seq, 1, shard=shard)
+    return b
+
+
+# --- merged_at_most_once -------------------------------------------------------------------------
+
+
+def test_merged_at_most_once():
+    b = rounds(LogBuilder(learners=1).up(0, "syncer-0"), (1, 2, 3))
+    assert checks.merged_at_most_once(b.log()).valid is True
+    # the same (learner-0, 0, seq 2, fragment 0) merged again, in a later round
+    b.merge(4, "learner-0", 2, 1)
+    r = checks.merged_at_most_once(b.log())
+    assert (r.valid, r.value) == (False, 1)
+    assert r.details["violations"][0]["key"] == ["learner-0", 0, 2, 0]
+    assert r.details["violations"][0]["versions"] == [2, 4]
+
+
+def test_merged_again_across_a_shard_restart():
+    # seq 3 merged at version 3, shard killed before that round was durable: it restores
+    # version 2, and seq 3 (resent) is merged again at version 3: no double count in Θ.
+    def run(restored_version):
+        b = rounds(LogBuilder(learners=1).up(0, "syncer-0"), (1, 2, 3))
+        b.add(2.5, "syncer-0", "checkpoint_saved", versions={"0": 2})
+        b.down(4, "syncer-0").respawn(5, "syncer-0")
+        b.add(5.1, "syncer-0", "checkpoint_restored", step=2, versions={"0": restored_version})
+        b.up(5.2, "syncer-0", inc=1)
+        b.version[("syncer-0", 0)] = restored_version
+        b.merge(6, "learner-0", 3, 1)
+        return checks.merged_at_most_once(b.log())
+
+    lost = run(2)
+    assert lost.valid is True and len(lost.details["remerged_after_loss"]) == 1
+    kept = run(3)  # the first merge survived the restart: merging it again counts it twice
+    assert kept.valid is False
+
+
+# --- versions_monotonic -------------------------------------------------------------------------
+
+
+def test_versions_monotonic_passes_across_a_restore():
+    b = rounds(LogBuilder(learners=1).up(0, "syncer-0"), (1, 2, 3))
+    b.add(3.5, "syncer-0", "checkpoint_saved", versions={"0": 2})
+    b.down(4, "syncer-0").respawn(5, "syncer-0")
+    b.add(5.1, "syncer-0", "checkpoint_restored", step=1, versions={"0": 2}).up(5.2, "syncer-0", inc=1)
+    b.version[("syncer-0", 0)] = 2
+    b.merge(6, "learner-0", 4, 1)               # version 3 again: the lost round's number reused
+    assert b.events[-1]["version"] == 3
+    r = checks.versions_monotonic(b.log())
+    assert r.valid is True, r.details
+
+
+def test_versions_going_backwards_or_skipping_fail():
+    b = rounds(LogBuilder(learners=1).up(0, "syncer-0"), (1, 2))
+    b.merge(3, "learner-0", 3, 1, version=1)    # back to 1 after 2
+    r = checks.versions_monotonic(b.log())
+    assert r.valid is False
+    assert {(v["kind"], v["version"], v["expected"]) for v in r.details["violations"]} == {
+        ("merge", 1, 3), ("round_commit", 1, 3)}
+    skip = rounds(LogBuilder(learners=1).up(0, "syncer-0"), (1,))
+    skip.merge(2, "learner-0", 2, 1, version=3)
+    assert checks.versions_monotonic(skip.log()).valid is False
+    # a restarted shard that restored nothing must start again from 1
+    fresh = rounds(LogBuilder(learners=1).up(0, "syncer-0"), (1, 2))
+    fresh.down(3, "syncer-0").up(4, "syncer-0", inc=1)
+    fresh.merge(5, "learner-0", 3, 1)            # continues at 3 as if nothing was lost
+    assert checks.versions_monotonic(fresh.log()).valid is False
+
+
+def test_versions_per_fragment_and_shard():
+    b = LogBuilder(learners=1, fragments=2, shards=("syncer-0", "syncer-1"))
+    b.up(0, "syncer-0").up(0, "syncer-1")
+    b.merge(1, "learner-0", 1, 1, fragment=0, shard="syncer-0")
+    b.merge(2, "learner-0", 2, 1, fragment=1, shard="syncer-1")
+    b.merge(3, "learner-0", 3, 1, fragment=0, shard="syncer-0")
+    assert [e["version"] for e in b.events if e["kind"] == "merge"] == [1, 1, 2]
+    assert checks.versions_monotonic(b.log()).valid is True
+
+
+# --- no_nan ---------------------------------------------------------------------------------------
+
+
+def test_no_nan():
+    b = LogBuilder(learners=1).step(1, "learner-0", 1, loss=2.5).add(2, "learner-0", "eval", step=1, loss=2.4)
+    assert checks.no_nan(b.log()).valid is True
+    b.step(3, "learner-0", 2, loss=math.nan).add(4, "harness", "eval", loss=math.inf, step=2, **{"global": True})
+    r = checks.no_nan(b.log())
+    assert (r.valid, r.value) == (False, 2)
+    assert [(v["src"], v["loss"]) for v in r.details["violations"]] == [("learner-0", "nan"), ("harness", "inf")]
+
+
+# --- durable_rounds_kept -------------------------------------------------------------------------
+
+
+def _restart(restored: dict | None):
+    b = rounds(LogBuilder(learners=1).up(0, "syncer-0"), (1, 2, 3))
+    b.add(3.5, "syncer-0", "checkpoint_saved", versions={"0": 3})
+    b.down(4, "syncer-0").respawn(5, "syncer-0")
+    if restored is not None:
+        b.add(5.1, "syncer-0", "checkpoint_restored", step=3, versions=restored)
+    return checks.durable_rounds_kept(b.up(5.2, "syncer-0", inc=1).log())
+
+
+def test_durable_rounds_kept():
+    ok = _restart({"0": 3})
+    assert (ok.valid, ok.details["restarts"]) == (True, 1)
+    lost = _restart({"0": 2})                     # version 3 was acknowledged durable
+    assert lost.valid is False
+    assert lost.details["violations"] == [{"shard": "syncer-0", "incarnation": 1, "fragment": 0,
+                                           "restored": 2, "durable": 3}]
+    assert _restart(None).valid is False          # restored nothing: 0 < 3
+    no_restart = rounds(LogBuilder(learners=1).up(0, "syncer-0"), (1, 2))
+    assert checks.durable_rounds_kept(no_restart.log()).valid is True
+
+
+# --- no_global_downtime ---------------------------------------------------------------------------
+
+
+def _stall(after_4=None):
+    """2 learners step 1..10 (lines at 1..10); the shard commits at 1..4 and then never
+    again. after_4(builder) adds what happened at 4."""
+    b = LogBuilder(learners=2, t_end=10.0).up(0, "syncer-0")
+    for u in ("learner-0", "learner-1"):
+        b.up(0, u)
+        for k in range(1, 11):
+            b.step(k, u, k)
+    rounds(b, (1, 2, 3, 4))
+    if after_4:
+        after_4(b)
+    return checks.no_global_downtime(b.log())
+
+
+def test_no_global_downtime_catches_a_stall():
+    # commits 1 s apart: bound max(1, 3 × 1) = 3 s; both learners are stepping until 10
+    # with nothing committed after 4: 6 s without a round while K = 1 was reachable.
+    r = _stall()
+    assert r.valid is False and r.bound == pytest.approx(3.0)
+    assert r.value == pytest.approx(6.0)
+    assert r.details["violations"] == [{"from_s": 4.0, "to_s": 10.0, "reachable_s": pytest.approx(6.0)}]
+
+
+def test_no_global_downtime_excuses_dead_and_partitioned_learners():
+    def kill_both(b):
+        b.events = [e for e in b.events if not (e["kind"] == "step" and e["t"] > 4)]
+        b.down(4.2, "learner-0").down(4.2, "learner-1")
+
+    assert _stall(kill_both).valid is True
+
+    def partition_all(b):
+        f = {"kind": "partition", "target": "link:*", "at_s": 4.0, "duration_s": 6.0, "direction": "both"}
+        b.add(4.0, "harness", "fault_start", id=0, fault=f)
+
+    assert _stall(partition_all).valid is True
+
+    def partition_one(b):  # K = 1: learner-1 could still reach the shard
+        f = {"kind": "partition", "target": "link:learner-0", "at_s": 4.0, "duration_s": 6.0}
+        b.add(4.0, "harness", "fault_start", id=0, fault=f)
+
+    assert _stall(partition_one).valid is False
+
+
+def test_no_global_downtime_quorum_depends_on_mode():
+    # learner-1 paused from 4 on. Decoupled (K = 1): learner-0 alone is a quorum, the stall
+    # fails. Streaming (K = M = 2): no quorum without learner-1, the stall is excused.
+    def pause_learner_1(b, mode):
+        b.header["config"]["diloco"]["mode"] = mode
+        b.events = [e for e in b.events if not (e["src"] == "learner-1" and e["kind"] == "step" and e["t"] > 4)]
+        b.down(4.0, "learner-1", "paused")
+
+    assert checks.quorum_k(LogBuilder(mode="streaming").log()) == 2
+    assert checks.quorum_k(LogBuilder(mode="decoupled", quorum=1).log()) == 1
+    assert _stall(lambda b: pause_learner_1(b, "decoupled")).valid is False
+    assert _stall(lambda b: pause_learner_1(b, "streaming")).valid is True
+
+
+# --- staleness_bounded ----------------------------------------------------------------------------
+
+
+def test_staleness_bounded():
+    b = LogBuilder(learners=1)
+    for seq, s in enumerate((0, 1, 3), 1):
+        b.merge(seq, "learner-0", seq, 1, staleness=s)
+    assert checks.staleness_bounded(b.log(), 3).valid is True
+    r = checks.staleness_bounded(b.log(), 2)
+    assert (r.valid, r.value, r.bound) == (False, 3, 2)
+    assert len(r.details["violations"]) == 1
+
+
+def test_safety_checks_list():
+    log = rounds(LogBuilder(learners=1, t_end=4.0).up(0, "syncer-0"), (1, 2, 3)).log()
+    names = [r.name for r in checks.safety_checks(log)]
+    assert names == ["merged_at_most_once", "versions_monotonic", "no_nan", "durable_rounds_kept",
+                     "no_global_downtime"]
+    assert [r.name for r in checks.safety_checks(log, max_staleness=4)][-1] == "staleness_bounded"
+
+
+# --- expectations and compose --------------------------------------------------------------------
+
+
+def _recovering_run(merge_at: float | None, t_end: float = 20.0):
+    """1 learner killed at 5, respawned at 8; its new incarnation's first merge at merge_at."""
+    b = LogBuilder(learners=1, t_end=t_end).up(0, "learner-0")
+    b.train("learner-0", 4, merged={1, 2})
+    b.down(5, "learner-0").respawn(8, "learner-0").up(9, "learner-0", inc=1, step=4)
+    if merge_at is not None:
+        b.send(merge_at, "learner-0", 1, 1, inc=1).merge(merge_at, "learner-0", 1, 1, inc=1)
+    return compute(b.log())
+
+
+def test_expect_checks():
+    m = _recovering_run(14.0)                     # goodput (4 + 0) / 20 = 0.2, recovery 6 s
+    rs = {r.name: r for r in expect_checks({"goodput_min": 0.1, "uptime_min": None, "loss_parity_max": 0.05,
+                                            "recovery_max_s": 10.0}, m)}
+    assert set(rs) == {"goodput_min", "loss_parity_max", "recovery_max_s"}  # None: not checked
+    assert (rs["goodput_min"].valid, rs["goodput_min"].value) == (True, pytest.approx(0.2))
+    assert rs["loss_parity_max"].valid is None      # no reference run: unknown
+    assert (rs["recovery_max_s"].valid, rs["recovery_max_s"].value) == (True, pytest.approx(6.0))
+    assert expect_checks({"goodput_min": 0.3, "recovery_max_s": 5.0}, m)[0].valid is False
+    assert expect_checks({"recovery_max_s": 5.0}, m)[0].valid is False
+    with pytest.raises(ValueError, match="goodput_mni"):
+        expect_checks({"goodput_mni": 0.5}, m)
+
+
+def test_recovery_expectation_never_and_censored():
+    # never merged again, 12 s of run left after the restart at 8 (≥ the 10 s bound): fails
+    never = expect_checks({"recovery_max_s": 10.0}, _recovering_run(None, t_end=20.0))[0]
+    assert never.valid is False and len(never.details["never"]) == 1
+    # the run ended 4 s after the restart: it might still have recovered in time: unknown
+    censored = expect_checks({"recovery_max_s": 10.0}, _recovering_run(None, t_end=12.0))[0]
+    assert censored.valid is None and len(censored.details["censored"]) == 1
+    no_restart = compute(LogBuilder(learners=1).log())
+    assert expect_checks({"recovery_max_s": 10.0}, no_restart)[0].valid is None
+
+
+def test_compose():
+    t, f, u = Result("a", True), Result("b", False), Result("c", None)
+    assert compose([t, t]).valid is True
+    assert compose([t, u]).valid is None
+    assert compose([u, f, t]).valid is False
+    c = compose([t, f, u])
+    assert (c.value, c.details["failed"], c.details["unknown"]) == (1, ["b"], ["c"])
+    assert compose([]).valid is True
+    assert c.to_dict()["details"]["checks"] == [["a", True], ["b", False], ["c", None]]
