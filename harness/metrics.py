@@ -95,17 +95,80 @@ class Incarnation:
     done: bool = False   # its `done` line says it finished its steps
     restored: dict | None = None  # its checkpoint_restored line, if any
     steps: list = field(default_factory=list)    # step lines
-    sends: list = field(default_factory=list)    # (Contribution send/drop line, step lines before it)
+    sends: list = field(default_factory=list)    # (Contribution / GradStep send or drop line, step lines before it)
     blocked: list = field(default_factory=list)  # (on, off) spans
     events: list = field(default_factory=list)   # every line the process wrote
 
 
 @dataclass
 class UnitHistory:
+    """A unit's incarnations, and its dead / paused spans from the harness's lines."""
+
     unit: str
     incs: list[Incarnation] = field(default_factory=list)
     dead: list = field(default_factory=list)
     paused: list = field(default_factory=list)
+    _open: dict = field(default_factory=dict, repr=False)  # down / pause / restart / restore / block
+    _live: bool = False
+
+    def _end(self, at: float) -> None:
+        if self.incs and self._live:
+            cur, self._live = self.incs[-1], False
+            cur.end_t = at
+            if "block" in self._open:
+                cur.blocked.append((self._open.pop("block"), at))
+
+    def _close(self, key: str, spans: list, at: float) -> None:
+        if key in self._open:
+            spans.append((self._open.pop(key), at))
+
+    def feed(self, e: dict, t_end: float) -> None:
+        kind, t, o = e["kind"], e["t"], self._open
+        if kind in ("unit_down", "unit_up") and not is_process_up(e):  # the harness, about this unit
+            reason = e.get("reason")
+            if kind == "unit_down":
+                if reason != "paused":
+                    self._end(t)
+                o.setdefault("pause" if reason == "paused" else "down", t)
+            elif reason == "resumed":
+                self._close("pause", self.paused, t)
+            else:
+                self._close("down", self.dead, t)
+                o["restart"] = t
+            return
+        if kind == "checkpoint_restored":  # written before the process's unit_up
+            o["restore"] = e
+            return
+        if is_process_up(e):
+            self._end(t)
+            self._close("down", self.dead, t)
+            restore = o.pop("restore", None) or {}
+            self.incs.append(Incarnation(int(e["incarnation"]), t, o.pop("restart", t),
+                                         int(e.get("step") or restore.get("step") or 0), t_end,
+                                         restored=restore or None))
+            self._live = True
+        if not self.incs:
+            return
+        cur = self.incs[-1]
+        cur.events.append(e)
+        if kind == "step":
+            cur.steps.append(e)
+        elif kind in ("send", "drop") and e.get("msg") in ("Contribution", "GradStep"):
+            cur.sends.append((e, len(cur.steps)))
+        elif kind == "blocked" and e.get("on"):
+            o.setdefault("block", t)
+        elif kind == "blocked":
+            self._close("block", cur.blocked, t)
+        elif kind == "done":
+            cur.done = bool(e.get("finished", True))
+            self._end(t)
+
+    def finish(self, t_end: float) -> None:
+        """Spans still open at the end of the run end there."""
+        if self.incs and self._live:
+            self._close("block", self.incs[-1].blocked, self.incs[-1].end_t)
+        self._close("down", self.dead, t_end)
+        self._close("pause", self.paused, t_end)
 
 
 def is_process_up(e: dict) -> bool:
@@ -120,75 +183,13 @@ def window(log: EventLog) -> tuple[float, float]:
 
 
 def histories(log: EventLog, t_end: float) -> dict[str, UnitHistory]:
+    """Every unit's history (learners and shards; lines from src "harness" are skipped)."""
     out: dict[str, UnitHistory] = {}
-    st: dict[str, dict] = defaultdict(lambda: {"down": None, "pause": None, "restart": None,
-                                               "restore": None, "block": None, "live": False})
     for e in log.events:
-        src, kind, t = e["src"], e["kind"], e["t"]
-        if src == "harness":
-            continue
-        h, s = out.setdefault(src, UnitHistory(src)), st[src]
-        cur = h.incs[-1] if h.incs else None
-
-        def end_current(at: float) -> None:
-            if cur is not None and s["live"]:
-                cur.end_t, s["live"] = at, False
-                if s["block"] is not None:
-                    cur.blocked.append((s["block"], at))
-                    s["block"] = None
-
-        if kind in ("unit_down", "unit_up") and not is_process_up(e):  # the harness, about this unit
-            if kind == "unit_down" and e.get("reason") == "paused":
-                s["pause"] = t if s["pause"] is None else s["pause"]
-            elif kind == "unit_down":
-                end_current(t)
-                s["down"] = t if s["down"] is None else s["down"]
-            elif e.get("reason") == "resumed" and s["pause"] is not None:
-                h.paused.append((s["pause"], t))
-                s["pause"] = None
-            elif e.get("reason") != "resumed":
-                if s["down"] is not None:
-                    h.dead.append((s["down"], t))
-                    s["down"] = None
-                s["restart"] = t
-            continue
-        if is_process_up(e):
-            end_current(t)
-            if s["down"] is not None:
-                h.dead.append((s["down"], t))
-                s["down"] = None
-            restore = s["restore"]
-            cur = Incarnation(int(e["incarnation"]), t, s["restart"] if s["restart"] is not None else t,
-                              int(e.get("step") or (restore or {}).get("step") or 0), t_end, restored=restore)
-            h.incs.append(cur)
-            s.update(restart=None, restore=None, live=True)
-        elif kind == "checkpoint_restored":  # written before the process's unit_up
-            s["restore"] = e
-            continue
-        if cur is None:
-            continue
-        cur.events.append(e)
-        if kind == "step":
-            cur.steps.append(e)
-        elif kind in ("send", "drop") and e.get("msg") == "Contribution":
-            cur.sends.append((e, len(cur.steps)))
-        elif kind == "blocked":
-            if e.get("on") and s["block"] is None:
-                s["block"] = t
-            elif not e.get("on") and s["block"] is not None:
-                cur.blocked.append((s["block"], t))
-                s["block"] = None
-        elif kind == "done":
-            cur.done = bool(e.get("finished", True))
-            end_current(t)
-    for src, h in out.items():
-        s = st[src]
-        if h.incs and s["live"] and s["block"] is not None:
-            h.incs[-1].blocked.append((s["block"], h.incs[-1].end_t))
-        if s["down"] is not None:
-            h.dead.append((s["down"], t_end))
-        if s["pause"] is not None:
-            h.paused.append((s["pause"], t_end))
+        if e["src"] != "harness":
+            out.setdefault(e["src"], UnitHistory(e["src"])).feed(e, t_end)
+    for h in out.values():
+        h.finish(t_end)
     return out
 
 
@@ -212,12 +213,16 @@ def step_lag(hs: dict[str, UnitHistory]) -> int:
     reach the host one step late; a log written as it happens: 0). A Contribution for
     fragment p sent in the k-th step of an incarnation has k ≥ Σ c_steps of p's sends
     so far (counters reset at each send, and at fetches, which only lower the sum),
-    and it is logged after k − 1 − lag step lines."""
+    and it is logged after k − 1 − lag step lines. dp: a GradStep's step field is the
+    number of steps the incarnation applied before it; it is logged after step − lag lines."""
     lag = 0
     for h in hs.values():
         for inc in h.incs:
             total: Counter = Counter()
             for e, before in inc.sends:
+                if e["msg"] == "GradStep":  # dp: its step field counts the steps applied before it
+                    lag = max(lag, int(e.get("step") or 0) - before)
+                    continue
                 total[e["fragment"]] += int(e.get("c_steps") or 0)
                 lag = max(lag, total[e["fragment"]] - before - 1)
     return min(lag, 1)
@@ -240,6 +245,8 @@ def coverage(log: EventLog, hs: dict[str, UnitHistory], lag: int) -> dict[tuple,
     for name, h in hs.items():
         for inc in h.incs:
             for e, before in inc.sends:
+                if e["msg"] != "Contribution":
+                    continue
                 m = merged.get((name, e.get("incarnation", inc.n), e.get("seq"), e.get("fragment")))
                 if m is None:
                     continue
@@ -298,7 +305,7 @@ def learner_time(h: UnitHistory, t0: float, t1: float, *, dp: bool, lag: int, sh
     productive_in_recovery = 0.0
     for inc in h.incs:
         for e in inc.steps:
-            dt = max(0.0, e["dt"] - measure(intersect([(e["t"] - e["dt"], e["t"])], gone)))
+            dt = measure(minus(clip([(e["t"] - e["dt"], e["t"])], t0, t1), gone))
             if dp:
                 sec["rolled_back" if (inc.n, e["step"]) in rb else "productive"] += dt
                 continue
@@ -421,7 +428,7 @@ def _bandwidth(log: EventLog, learners: set, t0: float, t1: float):
     per = defaultdict(lambda: [0, 0, Counter()])
     total = Counter()
     for e in log.of("send", "recv"):
-        if e["src"] not in learners or not e.get("bytes"):
+        if e["src"] not in learners or not e.get("bytes") or not t0 <= e["t"] <= t1:
             continue
         row = per[(e["src"], e["peer"])]
         row[0 if e["kind"] == "send" else 1] += int(e["bytes"])
@@ -469,6 +476,7 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
     links, total_bytes, peak = _bandwidth(log, set(names), t0, t1)
     steps = [e for e in log.of("step") if e["src"] in names]
     tokens = sum(int(e.get("tokens") or 0) for e in steps)
+    window_tokens = sum(int(e.get("tokens") or 0) for e in steps if t0 <= e["t"] <= t1)
     merges = log.of("merge")
     stale = Counter(int(e["staleness"]) for e in merges if e.get("staleness") is not None)
     dropped = Counter(
@@ -487,7 +495,7 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
         loss_parity=(loss - ref) / ref if loss is not None and ref else None,
         loss_floor=floor, floor_gap=None if loss is None or floor is None else loss - floor,
         links=links, bytes_total=total_bytes, mean_Bps=total_bytes / dur if dur else 0.0, peak_Bps=peak,
-        bytes_per_token=total_bytes / tokens if tokens else None,
+        bytes_per_token=total_bytes / window_tokens if window_tokens else None,
         staleness_hist=dict(stale), staleness_max=max(stale) if stale else None,
         staleness_mean=(sum(k * v for k, v in stale.items()) / sum(stale.values())) if stale else None,
         steps=len(steps), tokens=tokens, merges=len(merges), commits=len(commits), dropped=dict(dropped),

@@ -204,6 +204,21 @@ def test_dp_rollback():
         ("learner-0", 1, 6.0, None), ("learner-1", 1, 6.0, None)]  # no merge lines in this log
 
 
+def test_dp_step_lag_from_gradstep():
+    # dp as trainer/learner.py writes it: the GradStep of step k (field step = k − 1, the
+    # steps applied before it) is sent at t = k, before the line of step k − 1; steps of 1 s.
+    b = LogBuilder(mode="dp", learners=1, t_end=4.0).up(0, "learner-0")
+    for k in range(1, 5):
+        b.add(k, "learner-0", "send", peer="syncer-0", bytes=10, msg="GradStep", learner="learner-0",
+              incarnation=0, seq=k, fragment=0, step=k - 1, c_tokens=100)
+        if k > 1:
+            b.step(k, "learner-0", k - 1)
+    b.step(4, "learner-0", 4)
+    m = compute(b.log())
+    assert m.step_lag == 1
+    assert m.goodput == approx(1.0) and m.badput_s["startup"] == approx(0.0)
+
+
 def test_dp_waiting_from_step_gaps():
     # dp without blocked lines: step lines at 1, 3, 5 with dt 1 -> gaps [1, 2] and [3, 4]
     # are waiting on the mean: 2 s of a 5 s run; 3 s productive.
@@ -334,6 +349,16 @@ def test_window_falls_back_to_event_times():
     b.step(2, "learner-0", 1).step(5, "learner-0", 2)
     m = compute(b.log())
     assert (m.t_start, m.t_end, m.duration_s) == (2.0, 5.0, 3.0)
+
+
+def test_only_time_inside_the_window_counts():
+    # the runner opens the window once every learner has stepped (t_start = 2 here):
+    # steps 1..6 (step k spans [k-1, k]) all merged; steps 1, 2 lie before it.
+    b = LogBuilder(learners=1, t_start=2.0, t_end=6.0).up(0, "learner-0")
+    b.train("learner-0", 6, merged={1, 2, 3})
+    m = compute(b.log())
+    assert m.productive_s == approx(4.0) and m.goodput == approx(1.0)
+    assert total(m) == approx(1.0)
 
 
 def test_real_fault_free_sample():
