@@ -8,7 +8,8 @@ Exact definitions, and what they miss, are in docs/METRICS.md; the short form:
 
 Every learner's allocation [t_start, t_end] is split, without overlap, into
 productive time and the badput buckets below (fractions + goodput sum to 1):
-- dead: harness `unit_down` (killed / rollback / exited) → the next `unit_up`.
+- dead: harness `unit_down` (killed / rollback / exited) → the next `unit_up`; a process
+  replaced by a new incarnation without such a line is dead from the last line it wrote.
 - paused: `unit_down` reason paused → `unit_up` reason resumed (minus dead).
 - startup: from the unit becoming available (t_start, or its respawn) to the start
   of the incarnation's first inner step (minus the above).
@@ -140,6 +141,9 @@ class UnitHistory:
             o["restore"] = e
             return
         if is_process_up(e):
+            if self.incs and self._live and "down" not in o:  # it died without a harness line:
+                o["down"] = self.incs[-1].events[-1]["t"]   # dead from the last line it wrote
+                self._end(o["down"])
             self._end(t)
             self._close("down", self.dead, t)
             restore = o.pop("restore", None) or {}

@@ -278,6 +278,18 @@ def test_recovery_after_restart():
     assert m.restarts == 1
 
 
+def test_death_without_a_harness_line():
+    # killed by something other than the injector (no unit_down): steps 1-3 (lines 1..3),
+    # then a new incarnation's unit_up at 6. Dead from its last line: [3, 6] = 3 s.
+    b = LogBuilder(learners=1, t_end=8.0).up(0, "learner-0")
+    b.train("learner-0", 3, merged={1})
+    b.up(6, "learner-0", inc=1).step(7, "learner-0", 1).step(8, "learner-0", 2)
+    m = compute(b.log())
+    assert m.badput_s["dead"] == approx(3.0)
+    assert m.recovery[0].t_s == approx(6.0) and m.recovery[0].recovery_s is None
+    assert total(m) == approx(1.0)
+
+
 def test_uptime_and_downtime():
     # commits at 1, 2, 3, 4, 8, 9 in a 10 s run: gaps 1, 1, 1, 4, 1, median 1, bound
     # max(1, 3 × 1) = 3 s; the 4 s gap is down. Up: [1, 4] ∪ [8, 9] = 4 s -> 0.4.
