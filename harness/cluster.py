@@ -30,6 +30,9 @@ from harness.toxiproxy_client import LinkProfile, ToxiproxyClient
 from harness.toxiproxy_server import ToxiproxyServer, free_port
 
 
+JAX_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "jax"
+
+
 def link_name(learner: str, shard: str) -> str:
     return f"{learner}~{shard}"
 
@@ -59,6 +62,7 @@ class LocalCluster:
     seed: int = 0
     wan: LinkProfile | None = None
     slices: int = 1
+    max_steps_factor: float = 1.0  # learners stop by themselves after this × cfg.steps
     python: str = sys.executable
     toxiproxy: ToxiproxyServer | None = None
     client: ToxiproxyClient | None = None
@@ -92,7 +96,8 @@ class LocalCluster:
                     self.client.apply_profile(name, self.wan)
         self.topology.update(shard_addrs=shard_addrs, links=links, run_id=uuid.uuid4().hex[:12])
         run = {"seed": self.seed, "config": self.config, "topology": self.topology, "slices": self.slices,
-               "toxiproxy": {"pid": self.toxiproxy.pid, "url": self.toxiproxy.url}}
+               "toxiproxy": {"pid": self.toxiproxy.pid, "url": self.toxiproxy.url},
+               "max_steps_factor": self.max_steps_factor}
         (self.run_dir / "run.json").write_text(json.dumps(run, indent=1))
         for shard in self.topology["shards"]:
             self.members[shard] = Member(shard, "syncer")
@@ -138,6 +143,11 @@ class LocalCluster:
         if m.role == "learner":
             env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={self.slices}"
         env.setdefault("JAX_PLATFORMS", "cpu")
+        # A restarted unit recompiles nothing: XLA programs persist across processes
+        # (real fleets keep compilation caches for the same reason).
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
         out = open(self.run_dir / "stdout" / f"{name}.{m.incarnation}.log", "wb")
         argv = [self.python, "-m", module, "--run-dir", str(self.run_dir), "--id", name,
                 "--incarnation", str(m.incarnation)]

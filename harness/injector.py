@@ -202,8 +202,8 @@ class Injector:
     _end_partition = _end_reset = _end_truncate = _end_link_fault
 
 
-def wait_until(t_wall: float, poll, interval_s: float = 0.1) -> None:
-    """Sleeps until wall time `t_wall`, calling `poll()` every interval (progress, liveness)."""
-    while (left := t_wall - time.time()) > 0:
+def wait_until(t_wall: float, poll, interval_s: float = 0.1, until=lambda: False) -> None:
+    """Sleeps until wall time `t_wall` (or `until()`), calling `poll()` every interval."""
+    while (left := t_wall - time.time()) > 0 and not until():
         poll()
         time.sleep(min(interval_s, left))

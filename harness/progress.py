@@ -1,6 +1,7 @@
 """Live progress of a cluster run: steps, rounds, units up/down, active faults.
 
-Tails the processes' event files (only what was appended since the last look).
+Tails the processes' event files (only what was appended since the last look) and
+keeps the totals the runner ends the run on (tokens trained, first steps).
 On a terminal it is a `rich` live table; otherwise one plain line every few seconds.
 """
 from __future__ import annotations
@@ -45,6 +46,8 @@ class Progress:
         self.steps: dict[str, int] = {}
         self.commits: dict[str, int] = {}
         self.loss: dict[str, float] = {}
+        self.tokens = 0                          # tokens of every learner step so far
+        self.first_step: dict[str, float] = {}   # learner -> wall time of its first step
         self.tty = sys.stdout.isatty()
         self.live = None
         if enabled and self.tty:
@@ -52,17 +55,20 @@ class Progress:
             self.live.start()
 
     def update(self, injector) -> None:
-        now = time.time()
-        if not self.enabled or now - self.last < (self.every_s if self.tty else 5.0):
-            return
-        self.last = now
+        """Reads what the processes logged since the last call; redraws now and then."""
         for e in self.tail.read():
             if e["kind"] == "step":
                 self.steps[e["src"]] = e["step"]
+                self.tokens += e["tokens"]
+                self.first_step.setdefault(e["src"], e["t"])
             elif e["kind"] == "round_commit":
                 self.commits[e["src"]] = self.commits.get(e["src"], 0) + 1
             elif e["kind"] == "eval":
                 self.loss[e["src"]] = e["loss"]
+        now = time.time()
+        if not self.enabled or now - self.last < (self.every_s if self.tty else 5.0):
+            return
+        self.last = now
         status = {u: ("down" if u in injector.down else "paused" if m.paused else
                       "up" if m.proc is not None and m.proc.poll() is None else "exited")
                   for u, m in injector.cluster.members.items()}

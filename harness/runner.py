@@ -24,6 +24,7 @@ from harness.progress import Progress
 from harness.scenario import Scenario, scenario_to_toml
 from trainer.config import RunConfig
 
+MAX_STEPS_FACTOR = 2.0  # learners may step past their share while another one is down
 END_GRACE_S = 20.0  # after `duration`, learners still stepping get this long to finish
 
 
@@ -68,22 +69,26 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
 
     shape = s.shape()
     cluster = LocalCluster(run_dir, cfg.to_dict(), shards=s.cluster.shards, seed=s.seed, wan=s.wan,
-                           slices=s.cluster.slices)
+                           slices=s.cluster.slices, max_steps_factor=MAX_STEPS_FACTOR)
     progress = Progress(run_dir, s, enabled=live)
     try:
         with cluster:
             header["topology"] = cluster.topology
-            header["t_start"] = t0 = time.time()
+            header["t_launch"] = t0 = time.time()
             injector = Injector(cluster, shape, emit, dp_rollback=cfg.diloco.mode == "dp")
             injector.setup()
+            budget = _Budget(cfg, cluster, injector, progress)
             try:
-                _walk(schedule, injector, cluster, t0, s.train.duration_s, progress)
+                _walk(schedule, budget, injector, t0, s.train.duration_s)
             finally:
-                injector.teardown()
                 header["t_end"] = time.time()
+                injector.teardown()
                 progress.stop()
+                header["t_start"] = _training_start(progress, cfg, t0)
+                header["crashes"] = budget.crashes
     except BaseException:
         header.setdefault("t_end", time.time())
+        header.setdefault("t_start", header.get("t_launch", header["t_end"]))
         header["interrupted"] = True
         if (run_dir / "logs").exists():
             eventlog.merge(run_dir, header, harness_events)  # what happened so far is kept
@@ -97,29 +102,56 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
     return RunResult(run_dir, summary)
 
 
-def _walk(schedule: Schedule, injector: Injector, cluster: LocalCluster, t0: float, duration_s: float,
-          progress: Progress) -> None:
-    learners = cluster.topology["learners"]
+class _Budget:
+    """The run ends once the job has trained its token budget, M × steps × batch
+    tokens, whoever trained them (a dead learner's share is taken by the others),
+    or when every learner has exited, or `duration + END_GRACE_S` after launch."""
 
-    def poll():
-        progress.update(injector)
+    def __init__(self, cfg: RunConfig, cluster: LocalCluster, injector: Injector, progress: Progress):
+        self.tokens = cfg.diloco.learners * cfg.steps * cfg.task.batch_size * cfg.task.tokens_per_row
+        self.cluster, self.injector, self.progress = cluster, injector, progress
+        self.learners = cluster.topology["learners"]
+        self.crashes: list[dict] = []
 
+    def poll(self) -> None:
+        self.progress.update(self.injector)
+        for name, m in self.cluster.members.items():
+            if m.proc is not None and m.proc.poll() not in (None, 0):
+                # died by itself (we reap what we kill): a crash, not a fault
+                log = self.cluster.run_dir / "stdout" / f"{name}.{m.incarnation}.log"
+                tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+                self.crashes.append({"unit": name, "incarnation": m.incarnation, "rc": m.proc.returncode,
+                                     "stdout_tail": tail})
+                self.injector.emit("unit_down", name, reason="crashed", rc=m.proc.returncode)
+                m.proc = None
+
+    def spent(self) -> bool:
+        if self.progress.tokens >= self.tokens:
+            return True
+        return all(self.cluster.pid(u) is None and u not in self.injector.down for u in self.learners)
+
+
+def _walk(schedule: Schedule, budget: _Budget, injector: Injector, t0: float, duration_s: float) -> None:
     for t, what, fault in schedule.timeline():
         if t >= duration_s and what == "start":
             break
-        wait_until(t0 + t, poll)
-        if _all_finished(cluster, learners, injector):
-            break
+        wait_until(t0 + t, budget.poll, until=budget.spent)
+        if budget.spent():
+            return
         injector.start(fault) if what == "start" else injector.end(fault)
     deadline = t0 + duration_s + END_GRACE_S
-    while time.time() < deadline and not _all_finished(cluster, learners, injector):
-        poll()
-        time.sleep(0.2)
+    while time.time() < deadline and not budget.spent():
+        budget.poll()
+        time.sleep(0.1)
 
 
-def _all_finished(cluster: LocalCluster, learners: list[str], injector: Injector) -> bool:
-    """Every learner has exited by itself (not killed and waiting to come back)."""
-    return all(cluster.pid(u) is None and u not in injector.down for u in learners)
+def _training_start(progress: Progress, cfg: RunConfig, t_launch: float) -> float:
+    """Where the measurement window opens: once every learner made its first step.
+    The first start-up (Python, JAX import, compilation: seconds, the same for every
+    mode) would otherwise dominate a miniature run; restarts later in the run still
+    pay their start-up as badput. `t_launch` in the header keeps the launch time."""
+    firsts = list(progress.first_step.values())
+    return max(firsts) if len(firsts) == cfg.diloco.learners else t_launch
 
 
 def _global_eval(run_dir: Path, cfg: RunConfig, topology: dict) -> float | None:
@@ -165,6 +197,8 @@ def summarize(run_dir: Path, s: Scenario, reference: Path | None = None) -> dict
     ref = eventlog.read(reference) if reference else None
     m = metrics.compute(log, ref)
     results = checks.safety_checks(log, m) + checks.expect_checks(dataclasses.asdict(s.expect), m)
+    crashes = log.header.get("crashes", [])
+    results.append(checks.Result("no_crash", not crashes, len(crashes), 0, {"crashes": crashes}))
     summary = {**m.to_dict(), "checks": [r.to_dict() for r in results],
                "valid": checks.compose(results).valid, "run_dir": str(run_dir), "mode": log.config["diloco"]["mode"]}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")

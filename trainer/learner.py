@@ -41,7 +41,7 @@ class Learner:
         self.stopper = shell.Stopper()
         self.task = task_for_run(self.cfg)
         self.eval_batches = self.task.eval_batches()
-        params = self.task.init_params(jax.random.PRNGKey(self.cfg.seed))  # Θ0, the same everywhere
+        params = shell.global_init(self.task, self.cfg.seed)  # Θ0, the same everywhere
         self.inner = make_inner(self.cfg, self.task.loss_fn)
         self.opt_state = self.inner.init(params)
         self.frag = fragmenter_for(self.cfg, params)
@@ -126,7 +126,10 @@ class Learner:
             self.drain(timeout_s=0.05)
         dp = self.cfg.diloco.mode in ("dp", "elastic_dp")
         pending_loss = None
-        while self.step < self.cfg.steps and not self.stopper.stop:
+        # The harness ends the run (SIGTERM) once the job's token budget is spent,
+        # whoever trained it; the step cap only bounds a learner run on its own.
+        max_steps = int(self.run_info.get("max_steps_factor", 1.0) * self.cfg.steps)
+        while self.step < max_steps and not self.stopper.stop:
             self.drain()
             self.read_control()
             if self.core.must_wait(self.state):
@@ -162,6 +165,8 @@ class Learner:
         end = time.monotonic() + (0 if self.stopper.stop else DRAIN_S)
         while time.monotonic() < end:
             self.drain(timeout_s=0.05)
+        if self.step > (self.ckpt.latest_step() or 0):
+            self.save()  # the final θ (the data-parallel baseline's global model)
         return self.close(finished=self.step >= self.cfg.steps)
 
     def save(self) -> None:

@@ -31,7 +31,7 @@ class Syncer:
         topo = self.run_info["topology"]
         self.ev = shell.open_events(self.run_dir, self.name, self.incarnation)
         self.stopper = shell.Stopper()
-        params = task_for_run(self.cfg).init_params(jax.random.PRNGKey(self.cfg.seed))  # Θ0
+        params = shell.global_init(task_for_run(self.cfg), self.cfg.seed)  # Θ0
         frag = fragmenter_for(self.cfg, params)
         bugs = frozenset(b for b in args.bugs.split(",") if b)
         self.core = SyncerCore(syncer_config(self.cfg, topo, self.name, bugs), syncer_math(self.cfg, frag))
