@@ -6,25 +6,24 @@
 Pure functions of the log: nothing here reads process internals, files or clocks.
 Exact definitions, and what they miss, are in docs/METRICS.md; the short form:
 
-Every learner's allocation [t_start, t_end] is split, without overlap, into
-productive time and the badput buckets below (fractions + goodput sum to 1):
+Every learner's window [t_start, t_end] is split, without overlap, into productive
+time and badput buckets (goodput + the badput fractions sum to 1). Spans, each minus
+the ones before it:
 - dead: harness `unit_down` (killed / rollback / exited) → the next `unit_up`; a process
   replaced by a new incarnation without such a line is dead from the last line it wrote.
-- paused: `unit_down` reason paused → `unit_up` reason resumed (minus dead).
-- startup: from the unit becoming available (t_start, or its respawn) to the start
-  of the incarnation's first inner step (minus the above).
-- recovery (DiLoCo modes): a restart → the incarnation's first `merge`, minus the
-  above and minus the productive step time inside it.
-- waiting_on_sync: `blocked` on → off spans (dp without such lines: the gaps
-  between steps), minus all of the above.
-- productive / lost / rolled_back: step dt. DiLoCo modes: a step is productive for
-  fragment p when a `merge` of (learner, incarnation, seq, p) covers it (the merge's
-  c_steps steps up to the step that sent that seq); dt × (merged share of the P
-  fragments) is productive, the rest lost. dp modes: steps an earlier incarnation
-  logged beyond a later incarnation's start step were rolled back, the rest productive.
-  A step's dt excludes the part of [t − dt, t] the unit was paused or dead.
-- finished: after the last step of an incarnation whose `done` says finished, to t_end.
-- other: the remainder (loop overhead between steps, eval, checkpoint saves).
+- paused: `unit_down` reason paused → `unit_up` reason resumed.
+- startup: the unit becoming available (t_start, or its restart) → its first step.
+- finished: the last step of an incarnation whose `done` says finished → t_end.
+- recovery (DiLoCo modes): a restart → the incarnation's first `merge`, less the
+  productive step time inside it.
+- waiting_on_sync: `blocked` on → off (dp without such lines: the gaps between steps).
+Step time (dt, less what fell outside the window or in a dead / paused span):
+- DiLoCo modes: productive for fragment p when a `merge` of (learner, incarnation,
+  seq, p) covers the step (the merge's c_steps steps up to the step that sent seq):
+  dt × (merged share of the P fragments) is productive, the rest lost (or recovery).
+- dp modes: steps an incarnation logged beyond a later incarnation's start step are
+  rolled_back, the rest productive.
+- other: the remainder (between steps: eval, checkpoint saves, loop overhead).
 """
 from __future__ import annotations
 
