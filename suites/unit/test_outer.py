@@ -46,7 +46,7 @@ def test_outer_step_matches_optax_sgd_directly():
     theta = f32(rng.normal(size=(3, 2)), rng.normal(size=5))
     tx = optax.sgd(0.7, momentum=0.9, nesterov=True)
     ref_params, ref_state = list(theta), tx.init(list(theta))
-    opt = OuterOptimizer(OuterOptConfig())
+    opt = OuterOptimizer(OuterOptConfig(lr=0.7, momentum=0.9, nesterov=True))
     state = opt.init(theta)
     for _ in range(4):
         delta = f32(rng.normal(size=(3, 2)), rng.normal(size=5))
