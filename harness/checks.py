@@ -88,8 +88,9 @@ def shard_lives(log: EventLog, shard: str) -> list[ShardLife]:
 
 def _shards(log: EventLog) -> list[str]:
     topo = (log.header.get("topology") or {}).get("shards") or {}
+    learners = set(learner_names(log))
     seen = {e["src"] for e in log.of("merge", "round_commit", "checkpoint_saved", "checkpoint_restored")
-            if not e["src"].startswith("learner")}
+            if e["src"] not in learners and e["src"] != "harness"}
     return sorted(set(topo) | seen)
 
 

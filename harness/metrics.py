@@ -17,7 +17,8 @@ the ones before it:
 - recovery (DiLoCo modes): a restart → the incarnation's first `merge`, less the
   productive step time inside it.
 - waiting_on_sync: `blocked` on → off (dp without such lines: the gaps between steps).
-Step time (dt, less what fell outside the window or in a dead / paused span):
+Step time (dt, less what of [t − dt, t] fell outside the window, in a dead / paused
+span or in waiting_on_sync: a dp learner's dt spans its whole iteration, wait included):
 - DiLoCo modes: productive for fragment p when a `merge` of (learner, incarnation,
   seq, p) covers the step (the merge's c_steps steps up to the step that sent seq):
   dt × (merged share of the P fragments) is productive, the rest lost (or recovery).
@@ -304,11 +305,13 @@ def learner_time(h: UnitHistory, t0: float, t1: float, *, dp: bool, lag: int, sh
 
     startup, fin, recov, waiting = bucket(startup), bucket(fin), bucket(recov), bucket(blocked)
     rb = rolled_back(h) if dp else set()
+    # dp logs a step's dt over the whole iteration, the wait for the mean included
+    not_stepping = norm(gone + waiting)
     sec = dict.fromkeys(("productive",) + BADPUT, 0.0)
     productive_in_recovery = 0.0
     for inc in h.incs:
         for e in inc.steps:
-            dt = measure(minus(clip([(e["t"] - e["dt"], e["t"])], t0, t1), gone))
+            dt = measure(minus(clip([(e["t"] - e["dt"], e["t"])], t0, t1), not_stepping))
             if dp:
                 sec["rolled_back" if (inc.n, e["step"]) in rb else "productive"] += dt
                 continue

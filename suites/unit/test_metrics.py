@@ -229,6 +229,20 @@ def test_dp_waiting_from_step_gaps():
     assert m.badput_s["waiting_on_sync"] == approx(2.0) and m.goodput == approx(0.6)
 
 
+def test_dp_dt_spanning_the_wait():
+    # trainer/learner.py times a dp step over its whole iteration: 2 iterations [0, 2] and
+    # [2, 4] (dt 2 each), each blocked on the mean for its second half. Waiting 2 s, and the
+    # steps count only the other 2 s: goodput 0.5, not 1.
+    b = LogBuilder(mode="dp", learners=1, t_end=4.0).up(0, "learner-0")
+    for k in (1, 2):
+        b.add(2 * k - 1, "learner-0", "blocked", on=True, reason="dp_mean", step=k - 1)
+        b.add(2 * k, "learner-0", "blocked", on=False, reason="dp_mean", step=k - 1)
+        b.step(2 * k, "learner-0", k, dt=2.0)
+    m = compute(b.log())
+    assert m.badput_s["waiting_on_sync"] == approx(2.0) and m.goodput == approx(0.5)
+    assert total(m) == approx(1.0)
+
+
 def test_blocked_lines_are_waiting():
     # streaming, 6 s: steps 1, 2 (lines at 1, 2), blocked from 2 to 4, steps 3, 4 (lines 5, 6).
     # One Contribution (steps 1-4) merged: productive 4, waiting 2.
