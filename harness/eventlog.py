@@ -49,7 +49,9 @@ def _lines(path: Path) -> Iterator[dict]:
 
 def merge(run_dir: Path, header: dict, extra: Iterable[dict] = ()) -> Path:
     """Merges run_dir/logs/*.jsonl (+ `extra` events) into run_dir/events.jsonl."""
-    streams = [list(_lines(p)) for p in sorted((run_dir / "logs").glob("*.jsonl"))]
+    # A process may write a line after a later one (a learner's step line waits for
+    # its metrics to reach the host): each file is put in time order first (stable).
+    streams = [sorted(_lines(p), key=lambda e: e["t"]) for p in sorted((run_dir / "logs").glob("*.jsonl"))]
     streams.append(sorted(extra, key=lambda e: e["t"]))
     keyed = [[(e["t"], i, j, e) for j, e in enumerate(s)] for i, s in enumerate(streams)]
     out = run_dir / "events.jsonl"

@@ -20,9 +20,13 @@ from typing import IO, Sequence
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+_LIBC = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here, not in the forked child
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec, where a multithreaded parent (JAX) may
+    # have left locks held: one plain C call, no imports, no allocation-heavy Python.
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def spawn(argv: Sequence[str], *, stdout: IO | int | None = None, stderr: IO | int | None = None,

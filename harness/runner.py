@@ -25,7 +25,8 @@ from harness.scenario import Scenario, scenario_to_toml
 from trainer.config import RunConfig
 
 MAX_STEPS_FACTOR = 2.0  # learners may step past their share while another one is down
-END_GRACE_S = 20.0  # after `duration`, learners still stepping get this long to finish
+END_GRACE_S = 20.0
+STARTUP_TIMEOUT_S = 180.0  # after `duration`, learners still stepping get this long to finish
 
 
 @dataclass(frozen=True)
@@ -68,23 +69,26 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
         harness_events.append({"t": round(time.time(), 6), "src": src, "kind": kind, **fields})
 
     shape = s.shape()
+    from trainer.tasks import task_for_run
+
+    header["task"] = task_for_run(cfg).describe()  # loss_floor: the entropy floor of the task
     cluster = LocalCluster(run_dir, cfg.to_dict(), shards=s.cluster.shards, seed=s.seed, wan=s.wan,
                            slices=s.cluster.slices, max_steps_factor=MAX_STEPS_FACTOR)
     progress = Progress(run_dir, s, enabled=live)
     try:
         with cluster:
             header["topology"] = cluster.topology
-            header["t_launch"] = t0 = time.time()
+            header["t_launch"] = time.time()
             injector = Injector(cluster, shape, emit, dp_rollback=cfg.diloco.mode == "dp")
             injector.setup()
             budget = _Budget(cfg, cluster, injector, progress)
             try:
+                header["t_start"] = t0 = _training_start(budget, cfg)
                 _walk(schedule, budget, injector, t0, s.train.duration_s)
             finally:
                 header["t_end"] = time.time()
                 injector.teardown()
                 progress.stop()
-                header["t_start"] = _training_start(progress, cfg, t0)
                 header["crashes"] = budget.crashes
     except BaseException:
         header.setdefault("t_end", time.time())
@@ -145,13 +149,19 @@ def _walk(schedule: Schedule, budget: _Budget, injector: Injector, t0: float, du
         time.sleep(0.1)
 
 
-def _training_start(progress: Progress, cfg: RunConfig, t_launch: float) -> float:
-    """Where the measurement window opens: once every learner made its first step.
-    The first start-up (Python, JAX import, compilation: seconds, the same for every
-    mode) would otherwise dominate a miniature run; restarts later in the run still
-    pay their start-up as badput. `t_launch` in the header keeps the launch time."""
-    firsts = list(progress.first_step.values())
-    return max(firsts) if len(firsts) == cfg.diloco.learners else t_launch
+def _training_start(budget: _Budget, cfg: RunConfig, timeout_s: float = STARTUP_TIMEOUT_S) -> float:
+    """Waits until every learner has made its first inner step: time zero of the
+    fault schedule and of the measurement window. The first start-up (Python, JAX
+    import, compilation: seconds, and many more on a loaded machine) is the same for
+    every mode and would otherwise decide a miniature run; restarts later in the run
+    pay their start-up as badput. The header's `t_launch` keeps the launch time."""
+    deadline = time.time() + timeout_s
+    while len(budget.progress.first_step) < cfg.diloco.learners:
+        budget.poll()
+        if budget.crashes or time.time() > deadline:
+            break  # the run goes on; the crash or the missing learner shows in the log
+        time.sleep(0.05)
+    return time.time()
 
 
 def _global_eval(run_dir: Path, cfg: RunConfig, topology: dict) -> float | None:

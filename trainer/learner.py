@@ -70,7 +70,7 @@ class Learner:
         for a in actions:
             if isinstance(a, Send):
                 nbytes = self.links[a.to].send(a.msg)
-                shell.log_msg(self.ev, "send" if nbytes else "drop", a.to, a.msg, nbytes)
+                shell.log_msg(self.ev, "send" if nbytes else "drop", a.to, a.msg, nbytes, at_step=self.state.step)
             elif isinstance(a, ApplyGrads):
                 params, self.opt_state = self.inner.apply_grads(self.core.params(self.state), self.opt_state,
                                                                 a.grads)
@@ -152,8 +152,9 @@ class Learner:
             # metrics reach the host one step late, so the device is never waited on for a log line
             if pending_loss is not None:
                 ev.emit("step", **{**pending_loss, "loss": float(pending_loss["loss"])})
-            pending_loss = {"step": self.step, "tokens": int(metrics["tokens"]), "loss": metrics["loss"],
-                            "dt": round(time.monotonic() - t0, 6), "live_slices": self.live_slices}
+            pending_loss = {"t": time.time(), "step": self.step, "tokens": int(metrics["tokens"]),
+                            "loss": metrics["loss"], "dt": round(time.monotonic() - t0, 6),
+                            "live_slices": self.live_slices}
             if self.step % EVAL_EVERY == 0 or self.step == self.cfg.steps:
                 ev.emit("eval", step=self.step, loss=self.inner.evaluate(self.core.params(self.state),
                                                                          self.eval_batches))

@@ -53,9 +53,9 @@ def log_actions(ev: EventWriter, actions: list) -> None:
             ev.emit(a.kind, **a.fields)
 
 
-def log_msg(ev: EventWriter, kind: str, peer: str, msg, nbytes: int) -> None:
+def log_msg(ev: EventWriter, kind: str, peer: str, msg, nbytes: int, **extra) -> None:
     """A `send` or `recv` line: the message's identifying fields and the frame size."""
-    ev.emit(kind, peer=peer, bytes=nbytes, **describe(msg))
+    ev.emit(kind, peer=peer, bytes=nbytes, **describe(msg), **extra)
 
 
 class Timers:
