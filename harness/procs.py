@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import IO, Sequence
 
@@ -31,10 +32,14 @@ def _die_with_parent() -> None:
 
 def spawn(argv: Sequence[str], *, stdout: IO | int | None = None, stderr: IO | int | None = None,
           env: dict[str, str] | None = None, cwd: str | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        list(argv), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-        start_new_session=True, preexec_fn=_die_with_parent,
-    )
+    with warnings.catch_warnings():
+        # Python warns when forking a process that runs threads (JAX's, once the harness
+        # evaluated a model); the child here only calls prctl and exec.
+        warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+        return subprocess.Popen(
+            list(argv), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )
 
 
 def pid_alive(pid: int) -> bool:
