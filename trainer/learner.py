@@ -25,7 +25,7 @@ from trainer.tasks import task_for_run
 from trainer.transport import ShardLink
 from trainer.wiring import fragmenter_for, learner_config, learner_math
 
-EVAL_EVERY = 25        # inner steps between held-out evaluations of the local θ
+EVAL_EVERY = 100       # inner steps between held-out evaluations of the local θ
 CKPT_EVERY = 50        # inner steps between learner checkpoints
 FETCH_WAIT_S = 5.0     # at (re)start, wait this long for the global fragments before stepping
 DRAIN_S = 1.0          # after the last step, keep receiving for this long
