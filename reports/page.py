@@ -1,0 +1,311 @@
+"""Everything one run page shows, as plain data for the template: formatted check rows,
+key figures, facts, tables and the Vega-Lite specs. Formatting only: verdicts are
+the check results' `valid` fields, passed through."""
+from __future__ import annotations
+
+import json
+import platform
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from reports import charts, series
+from reports import timeline as tlmod
+from reports.runs import Run
+
+STATUS = {True: "pass", False: "fail", None: "unknown"}
+# name -> (what it checks, how the value reads, section that shows why)
+CHECKS = {
+    "merged_at_most_once": ("every contribution is merged at most once", "count", "timeline"),
+    "versions_monotonic": ("fragment versions never go backwards", "count", "timeline"),
+    "no_nan": ("no loss is NaN or infinite", "count", "loss"),
+    "durable_rounds_kept": ("no round acknowledged durable is lost across a syncer restart", "count", "timeline"),
+    "no_global_downtime": ("the global model advances whenever a quorum is reachable", "stall", "timeline"),
+    "staleness_bounded": ("every merge's staleness is within the bound", "int", "staleness"),
+    "goodput_min": ("goodput is at least the bound", "pct", "goodput"),
+    "uptime_min": ("uptime is at least the bound", "pct", "goodput"),
+    "loss_parity_max": ("final loss is within the bound of the fault-free run's", "parity", "loss"),
+    "recovery_max_s": ("every restarted unit is merged again within the bound", "s", "recovery"),
+    "no_crash": ("no process crashed by itself", "count", "timeline"),
+}
+UNKNOWN_WHY = {
+    "loss_parity_max": "no fault-free reference run (or no loss) to compare with",
+    "recovery_max_s": "no restart in this run, or a restart too close to the end to tell (censored)",
+}
+SECTIONS = [("verdict", "Verdict"), ("run", "Run"), ("timeline", "Timeline"), ("loss", "Loss"),
+            ("goodput", "Goodput"), ("recovery", "Recovery"), ("staleness", "Staleness"),
+            ("bandwidth", "Bandwidth")]
+
+
+def fmt(v, kind: str) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    return {"pct": f"{v:.1%}", "parity": f"{v:+.2%}", "s": f"{v:.1f} s", "stall": f"{v:.2f} s",
+            "int": f"{v:,.0f}", "count": f"{v:,.0f}", "float": f"{v:.4g}", "bytes": _bytes(v)}.get(kind, str(v))
+
+
+def _bytes(v: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(v) < 1000:
+            return f"{v:.3g} {unit}"
+        v /= 1000
+    return f"{v:.3g} PB"
+
+
+def check_rows(checks: list[dict]) -> list[dict]:
+    """One row per check result, failures first, then unknown, then passes."""
+    rows = []
+    for c in checks:
+        what, kind, section = CHECKS.get(c["name"], (c["name"], "float", "verdict"))
+        status = STATUS.get(c.get("valid"))
+        value, bound = c.get("value"), c.get("bound")
+        rel = "≥" if c["name"].endswith("_min") else "≤"
+        if kind == "count":
+            value_txt, bound_txt = f"{fmt(value, 'count')} violation{'s' if value != 1 else ''}", fmt(bound, "count")
+        else:
+            value_txt, bound_txt = fmt(value, kind), fmt(bound, kind)
+        details = c.get("details") or {}
+        why = ""
+        if status == "unknown":
+            why = details.get("why") or UNKNOWN_WHY.get(c["name"], "the log cannot tell")
+        elif status == "fail":
+            why = _why_failed(c["name"], details)
+        rows.append({"name": c["name"], "what": what, "status": status, "value": value_txt, "bound": bound_txt,
+                     "rel": rel, "section": section, "why": why,
+                     "details": json.dumps(details, indent=1, default=str)[:6000] if details else ""})
+    order = {"fail": 0, "unknown": 1, "pass": 2}
+    return sorted(rows, key=lambda r: order[r["status"]])
+
+
+def _why_failed(name: str, d: dict) -> str:
+    v = d.get("violations") or d.get("late") or d.get("never") or d.get("crashes")
+    if not v:
+        return ""
+    first = v[0]
+    if isinstance(first, dict):
+        first = ", ".join(f"{k}={_short(x)}" for k, x in first.items())
+    return f"{len(v)}{'+' if len(v) >= 10 else ''} offending; first: {first}"
+
+
+def _short(x) -> str:
+    return f"{x:.2f}" if isinstance(x, float) else str(x)
+
+
+def _fault_rows(tl) -> list[dict]:
+    return [{k: f[k] for k in ("label", "params", "t0", "t1", "kind", "target")} for f in tl.faults]
+
+
+def _who_runs(run: Run) -> list[tuple[str, Run]]:
+    out = [("run", run)]
+    if run.reference is not None:
+        out.append(("reference", run.reference))
+    if run.dp is not None:
+        out.append(("dp", run.dp))
+    return out
+
+
+def key_figures(run: Run) -> list[dict]:
+    s = run.summary
+    dp = run.dp.summary if run.dp is not None else {}
+    ref = run.reference.summary if run.reference is not None else {}
+    bpt_ratio = (dp.get("bytes_per_token") / s["bytes_per_token"]
+                 if dp.get("bytes_per_token") and s.get("bytes_per_token") else None)
+    figs = [
+        ("goodput", fmt(s.get("goodput"), "pct"), dp and f"dp {fmt(dp.get('goodput'), 'pct')}", "goodput"),
+        ("uptime", fmt(s.get("uptime"), "pct"), dp and f"dp {fmt(dp.get('uptime'), 'pct')}", "goodput"),
+        ("final loss", fmt(s.get("final_loss"), "float"),
+         f"parity {fmt(s.get('loss_parity'), 'parity')}" if s.get("loss_parity") is not None
+         else (ref and f"ref {fmt(ref.get('final_loss'), 'float')}"), "loss"),
+        ("slowest recovery", fmt(s.get("recovery_max_s"), "s"), f"{len(s.get('recovery') or [])} restarts of learners",
+         "recovery"),
+        ("bytes / token", fmt(s.get("bytes_per_token"), "int"),
+         bpt_ratio and f"dp sends {bpt_ratio:,.1f}× more", "bandwidth"),
+        ("max staleness", fmt(s.get("staleness_max"), "int"), f"mean {fmt(s.get('staleness_mean'), 'float')}",
+         "staleness"),
+        ("faults", str(len(tlmod.faults_of(run.log, 0.0))) if run.log else "–",
+         f"{s.get('restarts', 0)} restarts in all", "timeline"),
+    ]
+    return [{"label": a, "value": b, "sub": c or "", "section": d} for a, b, c, d in figs]
+
+
+def facts(run: Run) -> list[tuple[str, str]]:
+    h, cfg = run.header, (run.log.config if run.log else {})
+    sc = h.get("scenario") or {}
+    d = cfg.get("diloco") or {}
+    topo = h.get("topology") or {}
+    s = run.summary
+    t0 = s.get("t_start")
+    rows = [
+        ("scenario", f"{sc.get('name', run.name)}" + (f" — {sc['description']}" if sc.get("description") else "")),
+        ("seed", str(h.get("seed", "–"))),
+        ("mode", f"{d.get('mode', s.get('mode'))} ({h.get('tier', '?')} tier)"),
+        ("shape", f"M={d.get('learners')} learners × S={d.get('slices')} slices, "
+                  f"{len(topo.get('shards') or {}) or '?'} syncer shard(s), P={s.get('fragments')} fragments, "
+                  f"H={d.get('sync_every')}, τ={d.get('overlap')}, K={d.get('quorum')}, α={d.get('mixing')}, "
+                  f"merge {d.get('merge')}, {d.get('compression')}"),
+        ("training", f"{cfg.get('steps')} steps per learner, task {(cfg.get('task') or {}).get('kind')}, "
+                     f"{s.get('steps', 0):,} steps / {s.get('tokens', 0):,} tokens logged"),
+        ("window", (datetime.fromtimestamp(t0, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if t0 else "–")
+         + f", {fmt(s.get('duration_s'), 's')}"),
+        ("run directory", str(run.run_dir)),
+    ]
+    if h.get("interrupted"):
+        rows.append(("interrupted", "yes: the run was cut short; what happened until then is shown"))
+    if run.recomputed:
+        rows.append(("checks", "run by this report (the run wrote no summary.json)"))
+    return rows
+
+
+def versions(run: Run) -> list[tuple[str, str]]:
+    out = [(f"run: {k}", str(v)) for k, v in (run.header.get("versions") or {}).items()]
+
+    def v(pkg: str) -> str:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return "?"
+    import altair as alt
+
+    out += [("report: diloco-chaos", v("diloco-chaos")), ("report: python", platform.python_version()),
+            ("report: jax", v("jax")), ("report: vega-lite", alt.SCHEMA_VERSION)]
+    return out
+
+
+def schedule_rows(run: Run, tl) -> list[dict]:
+    applied = {f["id"]: f for f in tl.faults}
+    rows = []
+    for i, f in enumerate(run.header.get("schedule") or []):
+        a = applied.get(i)
+        end = f.get("duration_s", f.get("down_for_s"))
+        rows.append({"kind": f.get("kind"), "target": f.get("target"), "at": fmt(f.get("at_s"), "s"),
+                     "for": "never ends" if end is None else fmt(end, "s"),
+                     "params": tlmod._params_text({k: v for k, v in f.items() if k not in ("duration_s", "down_for_s")}),
+                     "applied": f"{a['t0']:.1f} – {a['t1']:.1f} s" if a else "not applied",
+                     "z0": a["t0"] if a else None, "z1": a["t1"] if a else None})
+    return rows
+
+
+def recovery_rows(run: Run) -> list[dict]:
+    s = run.summary
+    chk = next((c for c in s.get("checks") or [] if c["name"] == "recovery_max_s"), None)
+    marks = {}
+    if chk:
+        for k in ("late", "never", "censored"):
+            for r in (chk.get("details") or {}).get(k) or []:
+                marks[(r["unit"], r["incarnation"])] = k
+    return [{"unit": r["unit"], "incarnation": r["incarnation"], "t": fmt(r["t_s"], "s"),
+             "recovery": "never merged" if r["recovery_s"] is None else fmt(r["recovery_s"], "s"),
+             "mark": marks.get((r["unit"], r["incarnation"]), "ok" if chk else ""),
+             "z0": r["t_s"] - 2, "z1": r["t_s"] + (r["recovery_s"] or 10) + 2}
+            for r in s.get("recovery") or []]
+
+
+def context(run: Run, test: dict | None = None) -> dict:
+    """The template's variables for one run page."""
+    s = run.summary
+    log = run.log
+    tl = tlmod.build(log, s)
+    lanes = tl.lane_names()
+    faults = _fault_rows(tl)
+    lo, hi = tl.x_domain
+    specs: dict[str, dict] = {"timeline": charts.timeline(tl, lanes, faults)}
+
+    pts, glob = series.loss_rows(log, "run")
+    means = series.mean_by_step(pts)
+    for who, r in _who_runs(run)[1:]:
+        if r.log is not None:
+            p2, g2 = series.loss_rows(r.log, who)
+            means += series.mean_by_step(p2)
+            glob += g2
+    if pts or glob:
+        far = max([r["t"] for r in means + glob] + [hi])  # a slower companion run ends later
+        specs["loss"] = charts.loss(pts, means, glob, s.get("loss_floor"), faults, (lo, far))
+
+    bad = []
+    for who, r in _who_runs(run):
+        rs = r.summary
+        bad.append({"who": who, "bucket": "productive", "share": rs.get("goodput") or 0.0,
+                    "seconds": rs.get("productive_s") or 0.0})
+        bad += [{"who": who, "bucket": k, "share": v, "seconds": (rs.get("badput_s") or {}).get(k, 0.0)}
+                for k, v in (rs.get("badput") or {}).items()]
+    specs["badput"] = charts.badput(bad)
+    lg = [{"learner": k, "goodput": v} for k, v in (s.get("learner_goodput") or {}).items()]
+    if lg:
+        specs["learner_goodput"] = charts.learner_goodput(lg)
+
+    rec = [{"recovery_s": r["recovery_s"]} for r in s.get("recovery") or [] if r["recovery_s"] is not None]
+    rec_chk = next((c for c in s.get("checks") or [] if c["name"] == "recovery_max_s"), {})
+    if rec:
+        specs["recovery"] = charts.histogram(rec, "recovery_s", "seconds from restart to first merge",
+                                             rec_chk.get("bound"), step=_rec_step(rec, rec_chk.get("bound")),
+                                             color="#fd8d3c")
+    hist = [{"staleness": int(k), "count": v} for k, v in (s.get("staleness_hist") or {}).items()]
+    st_chk = next((c for c in s.get("checks") or [] if c["name"] == "staleness_bounded"), {})
+    if hist:
+        specs["staleness"] = charts.histogram(hist, "staleness", "staleness (outer rounds since its base version)",
+                                              st_chk.get("bound"), discrete=True)
+
+    link_names = tl.lane_names("link")
+    rates, bucket = series.link_rates(log, max(lo, 0.0), hi)
+    limits = series.link_limits(log, link_names, tlmod.faults_of(log, hi + s.get("t_start", 0.0)), max(lo, 0.0), hi)
+    if link_names:
+        specs["links"] = charts.links(rates, limits, link_names, faults, tl.x_domain)
+    bpt = [{"who": who, "bytes_per_token": r.summary.get("bytes_per_token")} for who, r in _who_runs(run)
+           if r.summary.get("bytes_per_token") is not None]
+    if bpt:
+        specs["bpt"] = charts.bars(bpt, "bytes_per_token", "bytes sent and received per trained token")
+
+    rows = check_rows(s.get("checks") or [])
+    dp_rows = check_rows(run.dp.summary.get("checks") or []) if run.dp is not None else []
+    return {
+        "title": f"{run.name} — diloco-chaos report",
+        "name": run.name, "status": STATUS.get(s.get("valid")), "checks": rows, "dp_checks": dp_rows,
+        "dp_status": STATUS.get(run.dp.summary.get("valid")) if run.dp is not None else None,
+        "counts": {k: sum(r["status"] == k for r in rows) for k in ("fail", "unknown", "pass")},
+        "figures": key_figures(run), "facts": facts(run), "versions": versions(run),
+        "replay": run.header.get("replay") or f"diloco-chaos replay {run.run_dir}",
+        "scenario_toml": _scenario_text(run), "schedule": schedule_rows(run, tl),
+        "lanes": tl.lanes, "recovery": recovery_rows(run), "specs": specs, "sections": SECTIONS,
+        "links": [{"name": f"{l['learner']}~{l['shard']}",
+                   "up": fmt(l["up_bytes"], "bytes"), "down": fmt(l["down_bytes"], "bytes"),
+                   "mean": fmt(l["mean_Bps"], "bytes") + "/s", "peak": fmt(l["peak_Bps"], "bytes") + "/s"}
+                  for l in s.get("links") or []],
+        "bucket_s": bucket, "summary": s, "test": test,
+        "companions": _companions(run), "crashes": run.header.get("crashes") or [],
+        "dropped": s.get("dropped") or {},
+    }
+
+
+def _rec_step(rec: list[dict], bound) -> float:
+    top = max([r["recovery_s"] for r in rec] + [bound or 0])
+    for step in (0.5, 1, 2, 5, 10, 20, 30, 60, 120):
+        if top / step <= 20:
+            return step
+    return 300
+
+
+def _scenario_text(run: Run) -> str:
+    p = run.run_dir / "scenario.toml"
+    if p.exists():
+        return p.read_text()
+    return json.dumps(run.header.get("scenario") or {}, indent=1)
+
+
+def _companions(run: Run) -> list[dict]:
+    out = []
+    for who, r in _who_runs(run)[1:]:
+        page = r.run_dir / "report.html"
+        out.append({"who": who, "dir": str(r.run_dir), "page": page if page.exists() else None,
+                    "status": STATUS.get(r.summary.get("valid"))})
+    return out
+
+
+def relative_links(ctx: dict, page_dir: Path) -> None:
+    """Companion pages as links relative to where this page is written."""
+    import os
+
+    for c in ctx["companions"]:
+        c["href"] = os.path.relpath(c["page"], page_dir) if c["page"] else None
+

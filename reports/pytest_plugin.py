@@ -1,0 +1,176 @@
+"""pytest plugin: `pytest --chaos-report DIR` writes a page per run a test made and DIR/index.html.
+
+Tests record their runs through the session fixture `chaos_report`:
+
+    def test_unit_loss(chaos_report, tmp_path):
+        result = run_scenario(...)
+        chaos_report.add(result.run_dir)
+
+`add` attaches the run to the test running now, so it also works inside a Hypothesis
+property (a session fixture raises no function-scoped-fixture health check); for a
+Hypothesis test only its last run is kept: after a failure that is the run of the
+shrunk example, which Hypothesis replays last. A failing test's page shows the
+falsifying example, the error and the command that runs the test again; the run's
+own replay command and schedule are on every page.
+
+Key figures of each run become JUnit XML properties (`chaos.goodput`, ... or
+`chaos.<run>.goodput` for a test with several runs) with or without --chaos-report.
+Registered from the repository's conftest.py: `pytest_plugins = ["reports.pytest_plugin"]`.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+FIGURES = ("valid", "goodput", "uptime", "loss_parity", "recovery_max_s", "bytes_per_token", "restarts")
+_RUNS = pytest.StashKey[list]()
+_REPORTS = pytest.StashKey[dict]()
+
+
+class ChaosReport:
+    """What the fixture hands out: `add(run_dir)` records a run for the test running now."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.item: pytest.Item | None = None
+        out = config.getoption("chaos_report", None)
+        self.out_dir = Path(out).resolve() if out else None
+        self.entries: list = []  # reports.IndexEntry, in the order the pages were written
+
+    def add(self, run_dir: Path | str) -> None:
+        if self.item is None:
+            raise RuntimeError("chaos_report.add() is for use inside a test")
+        runs = self.item.stash.setdefault(_RUNS, [])
+        if getattr(getattr(self.item, "obj", None), "is_hypothesis_test", False):
+            runs.clear()  # keep the last example's run: the shrunk one after a failure
+        runs.append(Path(run_dir))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("chaos").addoption(
+        "--chaos-report", dest="chaos_report", metavar="DIR", default=None,
+        help="write an HTML resilience page for every run a test recorded, and DIR/index.html")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_REPORTS] = {"recorder": ChaosReport(config)}
+
+
+def _recorder(config: pytest.Config) -> ChaosReport:
+    return config.stash[_REPORTS]["recorder"]
+
+
+@pytest.fixture(scope="session")
+def chaos_report(pytestconfig: pytest.Config) -> ChaosReport:
+    return _recorder(pytestconfig)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    rec = _recorder(item.config)
+    rec.item = item
+    try:
+        return (yield)
+    finally:
+        rec.item = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    if call.when == "teardown" and item.stash.get(_RUNS, None):
+        _finish(item)  # before the teardown report is made: it carries the JUnit properties
+    report = yield
+    if report.when in ("setup", "call"):
+        item.stash.setdefault(_REPORTS, {})[report.when] = report
+    return report
+
+
+def _summary(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _finish(item: pytest.Item) -> None:
+    rec = _recorder(item.config)
+    runs = item.stash[_RUNS]
+    reports = item.stash.get(_REPORTS, {})
+    test = test_info(item.nodeid, reports)
+    for i, run_dir in enumerate(runs):
+        prefix = "chaos." if len(runs) == 1 else f"chaos.{run_dir.name}."
+        s = _summary(run_dir)
+        for k in FIGURES:
+            if s.get(k) is not None:
+                item.user_properties.append((prefix + k, s[k]))
+        if rec.out_dir is None:
+            continue
+        from reports import IndexEntry, render_run
+
+        out = rec.out_dir / _slug(item.nodeid) / f"{i}-{run_dir.name}.html"
+        try:
+            page = render_run(run_dir, out, test=test)
+        except Exception as e:  # a page that cannot be drawn must not fail the test that made the run
+            item.user_properties.append((prefix + "report_error", repr(e)))
+            continue
+        item.user_properties.append((prefix + "report", str(page)))
+        rec.entries.append(IndexEntry(page, run_dir, label=item.nodeid, outcome=test["outcome"]))
+
+
+def test_info(nodeid: str, reports: dict) -> dict:
+    """{nodeid, outcome, command, error, falsifying, reproduce} from the setup / call reports."""
+    failed = next((r for r in reports.values() if r.failed), None)
+    call = reports.get("call")
+    outcome = "failed" if failed else (call.outcome if call is not None else "skipped")
+    text = failed.longreprtext if failed is not None else ""
+    return {"nodeid": nodeid, "outcome": outcome, "command": f"pytest {shlex.quote(nodeid)}",
+            "error": text[-4000:], "falsifying": falsifying_example(text), "reproduce": reproduce_line(text)}
+
+
+def _plain(line: str) -> str:
+    return re.sub(r"^E {1,3}", "", line)
+
+
+def falsifying_example(text: str) -> str:
+    """Hypothesis's 'Falsifying example: test(...)' block from a failure's text, or ''."""
+    lines = [_plain(l) for l in text.splitlines()]
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("Falsifying example"):
+            out, depth = [], 0
+            for l in lines[i:]:  # up to the line that closes the call's brackets
+                out.append(l)
+                depth += sum(l.count(c) for c in "([{") - sum(l.count(c) for c in ")]}")
+                if depth <= 0:
+                    break
+            return "\n".join(out)
+    return ""
+
+
+def reproduce_line(text: str) -> str:
+    m = re.search(r"@reproduce_failure\([^)]*\)", text)
+    return m.group(0) if m else ""
+
+
+def _slug(nodeid: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[:120] or "test"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    rec = _recorder(session.config)
+    if rec.out_dir is None:
+        return
+    from reports import render_index
+
+    rec.entries = sorted(rec.entries, key=lambda e: e.label)
+    index = render_index(rec.entries, rec.out_dir, title=f"pytest session: {len(rec.entries)} run page(s)")
+    session.config.stash[_REPORTS]["index"] = index
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    index = config.stash[_REPORTS].get("index")
+    if index is not None:
+        terminalreporter.write_line(f"chaos report: {index} ({len(_recorder(config).entries)} run pages)")

@@ -1,0 +1,129 @@
+"""Writing the pages: `render_run` (one page per run) and `render_index` (a suite's runs).
+
+    render_run(Path("runs/chaos"))            # -> runs/chaos/report.html
+    render_index([page, ...], Path("out"))    # -> out/index.html
+
+A page is one self-contained HTML file: CSS, the Vega bundle, the specs and their
+data are inlined, and a Content-Security-Policy forbids every request, so it works
+offline and from a CI artifact. Templates (reports/templates/) only lay out values.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+from markupsafe import Markup
+
+from reports import assets, page, runs
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+@functools.lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=False)
+
+
+def _inline_json(obj) -> Markup:
+    """JSON safe inside <script>: no '<' at all, so no '</script>' or '<!--'."""
+    return Markup(json.dumps(obj, separators=(",", ":"), default=str, allow_nan=False).replace("<", "\\u003c"))
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)  # a reader never sees half a page
+    return path
+
+
+def render_run(run_dir: Path, out: Path | None = None, *, test: dict | None = None) -> Path:
+    """Renders run_dir's page to `out` (default run_dir/report.html) and returns its path.
+    `test`: the pytest test that made the run ({nodeid, outcome, command, falsifying,
+    reproduce, error}), shown above the checks."""
+    run_dir = Path(run_dir)
+    out = Path(out) if out is not None else run_dir / "report.html"
+    run = runs.load(run_dir)
+    ctx = page.context(run, test)
+    page.relative_links(ctx, out.parent)
+    html = _env().get_template("run.html.j2").render(
+        **ctx, specs_json=_inline_json(_clean(ctx.pop("specs"))),
+        vega_js=Markup(assets.vega_js()), js=Markup((TEMPLATES / "report.js").read_text()),
+        css=Markup((TEMPLATES / "report.css").read_text()))
+    return _write(out, html)
+
+
+def _clean(obj):
+    """NaN / inf are not JSON: they become null (Vega leaves a gap)."""
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+# --- the suite index ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    page: Path                    # the run's page
+    run_dir: Path                 # the run (summary.json, events.jsonl)
+    label: str = ""               # e.g. the pytest node id that made it
+    outcome: str | None = None    # the test's outcome: passed / failed / skipped
+
+
+def _entry(p) -> IndexEntry:
+    if isinstance(p, IndexEntry):
+        return p
+    p = Path(p)
+    if p.is_dir():
+        return IndexEntry(p / "report.html", p)
+    return IndexEntry(p, p.parent)
+
+
+def _header(run_dir: Path) -> dict:
+    try:
+        with open(run_dir / "events.jsonl") as f:
+            return json.loads(f.readline())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def index_row(e: IndexEntry, out_dir: Path) -> dict:
+    s = runs._read_summary(e.run_dir) or {}
+    h = _header(e.run_dir)
+    sc = h.get("scenario") or {}
+    checks = s.get("checks") or []
+    failed = [c["name"] for c in checks if c.get("valid") is False]
+    return {
+        "name": sc.get("name") or e.run_dir.name, "label": e.label, "outcome": e.outcome,
+        "href": os.path.relpath(e.page, out_dir) if e.page.exists() else None,
+        "status": page.STATUS.get(s.get("valid")) if s else "unknown", "failed": failed,
+        "seed": h.get("seed", "–"), "mode": s.get("mode") or ((h.get("config") or {}).get("diloco") or {}).get("mode", "–"),
+        "faults": len(h.get("schedule") or []),
+        "goodput": page.fmt(s.get("goodput"), "pct"), "goodput_v": s.get("goodput") or 0.0,
+        "uptime": page.fmt(s.get("uptime"), "pct"), "parity": page.fmt(s.get("loss_parity"), "parity"),
+        "recovery": page.fmt(s.get("recovery_max_s"), "s"), "bpt": page.fmt(s.get("bytes_per_token"), "int"),
+        "restarts": s.get("restarts", "–"), "duration": page.fmt(s.get("duration_s"), "s"),
+        "replay": h.get("replay", ""),
+    }
+
+
+def render_index(pages: list, out_dir: Path, *, title: str = "diloco-chaos suite") -> Path:
+    """out_dir/index.html: every run with its verdict, key figures and a link to its page.
+    `pages`: IndexEntry, a page path or a run directory each."""
+    out_dir = Path(out_dir)
+    rows = [index_row(_entry(p), out_dir) for p in pages]
+    counts = {k: sum(r["status"] == k for r in rows) for k in ("fail", "unknown", "pass")}
+    tests = {k: sum(r["outcome"] == k for r in rows) for k in ("passed", "failed", "skipped")}
+    html = _env().get_template("index.html.j2").render(
+        title=title, rows=rows, counts=counts, tests=tests, css=Markup((TEMPLATES / "report.css").read_text()))
+    return _write(out_dir / "index.html", html)
