@@ -225,24 +225,29 @@ def histogram(rows: list[dict], field: str, title: str, bound: float | None, *, 
 
 def links(rates: list[dict], limits: list[dict], names: list[str], fault_rows: list[dict], dom: tuple) -> dict:
     """One small chart per link: bytes/s up and down, the link's limit as a dashed step line."""
-    has_limit = any(r["limit_Bps"] is not None for r in limits)
-    dom = ["up", "down"] + (["limit"] if has_limit else [])
-    dirs = alt.Color("dir:N", scale=alt.Scale(domain=dom, range=["#08519c", "#6baed6", "#a50f15"][:len(dom)]),
+    has_limit = bool(limits)
+    dir_dom = ["up", "down"] + (["limit"] if has_limit else [])
+    dirs = alt.Color("dir:N", scale=alt.Scale(domain=dir_dom, range=["#08519c", "#6baed6", "#a50f15"][:len(dir_dom)]),
                      legend=alt.Legend(orient="top", title=None))
+    # symlog: a throttled limit (kB/s) and the traffic (MB/s) both stay readable, and 0 too
+    top = max([r["Bps"] for r in rates] + [r["limit_Bps"] for r in limits] + [1.0])
+    ticks = [0] + [10 ** k for k in range(3, 12) if 10 ** k <= top * 1.5]
+    ylog = alt.Scale(type="symlog", constant=1000, domain=[0, top])
     rows = []
     for i, name in enumerate(names):
         x = _x("t", dom, T_TITLE if i == len(names) - 1 else None)
         sel = alt.FieldEqualPredicate(field="link", equal=name)
-        y = alt.Y("Bps:Q", title="bytes/s", axis=alt.Axis(format="~s"))
+        y = alt.Y("Bps:Q", title="bytes/s", scale=ylog,
+                  axis=alt.Axis(values=ticks, labelExpr="datum.value == 0 ? '0' : format(datum.value, '.0s')"))
         layer = [fault_bands(dom)] if fault_rows else []
         layer.append(alt.Chart(alt.Data(name="rates")).transform_filter(sel).mark_line(
             interpolate="step-after", strokeWidth=1.2, clip=True).encode(
             x=x, y=y, color=dirs, tooltip=["link:N", "dir:N", alt.Tooltip("t:Q", format=".0f"),
                                            alt.Tooltip("Bps:Q", format=",.0f", title="bytes/s")]))
-        if any(r["limit_Bps"] is not None for r in limits if r["link"] == name):
+        if any(r["link"] == name for r in limits):
             layer.append(alt.Chart(alt.Data(name="limits")).transform_filter(sel).transform_calculate(dir="'limit'")
-                         .mark_line(interpolate="step-after", strokeDash=[5, 3], strokeWidth=1.5, clip=True)
-                         .encode(x=x, y=alt.Y("limit_Bps:Q"), color=dirs,
+                         .mark_line(strokeDash=[5, 3], strokeWidth=1.8, clip=True)
+                         .encode(x=x, y=alt.Y("limit_Bps:Q", scale=ylog), color=dirs, detail="seg:N",
                                  tooltip=["link:N", alt.Tooltip("limit_Bps:Q", format=",.0f",
                                                                 title="limit bytes/s (each way)")]))
         rows.append(alt.layer(*layer).properties(width=WIDTH, height=90, title=alt.Title(

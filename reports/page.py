@@ -54,8 +54,9 @@ def _bytes(v: float) -> str:
     return f"{v:.3g} PB"
 
 
-def check_rows(checks: list[dict]) -> list[dict]:
-    """One row per check result, failures first, then unknown, then passes."""
+def check_rows(checks: list[dict], t_start: float | None = None) -> list[dict]:
+    """One row per check result, failures first, then unknown, then passes. `zoom`: the
+    span (seconds from t_start) of its first offending line, for the timeline."""
     rows = []
     for c in checks:
         what, kind, section = CHECKS.get(c["name"], (c["name"], "float", "verdict"))
@@ -67,30 +68,37 @@ def check_rows(checks: list[dict]) -> list[dict]:
         else:
             value_txt, bound_txt = fmt(value, kind), fmt(bound, kind)
         details = c.get("details") or {}
-        why = ""
+        why, zoom = "", None
         if status == "unknown":
             why = details.get("why") or UNKNOWN_WHY.get(c["name"], "the log cannot tell")
         elif status == "fail":
-            why = _why_failed(c["name"], details)
+            why, zoom = _why_failed(c["name"], details, t_start)
         rows.append({"name": c["name"], "what": what, "status": status, "value": value_txt, "bound": bound_txt,
-                     "rel": rel, "section": section, "why": why,
+                     "rel": rel, "section": section, "why": why, "zoom": zoom,
                      "details": json.dumps(details, indent=1, default=str)[:6000] if details else ""})
     order = {"fail": 0, "unknown": 1, "pass": 2}
     return sorted(rows, key=lambda r: order[r["status"]])
 
 
-def _why_failed(name: str, d: dict) -> str:
-    v = d.get("violations") or d.get("late") or d.get("never") or d.get("crashes")
-    if not v:
-        return ""
-    first = v[0]
-    if isinstance(first, dict):
-        first = ", ".join(f"{k}={_short(x)}" for k, x in first.items())
-    return f"{len(v)}{'+' if len(v) >= 10 else ''} offending; first: {first}"
-
-
-def _short(x) -> str:
-    return f"{x:.2f}" if isinstance(x, float) else str(x)
+def _why_failed(name: str, d: dict, t_start: float | None) -> tuple[str, list | None]:
+    """The first offending line in words, and where it is on the time axis."""
+    v = d.get("violations") or d.get("late") or d.get("never") or d.get("crashes") or []
+    if not v or not isinstance(v[0], dict):
+        return "", None
+    first, more = v[0], f" ({len(v)}{'+' if len(v) >= 10 else ''} in all)" if len(v) > 1 else ""
+    if "from_s" in first:  # no_global_downtime
+        return (f"no commit from {first['from_s']:.2f} s to {first['to_s']:.2f} s although a quorum was reachable "
+                f"for {first.get('reachable_s', 0):.2f} s of it{more}", [first["from_s"] - 2, first["to_s"] + 2])
+    if "t_s" in first:  # recovery_max_s
+        rs = first.get("recovery_s")
+        took = "was never merged again" if rs is None else f"took {rs:.1f} s"
+        return (f"{first['unit']} restarted at {first['t_s']:.1f} s and {took}{more}",
+                [first["t_s"] - 2, first["t_s"] + (rs or 10) + 2])
+    text = ", ".join(f"{k}={_short(x)}" for k, x in first.items() if k != "t") + more
+    if isinstance(first.get("t"), (int, float)) and t_start is not None:
+        t = first["t"] - t_start
+        return f"at {t:.2f} s: {text}", [t - 3, t + 3]
+    return text, None
 
 
 def _fault_rows(tl) -> list[dict]:
@@ -118,16 +126,20 @@ def key_figures(run: Run) -> list[dict]:
         ("final loss", fmt(s.get("final_loss"), "float"),
          f"parity {fmt(s.get('loss_parity'), 'parity')}" if s.get("loss_parity") is not None
          else (ref and f"ref {fmt(ref.get('final_loss'), 'float')}"), "loss"),
-        ("slowest recovery", fmt(s.get("recovery_max_s"), "s"), f"{len(s.get('recovery') or [])} restarts of learners",
+        ("slowest recovery", fmt(s.get("recovery_max_s"), "s"), _plural(len(s.get("recovery") or []), "learner restart"),
          "recovery"),
         ("bytes / token", fmt(s.get("bytes_per_token"), "int"),
          bpt_ratio and f"dp sends {bpt_ratio:,.1f}× more", "bandwidth"),
         ("max staleness", fmt(s.get("staleness_max"), "int"), f"mean {fmt(s.get('staleness_mean'), 'float')}",
          "staleness"),
         ("faults", str(len(tlmod.faults_of(run.log, 0.0))) if run.log else "–",
-         f"{s.get('restarts', 0)} restarts in all", "timeline"),
+         _plural(s.get("restarts") or 0, "restart") + ", shards included", "timeline"),
     ]
     return [{"label": a, "value": b, "sub": c or "", "section": d} for a, b, c, d in figs]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def facts(run: Run) -> list[tuple[str, str]]:
@@ -257,8 +269,8 @@ def context(run: Run, test: dict | None = None) -> dict:
     if bpt:
         specs["bpt"] = charts.bars(bpt, "bytes_per_token", "bytes sent and received per trained token")
 
-    rows = check_rows(s.get("checks") or [])
-    dp_rows = check_rows(run.dp.summary.get("checks") or []) if run.dp is not None else []
+    rows = check_rows(s.get("checks") or [], s.get("t_start"))
+    dp_rows = check_rows(run.dp.summary.get("checks") or [], None) if run.dp is not None else []
     return {
         "title": f"{run.name} — diloco-chaos report",
         "name": run.name, "status": STATUS.get(s.get("valid")), "checks": rows, "dp_checks": dp_rows,
@@ -272,9 +284,26 @@ def context(run: Run, test: dict | None = None) -> dict:
                    "up": fmt(l["up_bytes"], "bytes"), "down": fmt(l["down_bytes"], "bytes"),
                    "mean": fmt(l["mean_Bps"], "bytes") + "/s", "peak": fmt(l["peak_Bps"], "bytes") + "/s"}
                   for l in s.get("links") or []],
-        "bucket_s": bucket, "summary": s, "test": test,
+        "bucket_s": bucket, "n": numbers(s), "test": test, "run_dir": str(run.run_dir),
         "companions": _companions(run), "crashes": run.header.get("crashes") or [],
         "dropped": s.get("dropped") or {},
+    }
+
+
+def numbers(s: dict) -> dict:
+    """The summary's figures as the prose of the page quotes them ('–' when absent)."""
+    g = s.get
+    return {
+        "goodput": fmt(g("goodput"), "pct"), "uptime": fmt(g("uptime"), "pct"), "allocated": fmt(g("allocated_s"), "s"),
+        "learners": fmt(g("learners"), "int"), "duration": fmt(g("duration_s"), "s"),
+        "gap_bound": fmt(g("commit_gap_bound_s"), "stall"), "final_loss": fmt(g("final_loss"), "float"),
+        "final_loss_from": {"global": "the global model", "learners": "mean of the learners' own models"}.get(
+            g("final_loss_from"), "no eval"),
+        "reference_loss": fmt(g("reference_loss"), "float"), "parity": fmt(g("loss_parity"), "parity"),
+        "floor": fmt(g("loss_floor"), "float"), "floor_gap": fmt(g("floor_gap"), "float"),
+        "staleness_mean": fmt(g("staleness_mean"), "float"), "staleness_max": fmt(g("staleness_max"), "int"),
+        "merges": fmt(g("merges"), "int"), "bytes_total": fmt(g("bytes_total"), "bytes"),
+        "peak": fmt(g("peak_Bps"), "bytes"), "rate_window": "1 s",
     }
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -136,17 +137,18 @@ def _plain(line: str) -> str:
 
 
 def falsifying_example(text: str) -> str:
-    """Hypothesis's 'Falsifying example: test(...)' block from a failure's text, or ''."""
+    """Hypothesis's 'Falsifying example: test(...)' block from a failure's text (newer
+    Hypothesis writes 'Failing test case: test(...)'), or ''."""
     lines = [_plain(l) for l in text.splitlines()]
     for i, line in enumerate(lines):
-        if line.lstrip().startswith("Falsifying example"):
+        if line.lstrip().startswith(("Falsifying example", "Failing test case")):
             out, depth = [], 0
             for l in lines[i:]:  # up to the line that closes the call's brackets
                 out.append(l)
                 depth += sum(l.count(c) for c in "([{") - sum(l.count(c) for c in ")]}")
                 if depth <= 0:
                     break
-            return "\n".join(out)
+            return textwrap.dedent("\n".join(out))
     return ""
 
 

@@ -76,24 +76,23 @@ def _kbps_Bps(kbps) -> float | None:
 
 
 def link_limits(log: EventLog, links: list[str], faults: list[dict], lo: float, hi: float) -> list[dict]:
-    """Each link's configured limit (bytes/s, one direction) as a step function: the
-    scenario's base `wan.bandwidth_kbps`, a `wan` fault's bandwidth while it lasts, 0
-    while partitioned. `Bps` None where the link is unlimited. `faults` from
-    timeline.faults_of (absolute times)."""
+    """Each link's configured limit (bytes/s, one direction) as flat pieces {link, seg, t, limit_Bps},
+    two rows per piece: the scenario's base `wan.bandwidth_kbps`, a `wan` fault's bandwidth
+    while it lasts (the latest started wins), 0 while partitioned. Unlimited stretches have
+    no rows. `faults` from timeline.faults_of (absolute times)."""
     t0, _ = metrics.window(log)
     base = _kbps_Bps(((log.header.get("scenario") or {}).get("wan") or {}).get("bandwidth_kbps"))
     rows = []
     for link in links:
         learner, _, shard = link.partition("~")
-        mine = [f for f in faults if f["kind"] in ("wan", "partition")
-                and link_hit(f["target"], learner, shard)]
-        cuts = sorted({lo, hi} | {min(max(f["a"] - t0, lo), hi) for f in mine}
-                      | {min(max(f["b"] - t0, lo), hi) for f in mine})
-        for a in cuts:
+        mine = [f for f in faults if f["kind"] in ("wan", "partition") and link_hit(f["target"], learner, shard)]
+        cuts = sorted({lo, hi} | {min(max(f[k] - t0, lo), hi) for f in mine for k in ("a", "b")})
+        for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
             limit = base
-            for f in mine:  # the latest-started fault active at a wins
+            for f in mine:
                 if f["a"] - t0 <= a < f["b"] - t0:
                     bw = f["params"].get("bandwidth_kbps")
                     limit = 0.0 if f["kind"] == "partition" else (limit if bw is None else _kbps_Bps(bw))
-            rows.append({"link": link, "t": round(a, 3), "limit_Bps": limit})
+            if limit is not None and b > a:
+                rows += [{"link": link, "seg": i, "t": round(x, 3), "limit_Bps": limit} for x in (a, b)]
     return rows

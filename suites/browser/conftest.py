@@ -1,0 +1,74 @@
+"""A real headless Chromium for the report tests: Debian's `chromium` (scripts/install-browser.sh)
+driven by Playwright for Python through `executable_path`, so Playwright never downloads
+a browser of its own. Tests skip, saying why, only when no Chromium is on PATH."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome-stable", "google-chrome")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def find_browser() -> str | None:
+    return next((p for p in map(shutil.which, BROWSERS) if p), None)
+
+
+@pytest.fixture(scope="session")
+def browser_context(tmp_path_factory):
+    """A persistent context on a fresh user-data dir; closed (browser reaped) at the end."""
+    exe = find_browser()
+    if exe is None:
+        pytest.skip(f"no Chromium on PATH (looked for {', '.join(BROWSERS)}); "
+                    "install one with scripts/install-browser.sh")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=exe, args=ARGS, headless=True,
+            viewport={"width": 1200, "height": 900}, service_workers="block")
+        try:
+            yield ctx
+        finally:
+            ctx.close()
+
+
+class Visit:
+    """A page opened on a local file, with every console message, page error and request it made."""
+
+    def __init__(self, ctx, path: Path):
+        self.url = path.resolve().as_uri()
+        self.console: list[tuple[str, str]] = []
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page = ctx.new_page()
+        self.page.on("console", lambda m: self.console.append((m.type, m.text)))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.goto(self.url)
+        self.page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+
+    def foreign_requests(self) -> list[str]:
+        """Requests for anything but the page's own file (data: and blob: stay in the page)."""
+        return [u for u in self.requests if u != self.url and not u.startswith(("data:", "blob:"))]
+
+    def complaints(self) -> list[tuple[str, str]]:
+        return [(t, m) for t, m in self.console if t in ("error", "warning", "assert")] + \
+               [("pageerror", e) for e in self.errors]
+
+
+@pytest.fixture
+def visit(browser_context):
+    opened: list[Visit] = []
+
+    def open_(path: Path) -> Visit:
+        v = Visit(browser_context, path)
+        opened.append(v)
+        return v
+
+    yield open_
+    for v in opened:
+        v.page.close()

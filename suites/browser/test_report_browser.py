@@ -1,0 +1,114 @@
+"""The run page and the suite index in a real headless Chromium: no console error or
+warning, no request beyond the page's own file, every section present and drawn, one
+timeline lane per unit, the brush zooming every time chart. Screenshots go to
+runs/screenshots/ for people to look at; how long the page took to draw is printed
+(`diloco-chaos bench report` records it; it is not asserted here)."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from reports import page as pagemod
+from reports import render_index, render_run
+
+FIXTURE = Path(__file__).resolve().parents[1] / "unit" / "data" / "report_run"
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "runs" / "screenshots"
+
+
+@pytest.fixture(scope="module")
+def run_page(tmp_path_factory) -> Path:
+    """The fixture run with a data-parallel companion and a fault-free reference beside it."""
+    root = tmp_path_factory.mktemp("browser")
+    run = root / "unit-faults"
+    shutil.copytree(FIXTURE, run)
+    shutil.copytree(FIXTURE, run / "dp")
+    shutil.copytree(FIXTURE, root / "_reference" / "unit-faults")
+    s = json.loads((run / "summary.json").read_text())
+    s["dp"], s["reference_dir"] = json.loads((run / "dp" / "summary.json").read_text()), str(root / "_reference" / "unit-faults")
+    (run / "summary.json").write_text(json.dumps(s))
+    render_run(run / "dp")
+    return render_run(run)
+
+
+def expected_lanes(run_dir: Path) -> list[str]:
+    header = json.loads((run_dir / "events.jsonl").open().readline())
+    topo = header["topology"]
+    learners, shards = topo["learners"], sorted(topo["shards"])
+    slices = [f"{n} slices" for n in learners] if header["scenario"]["cluster"]["slices"] > 1 else []
+    links = [f"{n}~{s}" for n in learners for s in sorted(topo["links"][n])]
+    return ["global model", *learners, *slices, *shards, *links]
+
+
+def axis_labels(v, chart: str, axis: str) -> list[str]:
+    return v.page.evaluate(
+        """([chart, axis]) => Array.from(document.querySelectorAll(
+             `#chart-${chart} svg g.role-axis[aria-label^="${axis}-axis"] g.role-axis-label text`)).map(t => t.textContent)""",
+        [chart, axis])
+
+
+def axis_aria(v, chart: str) -> list[str]:
+    return v.page.evaluate("""chart => Array.from(document.querySelectorAll(
+        `#chart-${chart} svg g.role-axis[aria-label^="X-axis"]`)).map(g => g.getAttribute('aria-label'))""", chart)
+
+
+def test_run_page_renders_offline_with_every_section(visit, run_page):
+    t0 = time.perf_counter()
+    v = visit(run_page)
+    drawn_s = time.perf_counter() - t0
+    assert v.complaints() == []
+    assert v.foreign_requests() == []
+    for sid, _ in pagemod.SECTIONS:
+        text = v.page.inner_text(f"#{sid}").strip()
+        assert text, f"section {sid} is empty"
+    charts = v.page.eval_on_selector_all(".chart", """els => els.map(e => {
+        const svg = e.querySelector('svg'); const r = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
+        return [e.id, e.dataset.rendered || '', r.width, r.height]; })""")
+    assert {c[0] for c in charts} == {f"chart-{k}" for k in
+                                      ("timeline", "loss", "badput", "learner_goodput", "recovery", "staleness", "links", "bpt")}
+    for cid, rendered, w, h in charts:
+        assert rendered == "1" and w > 100 and h > 30, cid
+    assert axis_labels(v, "timeline", "Y") == expected_lanes(run_page.parent)
+    lines = v.page.eval_on_selector_all("#chart-links g.mark-line path", "ps => ps.map(p => p.getAttribute('d') || '')")
+    assert sum(len(d) > 50 and "NaN" not in d for d in lines) >= 2 * 2, "up and down drawn for both links"
+    assert v.page.eval_on_selector_all("svg path", "ps => ps.filter(p => (p.getAttribute('d') || '').includes('NaN')).length") == 0
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    v.page.screenshot(path=str(SCREENSHOTS / "report-unit-faults.png"), full_page=True)
+    print(f"report page drawn in {drawn_s:.2f} s; screenshot {SCREENSHOTS / 'report-unit-faults.png'}")
+
+
+def test_brushing_the_overview_zooms_every_time_chart(visit, run_page):
+    v = visit(run_page)
+    before = axis_aria(v, "loss") + axis_aria(v, "links")
+    v.page.locator("#timeline").scroll_into_view_if_needed()
+    box = v.page.locator("#chart-timeline svg").first.bounding_box()
+    plot_x = v.page.evaluate("""() => {
+        const g = document.querySelector('#chart-timeline svg g.role-axis[aria-label^="X-axis"]');
+        const r = g.getBoundingClientRect(); return [r.left, r.right]; }""")
+    y = box["y"] + 30  # the overview strip, under its title
+    a, b = plot_x[0] + 0.25 * (plot_x[1] - plot_x[0]), plot_x[0] + 0.5 * (plot_x[1] - plot_x[0])
+    v.page.mouse.move(a, y)
+    v.page.mouse.down()
+    v.page.mouse.move(b, y, steps=6)
+    v.page.mouse.up()
+    v.page.wait_for_function("document.getElementById('zoom-label').textContent !== 'whole run'")
+    after = axis_aria(v, "loss") + axis_aria(v, "links")
+    assert len(after) == len(before) and all(x != y for x, y in zip(before, after))
+    v.page.click("[data-reset-zoom]")
+    v.page.wait_for_function("document.getElementById('zoom-label').textContent === 'whole run'")
+    assert v.complaints() == []
+
+
+def test_index_page_links_each_run(visit, run_page, tmp_path):
+    index = render_index([run_page, run_page.parent / "dp" / "report.html"], tmp_path / "suite")
+    v = visit(index)
+    assert v.complaints() == [] and v.foreign_requests() == []
+    assert v.page.locator("tr[data-bad]").count() == 2
+    v.page.click("tr[data-bad] a >> nth=0")
+    v.page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    assert v.page.url == run_page.resolve().as_uri()
+    v.page.goto(index.resolve().as_uri())
+    v.page.screenshot(path=str(SCREENSHOTS / "report-index.png"), full_page=True)

@@ -1,0 +1,244 @@
+"""The HTML report's data and page, from a real run with every unit fault kind
+(suites/unit/data/report_run: 2 learners × 2 slices, 1 syncer shard, trimmed of the
+shard's own send/recv lines). Its faults, in seconds from training start:
+kill_slice learner-0 6–10, pause_unit learner-1 6–9, slow_unit learner-0 13–18,
+kill_unit learner-1 13 (down 4 s), wan link:learner-0 20–25 at 400 kbps.
+Browser checks of the same page: suites/browser/."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness import eventlog, report_cmd
+from harness.errors import UserError
+from reports import page, render_index, render_run, series, timeline
+from reports.runs import load
+
+FIXTURE = Path(__file__).parent / "data" / "report_run"
+LANES = ["global model", "learner-0", "learner-1", "learner-0 slices", "learner-1 slices", "syncer-0",
+         "learner-0~syncer-0", "learner-1~syncer-0"]
+
+
+@pytest.fixture
+def run(tmp_path) -> Path:
+    d = tmp_path / "unit-faults"
+    shutil.copytree(FIXTURE, d)
+    return d
+
+
+def _summary(d: Path) -> dict:
+    return json.loads((d / "summary.json").read_text())
+
+
+def _spans(tl, lane: str, state: str) -> list[tuple[float, float]]:
+    return [(g["t0"], g["t1"]) for g in tl.segments if g["lane"] == lane and g["state"] == state]
+
+
+# --- timeline ----------------------------------------------------------------------------------
+
+
+def test_paint_later_layers_cover_earlier_ones():
+    got = timeline._paint([("up", [(0, 10)], ""), ("down", [(3, 5)], "killed"), ("paused", [(4, 6)], "")])
+    assert got == [("up", 0, 3, ""), ("down", 3, 4, "killed"), ("paused", 4, 6, ""), ("up", 6, 10, "")]
+
+
+def test_timeline_one_lane_per_unit_with_each_fault_as_a_state():
+    tl = timeline.build(eventlog.read(FIXTURE), _summary(FIXTURE))
+    assert tl.lane_names() == LANES
+    approx = pytest.approx
+    (a, b), = _spans(tl, "learner-1", "paused")
+    assert (a, b) == (approx(6.0, abs=0.2), approx(9.0, abs=0.2))
+    (a, b), = _spans(tl, "learner-1", "down")  # killed at 13 s, respawned 4 s later
+    assert (a, b) == (approx(13.0, abs=0.2), approx(17.0, abs=0.2))
+    (a, b), = _spans(tl, "learner-0", "slow")
+    assert (a, b) == (approx(13.0, abs=0.2), approx(18.0, abs=0.2))
+    (a, b), = _spans(tl, "learner-0 slices", "slice lost")
+    assert (a, b) == (approx(6.0, abs=0.2), approx(10.0, abs=0.2))
+    (a, b), = _spans(tl, "learner-0~syncer-0", "throttled")
+    assert (a, b) == (approx(20.0, abs=0.2), approx(25.0, abs=0.2))
+    assert _spans(tl, "learner-1~syncer-0", "throttled") == []  # the wan fault was on learner-0's link only
+    # recovering: from the new incarnation's first step to restart + recovery_s (the metrics' figure)
+    rec, = _summary(FIXTURE)["recovery"]
+    (a, b), = _spans(tl, "learner-1", "recovering")
+    assert b == approx(rec["t_s"] + rec["recovery_s"], abs=1e-3)
+    for lane in LANES:  # segments of a lane never overlap
+        segs = sorted((g["t0"], g["t1"]) for g in tl.segments if g["lane"] == lane)
+        assert segs, lane
+        assert all(x[1] <= y[0] + 1e-9 for x, y in zip(segs, segs[1:])), lane
+    assert len(tl.faults) == 5 and {f["kind"] for f in tl.faults} == {
+        "kill_slice", "pause_unit", "slow_unit", "kill_unit", "wan"}
+    assert len(tl.ticks) == _summary(FIXTURE)["commits"]
+
+
+def test_a_fault_that_never_ended_lasts_to_the_end():
+    log = eventlog.read(FIXTURE)
+    cut = eventlog.EventLog(log.header, [e for e in log.events if not (e["kind"] == "fault_end" and e["id"] == 4)])
+    wan, = [f for f in timeline.faults_of(cut, 123.0) if f["kind"] == "wan"]
+    assert wan["open"] and wan["b"] == 123.0
+
+
+# --- series ------------------------------------------------------------------------------------
+
+
+def test_link_limit_is_the_wan_faults_bandwidth_while_it_lasts():
+    log = eventlog.read(FIXTURE)
+    t0 = log.header["t_start"]
+    faults = timeline.faults_of(log, t0 + 40)
+    rows = series.link_limits(log, ["learner-0~syncer-0", "learner-1~syncer-0"], faults, 0.0, 40.0)
+    mine = [(r["t"], r["limit_Bps"]) for r in rows if r["link"] == "learner-0~syncer-0"]
+    # no base profile: unlimited (no rows) but while the wan fault lasts: 400 kbps = 50,000 bytes/s each way
+    (a, la), (b, lb) = mine
+    assert la == lb == 50_000.0
+    assert (a, b) == (pytest.approx(20.0, abs=0.2), pytest.approx(25.0, abs=0.2))
+    assert [r for r in rows if r["link"] == "learner-1~syncer-0"] == []
+
+
+def test_link_rates_add_up_to_the_bytes_in_the_log():
+    log = eventlog.read(FIXTURE)
+    rows, w = series.link_rates(log, -5.0, 40.0)
+    assert w == 1.0
+    for link in ("learner-0~syncer-0", "learner-1~syncer-0"):
+        learner = link.split("~")[0]
+        for d, kind in (("up", "send"), ("down", "recv")):
+            logged = sum(e["bytes"] for e in log.of(kind, src=learner) if e.get("bytes") and e.get("peer"))
+            drawn = sum(r["Bps"] * w for r in rows if r["link"] == link and r["dir"] == d)
+            assert drawn == pytest.approx(logged)
+
+
+@pytest.mark.parametrize("duration,bucket", [(30, 1.0), (240, 1.0), (241, 2.0), (1000, 5.0), (86_400, 600.0)])
+def test_bucket_keeps_a_long_run_light(duration, bucket):
+    assert series.bucket_s(duration) == bucket
+
+
+# --- page values -------------------------------------------------------------------------------
+
+
+def test_check_rows_pass_results_through_failures_first():
+    rows = page.check_rows([
+        {"name": "no_nan", "valid": True, "value": 0, "bound": 0, "details": {"violations": []}},
+        {"name": "loss_parity_max", "valid": None, "value": None, "bound": 0.05, "details": {}},
+        {"name": "goodput_min", "valid": False, "value": 0.6567, "bound": 0.7, "details": {}},
+        {"name": "recovery_max_s", "valid": True, "value": 4.67, "bound": 20.0, "details": {}},
+    ])
+    assert [r["name"] for r in rows] == ["goodput_min", "loss_parity_max", "no_nan", "recovery_max_s"]
+    g, lp, nan, rec = rows
+    assert (g["status"], g["value"], g["rel"], g["bound"]) == ("fail", "65.7%", "≥", "70.0%")
+    assert (lp["status"], lp["value"], lp["bound"]) == ("unknown", "–", "+5.00%")
+    assert "reference" in lp["why"]
+    assert (nan["value"], nan["bound"]) == ("0 violations", "0")
+    assert (rec["value"], rec["rel"], rec["bound"]) == ("4.7 s", "≤", "20.0 s")
+
+
+# --- the page ----------------------------------------------------------------------------------
+
+
+def _specs(html: str) -> dict:
+    m = re.search(r'<script type="application/json" id="specs">(.*?)</script>', html, re.S)
+    return json.loads(m.group(1))
+
+
+def test_page_is_self_contained_with_every_section(run):
+    out = render_run(run)
+    assert out == run / "report.html"
+    html = out.read_text()
+    assert out.stat().st_size < 5_000_000
+    assert "Content-Security-Policy" in html and "connect-src 'none'" in html
+    markup = re.sub(r"<script[^>]*>.*?</script>", "<script></script>", html, flags=re.S)
+    assert not re.search(r"""<(script|link|img|iframe|object|embed)[^>]+(src|href|data)\s*=""", markup)
+    for sid, _ in page.SECTIONS:
+        assert f'<section id="{sid}">' in html
+    assert "DID NOT HOLD" in html  # the stored summary: no_global_downtime failed
+    assert re.search(r'<tr class="fail" data-check="no_global_downtime">', html)
+    for c in _summary(run)["checks"]:
+        assert f'data-check="{c["name"]}"' in html
+    assert eventlog.read(run).header["replay"] in html
+    specs = _specs(html)
+    assert set(specs) == {"timeline", "loss", "badput", "learner_goodput", "recovery", "staleness", "links", "bpt"}
+    assert {s["lane"] for s in specs["timeline"]["datasets"]["segments"]} == set(LANES)
+    for name, spec in specs.items():
+        assert all(spec["datasets"].values()), f"{name}: an empty dataset"
+
+
+def test_banner_follows_the_check_results(run):
+    s = _summary(run)
+    for c in s["checks"]:
+        c["valid"] = True
+    s["valid"] = True
+    (run / "summary.json").write_text(json.dumps(s))
+    assert ">HELD<" in render_run(run).read_text()
+    s["checks"][0]["valid"], s["valid"] = None, None
+    (run / "summary.json").write_text(json.dumps(s))
+    assert ">UNDECIDED<" in render_run(run).read_text()
+
+
+def test_without_summary_the_checks_are_run_for_the_page(run):
+    stored = _summary(run)
+    (run / "summary.json").unlink()
+    r = load(run)
+    assert r.recomputed
+    assert [(c["name"], c["valid"]) for c in r.summary["checks"]] == [(c["name"], c["valid"]) for c in stored["checks"]]
+    assert "run by this report" in render_run(run).read_text()
+
+
+def test_dp_and_reference_runs_are_overlaid(run, tmp_path):
+    shutil.copytree(FIXTURE, run / "dp")
+    ref = tmp_path / "_reference" / "unit-faults-ref"
+    shutil.copytree(FIXTURE, ref)
+    s = _summary(run)
+    s["dp"] = {**_summary(run / "dp"), "bytes_per_token": 2 * s["bytes_per_token"]}
+    (run / "dp" / "summary.json").write_text(json.dumps(s["dp"]))
+    s["reference_dir"] = str(ref)
+    (run / "summary.json").write_text(json.dumps(s))
+    render_run(run / "dp")
+    html = render_run(run).read_text()
+    specs = _specs(html)
+    assert {m["who"] for m in specs["loss"]["datasets"]["means"]} == {"run", "reference", "dp"}
+    assert {b["who"] for b in specs["badput"]["datasets"]["badput"]} == {"run", "reference", "dp"}
+    assert [b["who"] for b in specs["bpt"]["datasets"]["b"]] == ["run", "reference", "dp"]
+    assert "dp sends 2.0× more" in html
+    assert 'href="dp/report.html"' in html
+
+
+def test_index_links_every_run(run, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(FIXTURE, other)
+    pages = [render_run(run), render_run(other)]
+    out = render_index(pages, tmp_path / "index")
+    html = out.read_text()
+    hrefs = re.findall(r'<a href="([^"]+)">', html)
+    assert len(hrefs) == 2 and all((out.parent / h).resolve() in [p.resolve() for p in pages] for h in hrefs)
+    assert html.count('<span class="chip fail">') == 2 and "65.7%" in html
+
+
+def test_report_command_renders_a_stored_run(run, tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    report_cmd.register(parser.add_subparsers(), "re-render")
+    args = parser.parse_args(["report", str(run), "--out", str(tmp_path / "x.html")])
+    assert args.func(args) == 0
+    assert (tmp_path / "x.html").exists() and f"report: {tmp_path / 'x.html'}" in capsys.readouterr().out
+    args = parser.parse_args(["report", str(tmp_path / "nowhere")])
+    with pytest.raises(UserError, match="no events.jsonl"):
+        args.func(args)
+
+
+def test_a_run_cut_short_before_any_round_still_renders(tmp_path):
+    """An interrupted run: one learner stepped twice, nothing merged, no summary.json."""
+    header = {"kind": "config", "seed": 3, "interrupted": True, "t_start": 100.0, "t_end": 103.0,
+              "config": {"diloco": {"mode": "decoupled", "learners": 1, "fragments": 1}, "model": {"n_layers": 1}},
+              "topology": {"learners": ["learner-0"], "shards": {"syncer-0": [0]}}}
+    events = [{"t": 99.0, "src": "learner-0", "kind": "unit_up", "incarnation": 0, "step": 0},
+              {"t": 100.5, "src": "learner-0", "kind": "step", "step": 1, "tokens": 64, "loss": 5.5, "dt": 0.5},
+              {"t": 101.0, "src": "learner-0", "kind": "step", "step": 2, "tokens": 64, "loss": 5.4, "dt": 0.5}]
+    d = tmp_path / "cut"
+    d.mkdir()
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [header, *events]))
+    html = render_run(d).read_text()
+    for sid, _ in page.SECTIONS:
+        assert f'<section id="{sid}">' in html
+    assert "the run was cut short" in html and "no learner restarted" in html
+    assert "no merge in this run" in html  # staleness: nothing to show, and it says so
