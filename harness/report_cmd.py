@@ -14,6 +14,8 @@ def register(sub, help_: str) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="where to write the page (one RUN_DIR only; default RUN_DIR/report.html)")
     p.add_argument("--index", type=Path, default=None, metavar="DIR", help="also write DIR/index.html over the runs")
+    p.add_argument("--screenshot", type=Path, default=None, metavar="PNG",
+                   help="also save a full-page screenshot (one RUN_DIR; needs Chromium: scripts/install-browser.sh)")
     p.set_defaults(func=main)
 
 
@@ -21,8 +23,8 @@ def main(args) -> int:
     from harness.eventlog import EventLogError
     from reports import IndexEntry, render_index, render_run
 
-    if args.out is not None and len(args.run_dirs) > 1:
-        raise UserError("--out names one page: give one RUN_DIR with it (or none and each run gets RUN_DIR/report.html)")
+    if (args.out is not None or args.screenshot is not None) and len(args.run_dirs) > 1:
+        raise UserError("--out and --screenshot name one page: give one RUN_DIR with them")
     entries = []
     for d in args.run_dirs:
         if not (d / "events.jsonl").exists():
@@ -34,6 +36,13 @@ def main(args) -> int:
             raise UserError(str(e)) from None
         print(f"report: {page}")
         entries.append(IndexEntry(page, d))
+        if args.screenshot is not None:
+            from reports import browser
+
+            try:
+                print(f"screenshot: {browser.screenshot(page, args.screenshot)}")
+            except RuntimeError as e:
+                raise UserError(str(e)) from None
     if args.index is not None:
         print(f"index: {render_index(entries, args.index)}")
     return 0

@@ -214,15 +214,12 @@ def recovery_rows(run: Run) -> list[dict]:
             for r in s.get("recovery") or []]
 
 
-def context(run: Run, test: dict | None = None) -> dict:
-    """The template's variables for one run page."""
-    s = run.summary
-    log = run.log
-    tl = tlmod.build(log, s)
-    lanes = tl.lane_names()
+def chart_specs(run: Run, tl) -> tuple[dict[str, dict], float]:
+    """Every chart's Vega-Lite spec (absent: nothing to draw) and the link-rate bucket (s)."""
+    s, log = run.summary, run.log
     faults = _fault_rows(tl)
     lo, hi = tl.x_domain
-    specs: dict[str, dict] = {"timeline": charts.timeline(tl, lanes, faults)}
+    specs: dict[str, dict] = {"timeline": charts.timeline(tl, tl.lane_names(), faults)}
 
     pts, glob = series.loss_rows(log, "run")
     means = series.mean_by_step(pts)
@@ -268,7 +265,14 @@ def context(run: Run, test: dict | None = None) -> dict:
            if r.summary.get("bytes_per_token") is not None]
     if bpt:
         specs["bpt"] = charts.bars(bpt, "bytes_per_token", "bytes sent and received per trained token")
+    return specs, bucket
 
+
+def context(run: Run, test: dict | None = None) -> dict:
+    """The template's variables for one run page."""
+    s = run.summary
+    tl = tlmod.build(run.log, s)
+    specs, bucket = chart_specs(run, tl)
     rows = check_rows(s.get("checks") or [], s.get("t_start"))
     dp_rows = check_rows(run.dp.summary.get("checks") or [], None) if run.dp is not None else []
     return {

@@ -3,37 +3,21 @@ driven by Playwright for Python through `executable_path`, so Playwright never d
 a browser of its own. Tests skip, saying why, only when no Chromium is on PATH."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-BROWSERS = ("chromium", "chromium-browser", "google-chrome-stable", "google-chrome")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-
-def find_browser() -> str | None:
-    return next((p for p in map(shutil.which, BROWSERS) if p), None)
+from reports import browser
 
 
 @pytest.fixture(scope="session")
-def browser_context(tmp_path_factory):
+def browser_context():
     """A persistent context on a fresh user-data dir; closed (browser reaped) at the end."""
-    exe = find_browser()
-    if exe is None:
-        pytest.skip(f"no Chromium on PATH (looked for {', '.join(BROWSERS)}); "
+    if browser.find() is None:
+        pytest.skip(f"no Chromium on PATH (looked for {', '.join(browser.BROWSERS)}); "
                     "install one with scripts/install-browser.sh")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=exe, args=ARGS, headless=True,
-            viewport={"width": 1200, "height": 900}, service_workers="block")
-        try:
-            yield ctx
-        finally:
-            ctx.close()
+    with browser.chromium() as ctx:
+        yield ctx
 
 
 class Visit:
@@ -49,7 +33,7 @@ class Visit:
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.goto(self.url)
-        self.page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+        self.page.wait_for_function(browser.READY, timeout=60_000)
 
     def foreign_requests(self) -> list[str]:
         """Requests for anything but the page's own file (data: and blob: stay in the page)."""

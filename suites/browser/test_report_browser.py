@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -112,3 +114,22 @@ def test_index_page_links_each_run(visit, run_page, tmp_path):
     assert v.page.url == run_page.resolve().as_uri()
     v.page.goto(index.resolve().as_uri())
     v.page.screenshot(path=str(SCREENSHOTS / "report-index.png"), full_page=True)
+
+
+def test_report_command_saves_a_screenshot(tmp_path):
+    """`diloco-chaos report RUN_DIR --screenshot PNG`: the page re-rendered, then photographed
+    (in a process of its own: this session's Playwright already runs here)."""
+    from reports import browser
+
+    if browser.find() is None:
+        pytest.skip("no Chromium on PATH; install one with scripts/install-browser.sh")
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    cmd = ("import argparse, sys; from harness import report_cmd; p = argparse.ArgumentParser(); "
+           "report_cmd.register(p.add_subparsers(), ''); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
+    proc = subprocess.run([sys.executable, "-c", cmd, "report", str(run), "--screenshot", str(tmp_path / "shot.png")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert f"screenshot: {tmp_path / 'shot.png'}" in proc.stdout
+    png = (tmp_path / "shot.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 50_000
