@@ -98,7 +98,7 @@ def _down_reasons(log: EventLog, unit: str) -> list[tuple[float, str]]:
             and not metrics.is_process_up(e)]
 
 
-def _unit_layers(h: metrics.UnitHistory, log: EventLog, lo: float, hi: float, lag: int,
+def _unit_layers(h: metrics.UnitHistory, log: EventLog, t1: float, hi: float, lag: int,
                  recov: dict, faults: list[dict]) -> list[tuple[str, list, str]]:
     starting, up, waiting, recovering, finished = [], [], [], [], []
     first = _first_line(h, log)
@@ -129,7 +129,10 @@ def _unit_layers(h: metrics.UnitHistory, log: EventLog, lo: float, hi: float, la
     for a, b in h.dead:
         why = next((r for t, r in reasons if abs(t - a) < 1e-6), "no line from the process")
         downs.append(("down", [(a, b)], f"down ({why})"))
-    return [("starting", starting, "process start, restore, fetch: until its first step"),
+    # from the first line to the window's end, any stretch no other state covers is a
+    # (re)start that has not logged yet (e.g. respawned, then killed again before its first line)
+    base = [(first, t1)] if first is not None else []
+    return [("starting", base + starting, "process start, restore, fetch: until its first step"),
             ("up", up, ""), ("finished", finished, "its token budget is done"),
             ("waiting", waiting, "blocked on sync"),
             ("recovering", recovering, "restarted: stepping, no contribution merged yet"),
@@ -160,7 +163,7 @@ def build(log: EventLog, summary: dict) -> Timeline:
     tl.lanes.append({"lane": "global model", "group": "global", "unit": "global"})
     for name in learners:
         h = hs.get(name, metrics.UnitHistory(name))
-        add(name, "learner", name, _paint(_unit_layers(h, log, lo, hi, lag, recov, faults)))
+        add(name, "learner", name, _paint(_unit_layers(h, log, t1, hi, lag, recov, faults)))
     lost = {n: [f for f in faults if f["kind"] == "kill_slice" and f["target"] == n] for n in learners}
     if slices > 1 or any(lost.values()):
         for name in learners:
@@ -173,7 +176,7 @@ def build(log: EventLog, summary: dict) -> Timeline:
             add(f"{name} slices", "slices", name, _paint(layers))
     for s in shards:
         h = hs.get(s, metrics.UnitHistory(s))
-        add(s, "shard", s, _paint(_unit_layers(h, log, lo, hi, lag, {}, faults)))
+        add(s, "shard", s, _paint(_unit_layers(h, log, t1, hi, lag, {}, faults)))
     links = topo.get("links") or {n: {s: None for s in shards} for n in learners}
     for learner in learners:
         for shard in sorted(links.get(learner) or {}):

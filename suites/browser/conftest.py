@@ -10,9 +10,10 @@ import pytest
 from reports import browser
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser_context():
-    """A persistent context on a fresh user-data dir; closed (browser reaped) at the end."""
+    """A persistent context on a fresh user-data dir; closed (browser reaped) after the module,
+    so Playwright's event loop never outlives the browser tests."""
     if browser.find() is None:
         pytest.skip(f"no Chromium on PATH (looked for {', '.join(browser.BROWSERS)}); "
                     "install one with scripts/install-browser.sh")
