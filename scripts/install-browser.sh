@@ -8,7 +8,7 @@ set -euo pipefail
 
 for b in chromium chromium-browser google-chrome-stable google-chrome; do
   if command -v "$b" >/dev/null 2>&1; then
-    echo "install-browser: using $(command -v "$b") ($("$b" --version 2>/dev/null || echo 'version unknown'))"
+    echo "install-browser: using $(command -v "$b")"
     exit 0
   fi
 done
@@ -30,4 +30,4 @@ echo "install-browser: installing Debian's chromium and chromium-driver (once; ~
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
-echo "install-browser: $(chromium --version)"
+echo "install-browser: installed $(command -v chromium)"
