@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import altair as alt
 
-WIDTH = 980
+WIDTH = 900  # plot area; with the lane labels a chart fits the 1080 px page
 ZOOM = "xzoom"
 T_TITLE = "seconds from training start"
 
