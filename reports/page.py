@@ -43,7 +43,8 @@ def fmt(v, kind: str) -> str:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return str(v)
     return {"pct": f"{v:.1%}", "parity": f"{v:+.2%}", "s": f"{v:.1f} s", "stall": f"{v:.2f} s",
-            "int": f"{v:,.0f}", "count": f"{v:,.0f}", "float": f"{v:.4g}", "bytes": _bytes(v)}.get(kind, str(v))
+            "int": f"{v:,.0f}", "count": f"{v:,.0f}", "float": f"{v:.4g}", "loss": f"{v:.4f}",
+            "bytes": _bytes(v)}.get(kind, str(v))
 
 
 def _bytes(v: float) -> str:
@@ -123,9 +124,9 @@ def key_figures(run: Run) -> list[dict]:
     figs = [
         ("goodput", fmt(s.get("goodput"), "pct"), dp and f"dp {fmt(dp.get('goodput'), 'pct')}", "goodput"),
         ("uptime", fmt(s.get("uptime"), "pct"), dp and f"dp {fmt(dp.get('uptime'), 'pct')}", "goodput"),
-        ("final loss", fmt(s.get("final_loss"), "float"),
+        ("final loss", fmt(s.get("final_loss"), "loss"),
          f"parity {fmt(s.get('loss_parity'), 'parity')}" if s.get("loss_parity") is not None
-         else (ref and f"ref {fmt(ref.get('final_loss'), 'float')}"), "loss"),
+         else (ref and f"ref {fmt(ref.get('final_loss'), 'loss')}"), "loss"),
         ("slowest recovery", fmt(s.get("recovery_max_s"), "s"), _plural(len(s.get("recovery") or []), "learner restart"),
          "recovery"),
         ("bytes / token", fmt(s.get("bytes_per_token"), "int"),
@@ -230,7 +231,7 @@ def chart_specs(run: Run, tl) -> tuple[dict[str, dict], float]:
             glob += g2
     if pts or glob:
         far = max([r["t"] for r in means + glob] + [hi])  # a slower companion run ends later
-        specs["loss"] = charts.loss(pts, means, glob, s.get("loss_floor"), faults, (lo, far))
+        specs["loss"] = charts.loss(pts, means, glob, s.get("loss_floor"), faults, (lo, far + 0.02 * (far - lo)))
 
     bad = []
     for who, r in _who_runs(run):
@@ -300,11 +301,11 @@ def numbers(s: dict) -> dict:
     return {
         "goodput": fmt(g("goodput"), "pct"), "uptime": fmt(g("uptime"), "pct"), "allocated": fmt(g("allocated_s"), "s"),
         "learners": fmt(g("learners"), "int"), "duration": fmt(g("duration_s"), "s"),
-        "gap_bound": fmt(g("commit_gap_bound_s"), "stall"), "final_loss": fmt(g("final_loss"), "float"),
+        "gap_bound": fmt(g("commit_gap_bound_s"), "stall"), "final_loss": fmt(g("final_loss"), "loss"),
         "final_loss_from": {"global": "the global model", "learners": "mean of the learners' own models"}.get(
             g("final_loss_from"), "no eval"),
-        "reference_loss": fmt(g("reference_loss"), "float"), "parity": fmt(g("loss_parity"), "parity"),
-        "floor": fmt(g("loss_floor"), "float"), "floor_gap": fmt(g("floor_gap"), "float"),
+        "reference_loss": fmt(g("reference_loss"), "loss"), "parity": fmt(g("loss_parity"), "parity"),
+        "floor": fmt(g("loss_floor"), "loss"), "floor_gap": fmt(g("floor_gap"), "loss"),
         "staleness_mean": fmt(g("staleness_mean"), "float"), "staleness_max": fmt(g("staleness_max"), "int"),
         "merges": fmt(g("merges"), "int"), "bytes_total": fmt(g("bytes_total"), "bytes"),
         "peak": fmt(g("peak_Bps"), "bytes"), "rate_window": "1 s",
