@@ -17,6 +17,10 @@ from harness.errors import UserError
 # name -> ("module:function", one line of what it measures)
 BENCHES: dict[str, tuple[str, str]] = {
     "fleet": ("harness.fleet:bench", "seconds for the full fleet goodput table"),
+    "overhead": ("harness.benches:overhead", "learner tokens/s in the full system / bare inner loop"),
+    "bandwidth": ("harness.benches:bandwidth", "bytes per trained token, DP vs Decoupled DiLoCo (fp32, int4)"),
+    "parity": ("harness.benches:parity", "final held-out loss, Decoupled DiLoCo vs DP at equal tokens"),
+    "wan": ("harness.benches:wan", "wall-clock to equal tokens over throttled links, DP vs Decoupled DiLoCo"),
 }
 
 
