@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: setup demo test clean bench
 
-setup: $(STAMP) $(TOOLS)/toxiproxy-server
+setup: $(STAMP) $(TOOLS)/toxiproxy-server $(TOOLS)/.browser
 
 $(STAMP): pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "diloco-chaos needs Python 3.11, found " + sys.version.split()[0]'
@@ -23,6 +23,9 @@ $(STAMP): pyproject.toml requirements.lock
 
 $(TOOLS)/toxiproxy-server:
 	@bash scripts/install-toxiproxy.sh $(TOOLS)
+
+$(TOOLS)/.browser:
+	@bash scripts/install-browser.sh && mkdir -p $(TOOLS) && touch $@
 
 demo: setup
 	@$(VENV)/bin/diloco-chaos demo

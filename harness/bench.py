@@ -20,6 +20,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "overhead": ("harness.benches:overhead", "learner tokens/s in the full system / bare inner loop"),
     "bandwidth": ("harness.benches:bandwidth", "bytes per trained token, DP vs Decoupled DiLoCo (fp32, int4)"),
     "parity": ("harness.benches:parity", "final held-out loss, Decoupled DiLoCo vs DP at equal tokens"),
+    "report": ("reports.bench:report", "page weight and time to draw a run's HTML report (<= 5 MB, < 2 s)"),
     "wan": ("harness.benches:wan", "wall-clock to equal tokens over throttled links, DP vs Decoupled DiLoCo"),
 }
 

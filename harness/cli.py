@@ -19,6 +19,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("scenarios", "harness.run_cmd:register_scenarios", "list the built-in scenarios"),
     ("replay", "harness.run_cmd:register_replay", "run a stored run again: same config, seed and schedule"),
     ("demo", "harness.run_cmd:register_demo", "run the default scenario (chaos vs data-parallel), print where results are"),
+    ("report", "harness.report_cmd:register", "render a stored run's HTML report again (like Jepsen's analyze)"),
     ("fleet", "harness.fleet:register", "fleet-scale goodput simulator: Decoupled DiLoCo vs data-parallel"),
     ("bench", "harness.bench:register", "run a benchmark, writing runs/bench/NAME.json"),
     ("toxiproxy", "harness.toxiproxy_cmd:register", "start a Toxiproxy server in the foreground (for debugging)"),

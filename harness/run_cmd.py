@@ -111,7 +111,7 @@ def _reference(s, out: Path, live: bool) -> Path | None:
 
 def _execute(s, out: Path, *, compare, reference, live, label=None) -> int:
     from harness.report_text import print_summary
-    from harness.runner import run_scenario, unique_dir, with_mode
+    from harness.runner import render, run_scenario, unique_dir, with_mode
 
     ref = _reference(s, out, live) if reference == "auto" else None
     run_dir = unique_dir(out, label or s.name)
@@ -125,6 +125,9 @@ def _execute(s, out: Path, *, compare, reference, live, label=None) -> int:
         summary["dp"] = run_scenario(with_mode(s, "dp"), out, run_dir=dp_dir, live=live, reference=ref,
                                      expect=False).summary
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+        render(run_dir)  # again, now with the DP run beside it
     print_summary(summary)
     print(f"results: {run_dir}  (events.jsonl, summary.json)")
+    report = run_dir / "report.html"
+    print(f"report: {report}" if report.exists() else f"report: not written, see {run_dir / 'report_error.txt'}")
     return 0 if summary["valid"] is not False else 1

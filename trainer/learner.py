@@ -121,10 +121,14 @@ class Learner:
         for link in self.links.values():
             link.start()
         self.do("start")
-        deadline = time.monotonic() + FETCH_WAIT_S
-        while self.state.awaiting and time.monotonic() < deadline and not self.stopper.stop:
-            self.drain(timeout_s=0.05)
         dp = self.cfg.diloco.mode in ("dp", "elastic_dp")
+        deadline = time.monotonic() + FETCH_WAIT_S
+        # DiLoCo modes wait for the global fragments; dp for its links (a gradient
+        # sent before the link's `connected` event is handled would be sent twice)
+        while (self.state.awaiting or (dp and not all(link.up for link in self.links.values()))) \
+                and time.monotonic() < deadline and not self.stopper.stop:
+            self.drain(timeout_s=0.05)
+        self.drain()
         pending_loss = None
         # The harness ends the run (SIGTERM) once the job's token budget is spent,
         # whoever trained it; the step cap only bounds a learner run on its own.

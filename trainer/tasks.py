@@ -301,7 +301,7 @@ class QuadraticTask(Task):
                 for i in range(self.cfg.quad_blocks)}
 
     def init_params(self, key: jax.Array) -> dict:
-        return self.unflatten(np.asarray(jax.random.normal(key, (self.n,))))
+        return self.unflatten(jax.random.normal(key, (self.n,)))  # traceable: jit-able init
 
     def optimum(self) -> dict:
         return self.unflatten(np.linalg.solve(self.A_NxN, self.b_MxN.mean(axis=0)))
