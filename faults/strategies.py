@@ -1,0 +1,174 @@
+"""Hypothesis strategies for fault schedules, bounded by a run's shape.
+
+    @given(schedules(RunShape(learners=4, run_s=10.0), kinds=("kill_unit", "partition")))
+    def test_something(schedule): ...
+
+Every schedule drawn is valid by construction: `faults.schedule.validate(schedule,
+shape)` passes. Candidates are drawn one by one and a candidate that would clash
+with the faults kept so far (the overlap table, slices left, the load cap) is left
+out rather than rejected, so no example is ever thrown away.
+
+Shrinking goes toward fewer, shorter, later and milder faults: the list shrinks
+toward empty; a duration is drawn as a count of ticks above the minimum; a start
+as a count of ticks *before the latest start*; a kind from the mildest one; a
+speed toward 1, a bandwidth toward the highest, a latency toward the lowest, a
+partition toward one direction, a kill toward coming back. Times are on a grid of
+`tick_s` (default 0.1 s), so a shrunk schedule reads as round numbers in TOML.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from hypothesis import strategies as st
+
+from faults.model import (FailureProcess, Fault, KillSlice, KillSyncer, KillUnit, Partition, PauseUnit, Reset,
+                          SlowUnit, Truncate, Wan)
+from faults.schedule import RunShape, Schedule, validate
+
+# Mildest first: Hypothesis shrinks a sampled kind toward the front.
+KINDS = ("wan", "slow_unit", "reset", "truncate", "partition", "pause_unit", "kill_slice", "kill_unit",
+         "kill_syncer")
+UNIT_KINDS = ("slow_unit", "pause_unit", "kill_slice", "kill_unit")
+LINK_KINDS = ("wan", "reset", "truncate", "partition")
+DIRECTIONS = ("upstream", "downstream", "both")  # mildest first
+
+
+def _ticks(lo_s: float, hi_s: float, tick_s: float) -> tuple[int, int]:
+    return math.ceil(lo_s / tick_s - 1e-9), math.floor(hi_s / tick_s + 1e-9)
+
+
+def _seconds(ticks: int, tick_s: float) -> float:
+    # ticks / (1 / tick_s) keeps 0.1-grids exact in repr (37 / 10 = 3.7, 37 * 0.1 = 3.7000000000000006)
+    return ticks / round(1 / tick_s) if 1 / tick_s == round(1 / tick_s) else ticks * tick_s
+
+
+@st.composite
+def wan_settings(draw, max_latency_ms: int = 200, min_bandwidth_kbps: int = 64) -> dict:
+    """A WAN profile's keywords (`bandwidth_kbps`, `latency_ms`, `jitter_ms`), for
+    faults.model.Wan and the harness's LinkProfile alike; at least one of bandwidth
+    and latency is set. Shrinks toward 0 ms latency, no jitter, the highest bandwidth."""
+    latency = draw(st.integers(0, max_latency_ms))
+    jitter = draw(st.integers(0, latency // 2))
+    steps = 8  # bandwidth: 1 Gbit/s down to min_bandwidth_kbps over powers of two
+    top = 1_000_000
+    k = draw(st.integers(0 if latency else 1, steps))  # 0 = unlimited
+    bandwidth = None if k == 0 else max(min_bandwidth_kbps, top >> (2 * k))
+    return {"bandwidth_kbps": None if bandwidth is None else float(bandwidth),
+            "latency_ms": float(latency), "jitter_ms": float(jitter)}
+
+
+def _targets(kind: str, shape: RunShape) -> list[str]:
+    if kind == "kill_syncer":
+        return shape.syncers
+    if kind in UNIT_KINDS:
+        return shape.units
+    links = ["link:*"] + [f"link:{u}" for u in shape.units]
+    if shape.shards > 1:
+        links += [f"link:{u}~{s}" for u in shape.units for s in shape.syncers]
+    return links
+
+
+@st.composite
+def faults(draw, shape: RunShape, kinds: Sequence[str] = KINDS, *, min_at_s: float = 0.0,
+           max_at_s: float | None = None, min_duration_s: float = 0.5, max_duration_s: float = 5.0,
+           tick_s: float = 0.1, never: bool = False) -> Fault:
+    """One fault of `kinds` in `shape`, starting in [min_at_s, max_at_s] (default: the
+    run's end), lasting [min_duration_s, max_duration_s]; `never`: a kill_unit may
+    never come back. It is valid on its own (not against other faults)."""
+    usable = [k for k in KINDS if k in kinds and not (k == "kill_slice" and shape.slices < 2)]
+    if not usable:
+        raise ValueError(f"no fault kind of {list(kinds)} fits {shape}; valid: {', '.join(KINDS)}")
+    kind = draw(st.sampled_from(usable))
+    target = draw(st.sampled_from(_targets(kind, shape)))
+    lo, hi = _ticks(min_at_s, shape.run_s if max_at_s is None else max_at_s, tick_s)
+    hi = min(hi, math.ceil(shape.run_s / tick_s) - 1)  # strictly before the end
+    at = _seconds(hi - draw(st.integers(0, max(0, hi - lo))), tick_s)  # shrinks toward later
+    dlo, dhi = _ticks(min_duration_s, max_duration_s, tick_s)
+    length = _seconds(dlo + draw(st.integers(0, max(0, dhi - dlo))), tick_s)  # toward shorter
+    if kind == "kill_unit":
+        gone = never and draw(st.booleans())
+        return KillUnit(target, at, down_for_s=None if gone else length)
+    if kind == "kill_syncer":
+        return KillSyncer(target, at, down_for_s=length)
+    if kind == "pause_unit":
+        return PauseUnit(target, at, duration_s=length)
+    if kind == "slow_unit":
+        speed = (20 - draw(st.integers(1, 19))) / 20  # toward 0.95
+        return SlowUnit(target, at, duration_s=length, speed=speed)
+    if kind == "kill_slice":
+        return KillSlice(target, at, duration_s=length, slices=1 + draw(st.integers(0, shape.slices - 2)))
+    if kind == "partition":
+        return Partition(target, at, duration_s=length, direction=draw(st.sampled_from(DIRECTIONS)))
+    if kind == "reset":
+        return Reset(target, at, duration_s=length)
+    if kind == "truncate":
+        return Truncate(target, at, duration_s=length, bytes=2 ** (16 - draw(st.integers(0, 8))))  # toward 64 KiB
+    return Wan(target, at, duration_s=length, **draw(wan_settings()))
+
+
+def unit_seconds(f: Fault, shape: RunShape, until_s: float | None = None, recovery_s: float = 0.0) -> float:
+    """How much learner time `f` takes away, in learner-seconds up to `until_s` (default:
+    the run's end), each hit also losing `recovery_s` (a restart, a reconnect, the local
+    progress a fetch overwrites): a kill or pause the whole unit's, a slow one (1 − speed)
+    of it, a lost slice its share, a syncer kill or a link fault every learner it cuts
+    off; a wan fault 0 (it slows traffic, not learners)."""
+    end = shape.run_s if until_s is None else until_s
+    span = max(0.0, min(end, math.inf if f.end_s is None else f.end_s) - f.at_s)
+    span += recovery_s if span > 0 else 0.0
+    if f.kind in ("kill_unit", "pause_unit"):
+        return span
+    if f.kind == "slow_unit":
+        return span * (1 - f.speed)
+    if f.kind == "kill_slice":
+        return span * f.slices / shape.slices
+    if f.kind == "kill_syncer":
+        return span * shape.learners
+    if f.kind == "wan":
+        return 0.0
+    spec = f.target[len("link:"):]
+    return span * (shape.learners if spec == "*" else 1)
+
+
+def fault_load(fs: Sequence[Fault], shape: RunShape, until_s: float | None = None, recovery_s: float = 0.0) -> float:
+    """The share of all learner time the faults take away (see `unit_seconds`), in [0, ...)."""
+    end = shape.run_s if until_s is None else until_s
+    return sum(unit_seconds(f, shape, end, recovery_s) for f in fs) / (shape.learners * end)
+
+
+def _fits(f: Fault, kept: list[Fault], shape: RunShape) -> bool:
+    try:
+        validate([*kept, f], shape)
+    except ValueError:
+        return False
+    return True
+
+
+@st.composite
+def schedules(draw, shape: RunShape, kinds: Sequence[str] = KINDS, *, max_faults: int = 4,
+              max_load: float | None = None, **fault_kw) -> Schedule:
+    """A valid schedule of up to `max_faults` faults (see `faults` for the keywords);
+    `max_load` caps `fault_load` (a fault that would pass it is left out)."""
+    kept: list[Fault] = []
+    for f in draw(st.lists(faults(shape, kinds, **fault_kw), max_size=max_faults)):
+        if _fits(f, kept, shape) and (max_load is None or fault_load([*kept, f], shape) <= max_load):
+            kept.append(f)
+    return Schedule(tuple(kept))
+
+
+@st.composite
+def failure_processes(draw, shape: RunShape, *, min_mtbi_s: float = 60.0, max_mtbi_s: float = 3600.0,
+                      max_repair_s: float = 10.0, mixes: Sequence[str] = ("llama3",)) -> FailureProcess:
+    """A seeded failure process for `shape` (its draw is valid: FailureProcess.draw drops
+    clashes). Shrinks toward the longest mtbi (fewest interruptions), the shortest repair,
+    seed 0 and a start at the run's end."""
+    mtbi = max_mtbi_s / 2 ** draw(st.integers(0, max(0, int(math.log2(max_mtbi_s / min_mtbi_s)))))
+    repair = 0.5 + draw(st.integers(0, max(0, int((max_repair_s - 0.5) * 2)))) / 2
+    mix = draw(st.sampled_from(list(mixes) + ["kinds"]))
+    if mix == "kinds":
+        kinds = draw(st.lists(st.sampled_from(["kill_unit", "pause_unit", "slow_unit", "partition", "reset"]),
+                              min_size=1, max_size=3, unique=True))
+        mix = tuple((k, 1.0) for k in kinds)
+    start = math.floor(shape.run_s) - draw(st.integers(0, max(0, math.floor(shape.run_s) - 1)))
+    return FailureProcess(mtbi_s=mtbi, chips_per_unit=draw(st.integers(1, 8)), repair_s=repair, mix=mix,
+                          seed=draw(st.integers(0, 2**16)), start_s=float(start))

@@ -1,0 +1,199 @@
+"""The sim tier: a scenario run as a deterministic discrete-event simulation.
+
+    result = run_sim(load_scenario("unit-loss"), Path("runs"))       # like run_scenario
+    run = simulate(scenario, bugs={"merge_twice"})                   # in memory, for properties
+    run.log()                                                         # an EventLog for metrics/checks
+
+The same LearnerCore / SyncerCore, the same JAX inner steps (trainer/inner.py) and
+outer steps (trainer/wiring.py), the same fault dataclasses walked by the cluster
+tier's own Injector, on a virtual clock (harness/sim_world.py), over simulated
+Toxiproxy links (harness/sim_net.py). It writes the cluster tier's event-log format
+(`tier: "sim"`, times in virtual seconds from t_launch = 0) and the same seed gives
+the same log, byte for byte. What is modelled and what is not: docs/SIMULATOR.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+
+from harness import eventlog
+from harness.cluster import make_topology
+from harness.runner import END_GRACE_S, MAX_STEPS_FACTOR, STARTUP_TIMEOUT_S, RunResult, summarize, unique_dir
+from harness.scenario import Scenario, scenario_from_dict, scenario_to_toml
+from harness.sim_world import SimInjector, SimParams, World
+from trainer.config import RunConfig
+from trainer.events import _plain
+from trainer.inner import make_inner
+from trainer.tasks import task_for_run
+from trainer.wiring import fragmenter_for, learner_math, syncer_math
+
+__all__ = ["SimParams", "SimRun", "launch", "simulate", "finish", "run_sim", "replay_sim", "model_for"]
+
+
+@dataclass(frozen=True, eq=False)
+class Model:
+    """Everything numeric a run needs, built once per config (jit caches included)."""
+
+    task: object
+    inner: object  # an InnerLoop on one device: the sim cuts the batch to the live slices itself
+    frag: object
+    lmath: object
+    smath: object
+    params0: dict
+    eval_batches: list
+    slices: int
+
+    def evaluate(self, params) -> float:
+        return self.inner.evaluate(params, self.eval_batches)
+
+
+@functools.lru_cache(maxsize=8)
+def _model(cfg: RunConfig) -> Model:
+    task = task_for_run(cfg)
+    one = dataclasses.replace(cfg, diloco=dataclasses.replace(cfg.diloco, slices=1))
+    params0 = task.init_params(jax.random.PRNGKey(cfg.seed))  # Θ0, as the processes make it
+    frag = fragmenter_for(cfg, params0)
+    return Model(task, make_inner(one, task.loss_fn), frag, learner_math(cfg, frag), syncer_math(cfg, frag),
+                 params0, task.eval_batches(), cfg.diloco.slices)
+
+
+def model_for(cfg: RunConfig) -> Model:
+    """Cached by the config (its name aside): Hypothesis examples of one shape compile once."""
+    return _model(dataclasses.replace(cfg, name="sim"))
+
+
+@dataclass
+class SimRun:
+    scenario: Scenario
+    header: dict
+    events: list
+    world: World
+
+    def text(self) -> str:
+        """events.jsonl, as the cluster tier's merge writes it."""
+        lines = [json.dumps({"kind": "config", **self.header}, separators=(",", ":"), default=_plain)]
+        lines += [json.dumps(e, separators=(",", ":"), default=_plain) for e in self.events]
+        return "\n".join(lines) + "\n"
+
+    def log(self) -> eventlog.EventLog:
+        """The log exactly as a reader of events.jsonl sees it."""
+        header, *events = (json.loads(line) for line in self.text().splitlines())
+        return eventlog.EventLog(header, events)
+
+    def write(self, run_dir: Path) -> Path:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "scenario.toml").write_text(scenario_to_toml(self.scenario))
+        path = run_dir / "events.jsonl"
+        path.write_text(self.text())
+        return path
+
+
+def _topology(s: Scenario, cfg: RunConfig) -> dict:
+    topo = make_topology(s.cluster.learners, s.cluster.shards, cfg.n_fragments)
+    key = json.dumps(s.to_dict(), sort_keys=True).encode()
+    topo["run_id"] = hashlib.sha256(key).hexdigest()[:12]  # the cluster's is random; here, replayable
+    topo["links"] = {u: {sh: f"{u}~{sh}" for sh in topo["shards"]} for u in topo["learners"]}
+    return topo
+
+
+def launch(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), replay: str | None = None,
+           probe=None) -> tuple[World, SimInjector, dict]:
+    """The simulated cluster up at t = 0 with its injector set up, and the log's header:
+    what `simulate` walks, and what a test can drive by hand (`injector.start(fault)`,
+    `injector.end(fault)`, `world.clock.run_until(t)`). `probe(learner_proc, event, args)`
+    sees every learner core event."""
+    cfg = s.run_config()
+    topology = _topology(s, cfg)
+    bugs = frozenset(bugs)
+    world = World(cfg, topology, model_for(cfg), params, wan=s.wan, bugs=bugs, seed=s.seed,
+                  max_steps=int(MAX_STEPS_FACTOR * cfg.steps))
+    world.probe = probe
+    header = {"seed": s.seed, "config": cfg.to_dict(), "scenario": s.to_dict(), "tier": "sim",
+              "schedule": s.schedule().to_dicts(), "replay": replay,
+              "sim": {**dataclasses.asdict(params), "bugs": sorted(bugs)},
+              "task": world.model.task.describe(), "topology": topology, "t_launch": 0.0}
+    injector = SimInjector(world, s.shape(), world.emit, dp_rollback=cfg.diloco.mode == "dp")
+    world.start()
+    injector.setup()
+    return world, injector, header
+
+
+def simulate(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), replay: str | None = None,
+             probe=None) -> SimRun:
+    """Runs `s` in virtual time, as harness/runner.py runs it on the cluster (the fault
+    timeline, the token budget, END_GRACE_S, teardown, SIGTERM, the global eval)."""
+    world, injector, header = launch(s, params=params, bugs=bugs, replay=replay, probe=probe)
+    cfg, learners = world.cfg, world.topology["learners"]
+    budget = cfg.diloco.learners * cfg.steps * cfg.task.batch_size * cfg.task.tokens_per_row
+
+    def spent() -> bool:
+        return world.tokens >= budget or all(world.pid(u) is None and u not in injector.down for u in learners)
+
+    # time zero of the schedule and of the measurement window: every learner has stepped
+    world.clock.run_until(STARTUP_TIMEOUT_S, until=lambda: len(world.first_step) == len(learners))
+    header["t_start"] = t0 = world.now
+    over = False
+    for t, what, fault in s.schedule().timeline():
+        if t >= s.train.duration_s and what == "start":
+            break
+        over = world.clock.run_until(t0 + t, until=spent) or spent()
+        if over:
+            break
+        injector.start(fault) if what == "start" else injector.end(fault)
+    if not over and not spent():
+        world.clock.run_until(t0 + s.train.duration_s + END_GRACE_S, until=spent)
+    return finish(s, world, injector, header)
+
+
+def finish(s: Scenario, world: World, injector: SimInjector, header: dict) -> SimRun:
+    """The end of a run: teardown, SIGTERM to every process, the global eval."""
+    header["t_end"] = world.now
+    injector.teardown()
+    world.close()
+    header.setdefault("t_start", 0.0)
+    header["crashes"] = []
+    final = _global_eval(world)
+    if final is not None:
+        world.emit("eval", "harness", loss=final, step=world.cfg.steps, **{"global": True})
+    return SimRun(s, header, world.events, world)
+
+
+def _global_eval(world: World) -> float | None:
+    """Held-out loss of the global model: Θ as the shards leave it (dp: learner-0's
+    last checkpoint), as harness/runner.py assembles it from the checkpoints."""
+    m = world.model
+    if world.dp:
+        ckpt = world.learners[world.topology["learners"][0]].ckpt
+        return None if ckpt is None else m.evaluate(ckpt[0])
+    params = m.params0
+    for shard in world.syncers.values():
+        for p, theta in (shard.theta() or {}).items():
+            params = m.frag.set(params, p, theta)
+    return m.evaluate(params)
+
+
+def run_sim(scenario: Scenario, out_dir: Path, run_dir: Path | None = None, *, reference: Path | None = None,
+            params: SimParams = SimParams(), bugs=frozenset(), label: str | None = None) -> RunResult:
+    """The sim tier's run_scenario: writes run_dir/{events.jsonl, scenario.toml, summary.json}."""
+    run_dir = run_dir or unique_dir(Path(out_dir), label or scenario.name)
+    run = simulate(scenario, params=params, bugs=bugs, replay=f"diloco-chaos replay {shlex.quote(str(run_dir))}")
+    run.write(run_dir)
+    return RunResult(run_dir, summarize(run_dir, scenario, reference))
+
+
+def replay_sim(run_dir: Path, out_dir: Path, label: str | None = None) -> RunResult:
+    """Runs a sim run's recorded scenario, schedule, sim parameters and planted bugs again."""
+    header = eventlog.read(run_dir).header
+    d = {**header["scenario"], "faults": header["schedule"]}
+    d.pop("failure_process", None)
+    s = scenario_from_dict(d, source=str(Path(run_dir) / "events.jsonl"))
+    sim = dict(header.get("sim") or {})
+    bugs = frozenset(sim.pop("bugs", ()))
+    return run_sim(s, out_dir, params=SimParams(**sim), bugs=bugs, label=label or f"{s.name}-replay")

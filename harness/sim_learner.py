@@ -1,0 +1,285 @@
+"""A learner unit in the simulator: trainer/learner.py's loop as discrete events.
+
+The same LearnerCore, the same inner AdamW step (trainer/inner.py) and the same
+event lines as the process; what the process does with threads and wall time is
+done here with the world's virtual clock:
+
+- compute time: each inner step costs `world.step_work(index)` seconds of the
+  unit's own time, which runs at `rate` (1, a slow_unit's speed, 0 while paused);
+  the step's numbers are real JAX, computed when the step starts;
+- the inbox: what the links deliver waits in `inbox` and is fed to the core
+  between two steps (`drain`), as the process does; while the unit waits (for its
+  fetch, a streaming/dp block, the final drain) it is fed as it arrives;
+- checkpoints: every CKPT_EVERY steps a snapshot (θ, inner state, step) becomes
+  durable `ckpt_save_s` later, unless the process dies first; a restart restores
+  the latest durable one.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from trainer.learner import CKPT_EVERY, DRAIN_S, EVAL_EVERY, FETCH_WAIT_S
+from trainer.messages import SliceControl, describe
+from trainer.protocol import ApplyGrads, IllegalTransition, LearnerCore, Log, Send, SetSlices
+from trainer.wiring import learner_config
+
+
+class LearnerProc:
+    """One incarnation of a learner unit (a process, from spawn to death or exit)."""
+
+    def __init__(self, unit: "SimLearner", incarnation: int):
+        self.unit, self.world, self.incarnation = unit, unit.world, incarnation
+        self.alive, self.phase = True, "starting"
+        self.paused, self.speed = False, 1.0
+        self.inbox: list[tuple] = []
+        self.timer = None  # (handle, work_left_s, set_at, fn): the one pending own-time wait
+        self.control_seen = 0
+        self.step_out = None
+        self.wait_own(self.world.params.learner_startup_s, self.started)
+
+    # --- own time: a paused or slowed process runs its waits slower ----------------------
+    @property
+    def rate(self) -> float:
+        return 0.0 if self.paused else self.speed
+
+    def wait_own(self, work_s: float, fn) -> None:
+        self.cancel_wait()
+        self.timer = (None, work_s, self.world.now, fn)
+        self._arm()
+
+    def cancel_wait(self) -> None:
+        if self.timer is not None and self.timer[0] is not None:
+            self.timer[0].cancel()
+        self.timer = None
+
+    def _arm(self) -> None:
+        _, left, _, fn = self.timer
+        handle = self.world.clock.at(self.world.now + left / self.rate, self._fire, fn) if self.rate > 0 else None
+        self.timer = (handle, left, self.world.now, fn)
+
+    def _fire(self, fn) -> None:
+        self.timer = None
+        fn()
+
+    def set_rate(self, paused: bool | None = None, speed: float | None = None) -> None:
+        if self.timer is not None:
+            handle, left, since, fn = self.timer
+            if handle is not None:
+                handle.cancel()
+            self.timer = (None, left - (self.world.now - since) * self.rate, self.world.now, fn)
+        self.paused = self.paused if paused is None else paused
+        self.speed = self.speed if speed is None else speed
+        if self.timer is not None:
+            self._arm()
+        if not self.paused:
+            self.inbox_arrived()
+
+    # --- events from the world -----------------------------------------------------------
+    def inbox_put(self, item: tuple) -> None:
+        self.inbox.append(item)
+        self.inbox_arrived()
+
+    def inbox_arrived(self) -> None:
+        """What the process does when something lands while it is blocked on its inbox."""
+        if self.paused or not self.inbox or not self.alive:
+            return
+        if self.phase == "fetch":
+            self.drain()
+            if not self.state.awaiting:
+                self.cancel_wait()
+                self.boundary()
+        elif self.phase == "wait":
+            self.boundary()
+        elif self.phase == "dpwait":
+            self.drain()
+            if not self.core.must_wait(self.state):
+                self.finish_step()
+        elif self.phase == "drain":
+            self.drain()
+
+    def kill(self) -> None:
+        self.alive, self.phase = False, "dead"
+        self.cancel_wait()
+        self.world.net.learner_stopped(self.unit.name)
+
+    # --- the process -----------------------------------------------------------------------
+    def started(self) -> None:
+        unit, w = self.unit, self.world
+        m = w.model
+        params, self.opt_state, self.step = m.params0, m.inner.init(m.params0), 0
+        if unit.ckpt is not None:
+            params, self.opt_state, self.step = unit.ckpt
+            self.emit("checkpoint_restored", step=self.step)
+        self.core = LearnerCore(learner_config(w.cfg, w.topology, unit.name, self.incarnation, w.learner_bugs),
+                                m.lmath)
+        self.state = self.core.init(params)
+        self.live_slices = w.cfg.diloco.slices
+        self.emit("unit_up", incarnation=self.incarnation, pid=None, step=self.step)
+        w.net.learner_started(unit.name)
+        self.do("start")
+        self.phase = "fetch"
+        self.drain()
+        if self.state.awaiting:
+            self.wait_own(FETCH_WAIT_S, self.boundary)
+        else:
+            self.boundary()
+
+    def boundary(self) -> None:
+        """The top of the loop in Learner.run."""
+        if self.step >= self.world.max_steps:
+            self.phase = "drain"
+            self.drain()
+            self.wait_own(DRAIN_S, self.close)
+            return
+        self.drain()
+        self.read_control()
+        if self.core.must_wait(self.state):
+            self.phase = "wait"
+            return
+        self.start_step()
+
+    def start_step(self) -> None:
+        w, m = self.world, self.world.model
+        self.phase, self.t0 = "step", w.now
+        batch = m.task.batch(self.unit.index, self.step)
+        batch = batch[: batch.shape[0] * self.live_slices // m.slices]  # the live slices' share
+        params = self.core.params(self.state)
+        if w.dp:
+            self.step_out = m.inner.grad(params, batch)
+        else:
+            self.step_out = m.inner.step(params, self.opt_state, batch)
+        self.wait_own(w.step_work(self.unit.index), self.end_step)
+
+    def end_step(self) -> None:
+        now, out = self.world.now, self.step_out
+        if self.world.dp:
+            grads, self.metrics = out
+            self._dp_tokens, self._dp_dt = int(self.metrics["tokens"]), now - self.t0
+            self.do("grads_ready", jax.tree.map(np.asarray, grads), self._dp_tokens)
+            if self.core.must_wait(self.state):
+                self.phase = "dpwait"
+                return
+        else:
+            params, self.opt_state, self.metrics = out
+            self.do("after_inner_step", params, int(self.metrics["tokens"]), now - self.t0)
+        self.finish_step()
+
+    def finish_step(self) -> None:
+        w, met = self.world, self.metrics
+        self.step += 1
+        tokens = int(met["tokens"])
+        self.emit("step", step=self.step, tokens=tokens, loss=float(met["loss"]),
+                  dt=round(w.now - self.t0, 6), live_slices=self.live_slices)
+        w.tokens += tokens
+        w.first_step.setdefault(self.unit.name, w.now)
+        if self.step % EVAL_EVERY == 0 or self.step == w.cfg.steps:
+            self.emit("eval", step=self.step, loss=w.model.evaluate(self.core.params(self.state)))
+        if self.step % CKPT_EVERY == 0:
+            self.save()
+        self.boundary()
+
+    def save(self, final: bool = False) -> None:
+        snap = (self.core.params(self.state), self.opt_state, self.step)
+        self.emit("checkpoint_saved", step=self.step)
+        if final:  # the process waits for it before it exits
+            self.unit.ckpt = snap
+        else:
+            self.world.clock.at(self.world.now + self.world.params.ckpt_save_s, self._durable, snap)
+
+    def _durable(self, snap) -> None:
+        if self.alive:  # an async save dies with its process
+            self.unit.ckpt = snap
+
+    def close(self) -> None:
+        """The end of Learner.run: the final θ is saved (dp's global model), links close."""
+        if self.step > (self.unit.ckpt[2] if self.unit.ckpt is not None else 0):
+            self.save(final=True)
+        finished = self.step >= self.world.cfg.steps
+        self.alive, self.phase = False, "exited"
+        self.cancel_wait()
+        self.world.net.learner_stopped(self.unit.name)
+        links = {link.shard: vars(link.stats) for link in self.world.net.links.values()
+                 if link.learner == self.unit.name}
+        self.emit("done", step=self.step, finished=finished, links=links)
+        self.unit.exited()
+
+    def stop(self) -> None:
+        """SIGTERM at the end of the run: the loop ends at its next check."""
+        if self.phase == "starting":  # still importing: the default handler kills it
+            self.kill()
+            self.unit.exited()
+            return
+        self.close()
+
+    # --- the shell's side of the core contract (Learner.do / drain / read_control) ---------
+    def do(self, event: str, *args) -> None:
+        self.state, actions = getattr(self.core, event)(self.state, self.world.now, *args)
+        if self.world.probe is not None:  # tests look at the core's state after each event
+            self.world.probe(self, event, args)
+        for a in actions:
+            if isinstance(a, Log):
+                self.emit(a.kind, **a.fields)
+        for a in actions:
+            if isinstance(a, Send):
+                nbytes = self.world.net.learner_send(self.unit.name, a.to, a.msg)
+                self.emit("send" if nbytes else "drop", peer=a.to, bytes=nbytes, **describe(a.msg),
+                          at_step=self.state.step)
+            elif isinstance(a, ApplyGrads):
+                params, self.opt_state = self.world.model.inner.apply_grads(
+                    self.core.params(self.state), self.opt_state, a.grads)
+                self.do("after_inner_step", params, self._dp_tokens, self._dp_dt)
+            elif isinstance(a, SetSlices):
+                self.live_slices = a.live_slices
+
+    def drain(self) -> None:
+        while self.inbox and self.alive:
+            kind, peer, msg, nbytes = self.inbox.pop(0)
+            if kind == "connected":
+                self.emit("link_up", peer=peer)
+                self.do("shard_connected", peer)
+            elif kind == "disconnected":
+                self.emit("link_down", peer=peer)
+            else:
+                self.emit("recv", peer=peer, bytes=nbytes, **describe(msg))
+                try:
+                    self.do("receive", peer, msg)
+                except IllegalTransition as e:
+                    self.emit("drop", what=type(msg).__name__, reason=f"illegal: {e}", peer=peer)
+
+    def read_control(self) -> None:
+        unit = self.unit
+        if unit.control_version != self.control_seen:
+            self.control_seen = unit.control_version
+            S = self.world.cfg.diloco.slices
+            self.do("receive", "harness", SliceControl(max(1, min(unit.control, S))))
+
+    def emit(self, kind: str, **fields) -> None:
+        self.world.emit(kind, self.unit.name, **fields)
+
+
+class SimLearner:
+    """A learner unit across its incarnations: what survives a process (its durable
+    checkpoint, the harness's slice control file)."""
+
+    def __init__(self, world, name: str, index: int):
+        self.world, self.name, self.index = world, name, index
+        self.incarnation = -1
+        self.proc: LearnerProc | None = None
+        self.ckpt = None  # (params, opt_state, step), the latest durable save
+        self.control, self.control_version = None, 0
+
+    def spawn(self) -> None:
+        self.incarnation += 1
+        self.proc = LearnerProc(self, self.incarnation)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc = None
+
+    def exited(self) -> None:
+        self.proc = None
+
+    def set_control(self, live_slices: int) -> None:
+        self.control, self.control_version = live_slices, self.control_version + 1

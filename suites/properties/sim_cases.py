@@ -1,0 +1,144 @@
+"""What the property suites share: the scenario they vary, how a case is simulated,
+and the failure report (the shrunk schedule as TOML plus the commands that replay it).
+
+The base scenario is small on purpose, so that an example costs a fraction of a
+second: the quadratic task, 3 learner units of 2 slices, 2 syncer shards, 60 inner
+steps each, a 25 ms WAN (a WAN is what DiLoCo is for: with it, data-parallel pays
+a round trip per step). Faults are drawn in WINDOW.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from contextlib import contextmanager
+from functools import cached_property, lru_cache
+from pathlib import Path
+
+import numpy as np
+from hypothesis import settings
+
+from faults.schedule import RunShape, Schedule
+from harness import checks, metrics
+from harness.runner import with_mode
+from harness.scenario import Scenario, scenario_from_dict, scenario_to_toml
+from harness.sim import SimParams, SimRun, simulate
+from trainer.messages import FragmentUpdate
+
+REPO = Path(__file__).resolve().parents[2]
+REPORTS = REPO / "runs" / "properties"  # where a failing example's run is written
+
+BASE = scenario_from_dict({
+    "name": "prop", "seed": 1, "description": "the property suites' base scenario",
+    "cluster": {"learners": 3, "slices": 2, "shards": 2},
+    "train": {"task": "quadratic", "steps": 60, "duration": "30s"},
+    "wan": {"latency_ms": 25},
+})
+# Fault times count from t_start (every learner has stepped); the fault-free run spends
+# its token budget about 6.5 s later.
+WINDOW = RunShape(learners=3, run_s=6.5, slices=2, shards=2)
+SIM = SimParams()
+H = BASE.run_config().diloco.sync_every
+
+
+def examples(n: int) -> settings:
+    """n examples under the ci profile (40 by default), scaled with the profile in use
+    (dev: n/2, nightly: 25·n); the suites' time budget is set in ci terms."""
+    return settings(max_examples=max(1, round(n * settings.default.max_examples / 40)))
+
+
+def scenario(schedule: Schedule | tuple = (), *, mode: str | None = None, **train) -> Scenario:
+    """BASE with these faults and [train] settings (e.g. quorum=2, mixing=0.5)."""
+    s = dataclasses.replace(BASE, faults=tuple(schedule), train=dataclasses.replace(BASE.train, **train))
+    return with_mode(s, mode) if mode else s
+
+
+class RejoinProbe:
+    """Watches every learner core event: the first FragmentUpdate of fragment p after a
+    learner (re)connects to p's shard is the fetch, and must leave θ[p] equal to the Θ[p]
+    it carries, bit for bit, whatever the mixing α (docs/PROTOCOL.md, "Rejoin rule")."""
+
+    def __init__(self):
+        self.fresh: set = set()
+        self.fetches = 0
+        self.mismatches: list[dict] = []
+
+    def __call__(self, proc, event: str, args: tuple) -> None:
+        key = (proc.unit.name, proc.incarnation)
+        owners = proc.core.config.owners
+        if event in ("start", "shard_connected"):
+            self.fresh |= {(key, p) for p, s in enumerate(owners) if event == "start" or s == args[0]}
+        elif event == "receive" and isinstance(args[1], FragmentUpdate) and (key, args[1].fragment) in self.fresh:
+            msg = args[1]
+            self.fresh.discard((key, msg.fragment))
+            self.fetches += 1
+            mine = proc.world.model.frag.get(proc.core.params(proc.state), msg.fragment)
+            if not all(np.array_equal(a, np.asarray(b, np.float32)) for a, b in zip(mine, msg.params)):
+                gap = max(float(np.max(np.abs(a - np.asarray(b, np.float32)))) for a, b in zip(mine, msg.params))
+                self.mismatches.append({"learner": key[0], "incarnation": key[1], "fragment": msg.fragment,
+                                        "version": msg.version, "t": round(proc.world.now, 6), "max_abs_diff": gap})
+
+
+@dataclasses.dataclass
+class Case:
+    """One simulated run of a scenario, and what the properties read from it."""
+
+    scenario: Scenario
+    run: SimRun
+    bugs: frozenset
+    probe: RejoinProbe
+
+    @cached_property
+    def log(self):
+        return self.run.log()
+
+    @cached_property
+    def metrics(self) -> metrics.Metrics:
+        ref = self if not self.scenario.faults and not self.bugs else reference(self.scenario)
+        return metrics.compute(self.log, ref.log)
+
+    def check(self, result: checks.Result) -> None:
+        """A harness check as an assertion."""
+        assert result.valid is not False, f"{result.name}: value {result.value}, bound {result.bound}, " \
+                                          f"{json.dumps(result.details, default=str)[:1500]}"
+
+
+def simulate_case(s: Scenario, bugs=frozenset()) -> Case:
+    probe = RejoinProbe()
+    return Case(s, simulate(s, params=SIM, bugs=frozenset(bugs), probe=probe), frozenset(bugs), probe)
+
+
+def reference(s: Scenario) -> Case:
+    """The fault-free run of `s` (same config and seed), simulated once."""
+    return _reference(json.dumps(dataclasses.replace(s, faults=()).to_dict(), sort_keys=True))
+
+
+@lru_cache(maxsize=16)
+def _reference(key: str) -> Case:
+    return simulate_case(scenario_from_dict(json.loads(key)))
+
+
+# --- failure reports -------------------------------------------------------------------------
+def report(case: Case, prop: str, detail: str, out: Path = REPORTS) -> str:
+    """Writes the failing run (events.jsonl, scenario.toml) and says how to run it again."""
+    toml = scenario_to_toml(case.scenario)
+    digest = hashlib.sha256((toml + ",".join(sorted(case.bugs))).encode()).hexdigest()[:10]
+    run_dir = out / f"{prop}-{digest}"
+    case.run.header["replay"] = f"diloco-chaos replay {run_dir}"
+    case.run.write(run_dir)
+    bugs = f"\n  planted bugs: {', '.join(sorted(case.bugs))} (replay keeps them; run does not)" if case.bugs else ""
+    return (f"{prop}: {detail}\n"
+            f"  the schedule, shrunk by Hypothesis, as a scenario file ({run_dir / 'scenario.toml'}):\n"
+            + "".join(f"    {line}\n" for line in toml.splitlines()) +
+            f"  replay this run:          diloco-chaos replay {run_dir}\n"
+            f"  run it in the simulator:  diloco-chaos run {run_dir / 'scenario.toml'} --tier sim\n"
+            f"  run it on real processes: diloco-chaos run {run_dir / 'scenario.toml'}{bugs}")
+
+
+@contextmanager
+def reported(case: Case, prop: str, out: Path = REPORTS):
+    """Turns a property's AssertionError into a report with the schedule and the replay command."""
+    try:
+        yield
+    except AssertionError as e:
+        raise AssertionError(report(case, prop, str(e), out)) from None

@@ -1,0 +1,165 @@
+"""The resilience properties, as functions of a simulated case that raise AssertionError.
+
+The suites run them under Hypothesis (test_*.py here); test_planted_bugs.py runs the
+same functions against the cores' planted bugs and expects them to fail. Judging is
+done on the event log with harness/metrics.py and harness/checks.py; the three checks
+those do not have yet (quorum, weights, fetch before contribute) are here.
+"""
+from __future__ import annotations
+
+import math
+
+from faults.strategies import fault_load
+from harness import checks
+from sim_cases import H, SIM, WINDOW, Case, reference
+from trainer.outer import contribution_weight
+
+# What one fault costs a learner beyond its own span: a restart (learner_startup_s),
+# then the reconnect backoff, the fetch that overwrites local progress and the H steps
+# until the next contribution (about 1 s here). Measured worst case: 2.9 s.
+RECOVERY_S = SIM.learner_startup_s + 1.0
+GOODPUT_SLACK = 0.05      # the fault-free run's own noise and the end-of-run tail
+DP_SLACK = 0.02           # decoupled vs dp: a syncer crash costs both the outage (see test_goodput)
+REJOIN_BOUND_S = SIM.learner_startup_s + 2.0   # restart → first merged contribution
+PARITY_EPS = 0.08         # (L_run − L_ref) / L_ref for schedules with fault_load ≤ PARITY_LOAD
+PARITY_LOAD = 0.25
+
+
+def goodput_bound(case: Case) -> None:
+    """goodput ≥ goodput(fault-free) − fault_load(recovery_s = RECOVERY_S) − GOODPUT_SLACK."""
+    free = reference(case.scenario).metrics.goodput
+    load = fault_load(case.scenario.faults, WINDOW, recovery_s=RECOVERY_S)
+    bound = free - load - GOODPUT_SLACK
+    g = case.metrics.goodput
+    assert g >= bound, (f"goodput {g:.3f} < {bound:.3f} = fault-free {free:.3f} − load {load:.3f} − "
+                        f"{GOODPUT_SLACK}; badput {_rounded(case.metrics.badput)}")
+
+
+def decoupled_beats_dp(case: Case, dp: Case) -> None:
+    """Decoupled DiLoCo's goodput ≥ data-parallel's on the same schedule (− DP_SLACK)."""
+    g, gd = case.metrics.goodput, dp.metrics.goodput
+    assert g >= gd - DP_SLACK, (f"decoupled goodput {g:.3f} < dp {gd:.3f} − {DP_SLACK}; decoupled badput "
+                                f"{_rounded(case.metrics.badput)}, dp badput {_rounded(dp.metrics.badput)}")
+
+
+def zero_downtime(case: Case, bound_s: float = 2.0) -> None:
+    """While ≥ K learners are alive and reachable, some round commits at least every bound_s."""
+    case.check(checks.no_global_downtime(case.log, bound_s=bound_s, settle_s=bound_s))
+
+
+def recovery(case: Case) -> None:
+    """Every restarted learner has a contribution merged within REJOIN_BOUND_S of its restart
+    (unless another fault hits it or a shard meanwhile, or the run ends first); every
+    contribution is made against a Θ[p] its incarnation fetched; and each fetch leaves
+    θ[p] equal to the fetched Θ[p]."""
+    m = case.metrics
+    for r in m.recovery:
+        at = m.t_start + r.t_s
+        if (r.recovery_s is not None and r.recovery_s <= REJOIN_BOUND_S) or m.t_end - at < REJOIN_BOUND_S \
+                or _disturbed(case, r.unit, at, at + REJOIN_BOUND_S):
+            continue
+        raise AssertionError(f"{r.unit} restarted at {at:.3f}s (incarnation {r.incarnation}) and had no contribution "
+                             f"merged within {REJOIN_BOUND_S}s (recovery_s = {r.recovery_s})")
+    bad = fetched_before_contributing(case.log)
+    assert not bad, f"contributions against a Θ[p] never fetched in that incarnation: {bad[:5]}"
+    assert not case.probe.mismatches, f"θ[p] ≠ fetched Θ[p] right after a fetch: {case.probe.mismatches[:5]}"
+
+
+def loss_parity(case: Case) -> None:
+    """With fault_load ≤ PARITY_LOAD, the final global loss is within PARITY_EPS of the
+    fault-free run's (relative; a lower loss is fine)."""
+    parity = case.metrics.loss_parity
+    assert parity is not None, "no final loss in the log (the harness's global eval is missing)"
+    assert parity <= PARITY_EPS, (f"final loss {case.metrics.final_loss:.5f} is {parity:+.2%} off the fault-free "
+                                  f"{case.metrics.reference_loss:.5f} (bound {PARITY_EPS:.0%})")
+
+
+def safety(case: Case) -> None:
+    """Each contribution merged at most once, versions never go back, no NaN, no durable
+    round lost across a syncer restart, staleness bounded, no round under quorum, each
+    merge weighted by its true staleness."""
+    for r in checks.safety_checks(case.log, max_staleness=staleness_bound(case)):
+        if r.name != "no_global_downtime":  # a liveness property: zero_downtime judges it
+            case.check(r)
+    case.check(quorum_respected(case.log))
+    case.check(weights_match_staleness(case.log))
+
+
+# --- checks harness/checks.py does not have (yet) ----------------------------------------------
+def quorum_respected(log) -> checks.Result:
+    """Decoupled mode: every round_commit merged ≥ K contributions (dp modes: all M / all live)."""
+    k = checks.quorum_k(log) if log.config["diloco"]["mode"] == "decoupled" else 1
+    bad = [{"src": e["src"], "fragment": e["fragment"], "version": e["version"], "n": e["n"], "t": e["t"]}
+           for e in log.of("round_commit") if e["n"] < k]
+    return checks.Result("quorum_respected", not bad, len(bad), k, {"violations": bad[:10]})
+
+
+def weights_match_staleness(log) -> checks.Result:
+    """Every merge's weight is the configured weight of its (c_tokens, c_steps, staleness)."""
+    d = log.config["diloco"]
+    bad = []
+    for e in log.of("merge"):
+        if log.config["diloco"]["mode"] not in ("decoupled", "streaming", "sync_diloco"):
+            break
+        want = contribution_weight(e["c_tokens"], e["c_steps"], e["staleness"], d["weighting"], d["staleness_discount"])
+        if not math.isclose(e["weight"], want, rel_tol=1e-9):
+            bad.append({"learner": e["learner"], "seq": e["seq"], "fragment": e["fragment"],
+                        "staleness": e["staleness"], "weight": e["weight"], "expected": want})
+    return checks.Result("weights_match_staleness", not bad, len(bad), 0, {"violations": bad[:10]})
+
+
+def fetched_before_contributing(log) -> list[dict]:
+    """Contributions (sent or not) whose base_version is no FragmentUpdate of that fragment the
+    learner's incarnation accepted: a rejoin must fetch Θ[p] before contributing p."""
+    accepted: dict[str, set] = {}   # learner -> {(fragment, version)} of its current incarnation
+    last_recv: dict[str, tuple] = {}
+    bad = []
+    for e in log.events:
+        src, kind = e["src"], e["kind"]
+        if not src.startswith("learner"):
+            continue
+        if kind == "unit_up" and "incarnation" in e:
+            accepted[src], last_recv[src] = set(), None
+        elif kind == "recv" and e.get("msg") == "FragmentUpdate":
+            last_recv[src] = (e["fragment"], e["version"])
+            accepted.setdefault(src, set()).add(last_recv[src])
+        elif kind == "drop" and e.get("what") == "FragmentUpdate" and last_recv.get(src) == (e["fragment"], e["version"]):
+            accepted[src].discard(last_recv[src])  # the core refused it
+        elif kind in ("send", "drop") and e.get("msg") == "Contribution":
+            if (e["fragment"], e["base_version"]) not in accepted.get(src, set()):
+                bad.append({"learner": src, "incarnation": e["incarnation"], "seq": e["seq"], "t": e["t"],
+                            "fragment": e["fragment"], "base_version": e["base_version"]})
+    return bad
+
+
+# --- helpers -----------------------------------------------------------------------------------
+def staleness_bound(case: Case) -> int:
+    """Rounds a contribution can fall behind: each of the M learners commits fragment p once a
+    cycle (H steps); a contribution's base is at most `gap` old, gap the longest a learner
+    steps on without reading updates (a slow step, a pause, a downstream-only partition)."""
+    s, cycle = case.scenario, H * SIM.step_s
+    gap = SIM.step_s * (1 + SIM.hetero) * (1 + SIM.step_jitter)
+    for f in s.faults:
+        if f.kind == "slow_unit":
+            gap = max(gap, SIM.step_s * (1 + SIM.hetero) * (1 + SIM.step_jitter) / f.speed)
+        elif f.kind == "pause_unit" or (f.kind == "partition" and f.direction == "downstream"):
+            gap = max(gap, f.duration_s + SIM.step_s)
+        elif f.kind == "wan":
+            gap = max(gap, 2 * (f.latency_ms + f.jitter_ms) / 1000 + 1.0)
+    return s.cluster.learners * (2 + math.ceil(gap / cycle))
+
+
+def _disturbed(case: Case, unit: str, a: float, b: float) -> bool:
+    """Does a fault other than a wan profile act on `unit`, its links or any shard in [a, b)?"""
+    for f in case.scenario.faults:
+        end = math.inf if f.end_s is None else f.end_s
+        if f.at_s >= b or end <= a or f.kind == "wan":
+            continue
+        spec = f.target.removeprefix("link:").split("~")[0]
+        if f.kind == "kill_syncer" or f.target == unit or spec in ("*", unit):
+            return True
+    return False
+
+
+def _rounded(d: dict) -> dict:
+    return {k: round(v, 3) for k, v in d.items() if v}

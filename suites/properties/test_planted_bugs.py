@@ -1,0 +1,75 @@
+"""The properties can fail: run against the cores' planted bugs (docs/PROTOCOL.md,
+"Planted bugs"), each is caught, by the check named here, on some schedule Hypothesis
+finds; and the same schedule passes without the bug, so it is the bug that is caught.
+
+| bug                  | caught by                                           | where                |
+|----------------------|-----------------------------------------------------|----------------------|
+| merge_twice          | safety: merged_at_most_once                         | dp (re-sent grads)   |
+| stale_as_fresh       | safety: weights_match_staleness                     | decoupled, K = 2     |
+| ignore_quorum        | safety: quorum_respected                            | decoupled, K = 2     |
+| rejoin_without_fetch | recovery: contributions against a Θ[p] never fetched | decoupled, α = 0.5   |
+
+merge_twice needs a contribution delivered twice. Decoupled learners never send one
+twice; data-parallel learners re-send their unanswered gradients whenever a link
+(re)connects, which the shard must drop when it merged them already.
+"""
+from __future__ import annotations
+
+import pytest
+from hypothesis import Phase, find, given, settings
+
+from faults.strategies import KINDS, schedules
+from harness import eventlog
+from harness.sim import replay_sim
+from sim_cases import WINDOW, reported, scenario, simulate_case
+from sim_props import recovery, safety
+from test_recovery import RESTARTS
+
+BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure names)
+    "merge_twice": (safety, {"mode": "dp"}, ("partition", "reset"), "merged_at_most_once"),
+    "stale_as_fresh": (safety, {"quorum": 2}, KINDS, "weights_match_staleness"),
+    "ignore_quorum": (safety, {"quorum": 2}, KINDS, "quorum_respected"),
+    "rejoin_without_fetch": (recovery, {"mixing": 0.5}, RESTARTS, "never fetched"),
+}
+
+
+def failure(prop, case) -> str | None:
+    try:
+        prop(case)
+    except AssertionError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_a_planted_bug_is_caught(bug):
+    prop, train, kinds, named = BUGS[bug]
+    found = find(schedules(WINDOW, kinds, max_faults=3),
+                 lambda sch: failure(prop, simulate_case(scenario(sch, **train), bugs={bug})) is not None,
+                 settings=settings(max_examples=40, database=None, derandomize=True, phases=[Phase.generate]))
+    message = failure(prop, simulate_case(scenario(found, **train), bugs={bug}))
+    assert named in message
+    assert failure(prop, simulate_case(scenario(found, **train))) is None
+
+
+def test_a_failing_property_reports_the_shrunk_schedule_and_how_to_replay_it(tmp_path):
+    """The whole path a CI failure takes: Hypothesis finds a failing schedule, the message
+    carries it as TOML with the commands, and the replay reproduces the run. (Shrinking is
+    left out: it is Hypothesis's own, and costs a hundred simulations here.)"""
+
+    @settings(max_examples=20, database=None, derandomize=True, phases=[Phase.generate])
+    @given(schedules(WINDOW, ("kill_unit",), max_faults=2).filter(len))
+    def prop(schedule):
+        case = simulate_case(scenario(schedule), bugs={"stale_as_fresh"})
+        with reported(case, "safety", out=tmp_path):
+            safety(case)
+
+    with pytest.raises(AssertionError) as err:
+        prop()
+    text = str(err.value)
+    assert "weights_match_staleness" in text and '[[faults]]\n    kind = "kill_unit"' in text
+    run_dir = tmp_path / text.split("diloco-chaos replay ")[1].split()[0].split("/")[-1]
+    assert f"diloco-chaos run {run_dir / 'scenario.toml'} --tier sim" in text
+    replayed = replay_sim(run_dir, tmp_path / "again")
+    first, again = eventlog.read(run_dir), eventlog.read(replayed.run_dir)
+    assert again.events == first.events and again.header["sim"]["bugs"] == ["stale_as_fresh"]

@@ -1,0 +1,28 @@
+"""Safety under any schedule: each contribution merged at most once, fragment versions
+never go back, no NaN, no durable round lost across a syncer restart, staleness
+bounded, no round committed under quorum, merges weighted by their true staleness.
+Decoupled with K = 2 (so that the quorum is something to respect), and data-parallel
+(whose gradients are re-sent after a reconnect: at-most-once has work to do)."""
+from __future__ import annotations
+
+from hypothesis import given
+
+from faults.strategies import schedules
+from sim_cases import WINDOW, examples, reported, scenario, simulate_case
+from sim_props import safety
+
+
+@examples(30)
+@given(schedules(WINDOW, max_faults=5))
+def test_decoupled_is_safe_under_any_schedule(schedule):
+    case = simulate_case(scenario(schedule, quorum=2))
+    with reported(case, "safety"):
+        safety(case)
+
+
+@examples(15)
+@given(schedules(WINDOW, ("partition", "reset", "truncate", "kill_syncer", "kill_unit"), max_faults=4))
+def test_data_parallel_is_safe_under_link_and_process_faults(schedule):
+    case = simulate_case(scenario(schedule, mode="dp"))
+    with reported(case, "safety"):
+        safety(case)
