@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from harness.eventlog import EventLog
-from harness.metrics import (DP_MODES, Metrics, clip, commit_gaps, histories, intersect,
-                             is_process_up, learner_names, minus, norm, window)
+from harness.history import (DP_MODES, clip, histories, intersect, is_process_up, learner_names, minus, norm,
+                             window)
+from harness.metrics import Metrics, commit_gaps
 
 SHOW = 10  # offending lines kept in details
 
