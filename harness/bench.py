@@ -22,6 +22,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "parity": ("harness.benches:parity", "final held-out loss, Decoupled DiLoCo vs DP at equal tokens"),
     "report": ("reports.bench:report", "page weight and time to draw a run's HTML report (<= 5 MB, < 2 s)"),
     "wan": ("harness.benches:wan", "wall-clock to equal tokens over throttled links, DP vs Decoupled DiLoCo"),
+    "sim": ("harness.sim_bench:bench", "simulator: property examples/min (quadratic), simulated s per wall s (LM)"),
 }
 
 

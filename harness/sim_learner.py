@@ -144,34 +144,31 @@ class LearnerProc:
         self.phase, self.t0 = "step", w.now
         batch = m.task.batch(self.unit.index, self.step)
         batch = batch[: batch.shape[0] * self.live_slices // m.slices]  # the live slices' share
+        self.tokens = batch.shape[0] * m.tokens_per_row
         params = self.core.params(self.state)
-        if w.dp:
-            self.step_out = m.inner.grad(params, batch)
-        else:
-            self.step_out = m.inner.step(params, self.opt_state, batch)
+        self.step_out = m.grad(params, batch) if w.dp else m.step(params, self.opt_state, batch)
         self.wait_own(w.step_work(self.unit.index), self.end_step)
 
     def end_step(self) -> None:
         now, out = self.world.now, self.step_out
         if self.world.dp:
-            grads, self.metrics = out
-            self._dp_tokens, self._dp_dt = int(self.metrics["tokens"]), now - self.t0
-            self.do("grads_ready", jax.tree.map(np.asarray, grads), self._dp_tokens)
+            grads, self.loss = out
+            self._dp_tokens, self._dp_dt = self.tokens, now - self.t0
+            self.do("grads_ready", jax.tree.map(np.asarray, grads), self.tokens)
             if self.core.must_wait(self.state):
                 self.phase = "dpwait"
                 return
         else:
-            params, self.opt_state, self.metrics = out
-            self.do("after_inner_step", params, int(self.metrics["tokens"]), now - self.t0)
+            params, self.opt_state, self.loss = out
+            self.do("after_inner_step", params, self.tokens, now - self.t0)
         self.finish_step()
 
     def finish_step(self) -> None:
-        w, met = self.world, self.metrics
+        w = self.world
         self.step += 1
-        tokens = int(met["tokens"])
-        self.emit("step", step=self.step, tokens=tokens, loss=float(met["loss"]),
+        self.emit("step", step=self.step, tokens=self.tokens, loss=float(self.loss),
                   dt=round(w.now - self.t0, 6), live_slices=self.live_slices)
-        w.tokens += tokens
+        w.tokens += self.tokens
         w.first_step.setdefault(self.unit.name, w.now)
         if self.step % EVAL_EVERY == 0 or self.step == w.cfg.steps:
             self.emit("eval", step=self.step, loss=w.model.evaluate(self.core.params(self.state)))

@@ -18,25 +18,19 @@ from pathlib import Path
 import numpy as np
 from hypothesis import settings
 
-from faults.schedule import RunShape, Schedule
+from faults.schedule import Schedule
 from harness import checks, metrics
 from harness.runner import with_mode
 from harness.scenario import Scenario, scenario_from_dict, scenario_to_toml
 from harness.sim import SimParams, SimRun, simulate
+from harness.sim_bench import PROPERTY_BASE, PROPERTY_WINDOW
 from trainer.messages import FragmentUpdate
 
 REPO = Path(__file__).resolve().parents[2]
 REPORTS = REPO / "runs" / "properties"  # where a failing example's run is written
 
-BASE = scenario_from_dict({
-    "name": "prop", "seed": 1, "description": "the property suites' base scenario",
-    "cluster": {"learners": 3, "slices": 2, "shards": 2},
-    "train": {"task": "quadratic", "steps": 60, "duration": "30s"},
-    "wan": {"latency_ms": 25},
-})
-# Fault times count from t_start (every learner has stepped); the fault-free run spends
-# its token budget about 6.5 s later.
-WINDOW = RunShape(learners=3, run_s=6.5, slices=2, shards=2)
+BASE = scenario_from_dict(PROPERTY_BASE)
+WINDOW = PROPERTY_WINDOW
 SIM = SimParams()
 H = BASE.run_config().diloco.sync_every
 

@@ -1,0 +1,145 @@
+"""The sim tier (harness/sim.py): determinism, the cluster tier's files and log format,
+replay, and the models of time, links and checkpoints checked against numbers worked
+out by hand. Small quadratic runs: each takes a fraction of a second."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from harness import eventlog
+from harness.scenario import scenario_from_dict
+from harness.sim import SimParams, model_for, replay_sim, run_sim, simulate
+from trainer.codec import encode_frame
+from trainer.events import KINDS
+from trainer.inner import make_inner
+from trainer.messages import Hello
+
+FAULTS = [
+    {"kind": "kill_unit", "target": "learner-1", "at": "0.5s", "down_for": "2s"},
+    {"kind": "partition", "target": "link:learner-2", "at": "1s", "duration": "1s", "direction": "downstream"},
+    {"kind": "kill_syncer", "target": "syncer-1", "at": "1.5s", "down_for": "1s"},
+    {"kind": "pause_unit", "target": "learner-0", "at": "2s", "duration": "0.5s"},
+    {"kind": "slow_unit", "target": "learner-2", "at": "2.5s", "duration": "1s", "speed": 0.5},
+    {"kind": "kill_slice", "target": "learner-0", "at": "3s", "duration": "1s"},
+    {"kind": "reset", "target": "link:learner-0", "at": "3.2s", "duration": "0.5s"},
+    {"kind": "truncate", "target": "link:learner-1~syncer-0", "at": "3.5s", "duration": "0.5s", "bytes": 300},
+    {"kind": "wan", "target": "link:*", "at": "4s", "duration": "1s", "bandwidth_kbps": 64, "latency_ms": 80},
+]
+
+
+def scenario(faults=(), **train):
+    return scenario_from_dict({
+        "name": "sim-unit", "seed": 5, "cluster": {"learners": 3, "slices": 2, "shards": 2},
+        "train": {"task": "quadratic", "steps": 40, "duration": "20s", **train},
+        "wan": {"latency_ms": 10}, "faults": list(faults)})
+
+
+def test_same_seed_gives_a_byte_identical_event_log_and_another_seed_does_not():
+    s = scenario(FAULTS)
+    first, second = simulate(s).text(), simulate(s).text()
+    assert first == second
+    assert simulate(dataclasses.replace(s, seed=6)).text() != first
+    kinds = {json.loads(line)["kind"] for line in first.splitlines()}
+    assert kinds <= KINDS and {"fault_start", "fault_end", "unit_down", "checkpoint_restored", "slices",
+                               "round_commit", "merge", "link_down"} <= kinds
+
+
+def test_run_sim_writes_the_cluster_tiers_files_and_replay_reproduces_them(tmp_path):
+    result = run_sim(scenario(FAULTS[:3]), tmp_path)
+    log = eventlog.read(result.run_dir)
+    h = log.header
+    assert h["tier"] == "sim" and h["replay"] == f"diloco-chaos replay {result.run_dir}"
+    assert {"seed", "config", "scenario", "schedule", "topology", "t_start", "t_end", "sim", "task"} <= set(h)
+    assert (result.run_dir / "scenario.toml").exists() and (result.run_dir / "summary.json").exists()
+    assert 0 < result.summary["goodput"] <= 1 and result.summary["mode"] == "decoupled"
+    assert [e["kind"] for e in log.events][-1] == "eval" and log.events[-1]["global"] is True
+    assert all(a["t"] <= b["t"] for a, b in zip(log.events, log.events[1:]))
+    again = replay_sim(result.run_dir, tmp_path)
+    assert eventlog.read(again.run_dir).events == log.events
+
+
+def test_message_sizes_are_the_transports_frame_sizes():
+    run = simulate(scenario())
+    hello = next(e for e in run.events if e["kind"] == "send" and e["msg"] == "Hello")
+    frame = encode_frame(Hello(hello["learner"], hello["incarnation"]), run.header["topology"]["run_id"],
+                         hello["learner"])
+    assert hello["bytes"] == len(frame)
+
+
+def test_latency_and_bandwidth_delay_a_frame_as_toxiproxy_would():
+    """80 kbps = 10 KB/s (Toxiproxy's rate) and 50 ms one-way, + 0.2 ms of loopback: a
+    136-byte Hello sent at t arrives at t + 0.0136 + 0.05 + 0.0002."""
+    s = dataclasses.replace(scenario(), wan=dataclasses.replace(scenario().wan, bandwidth_kbps=80.0, latency_ms=50.0))
+    events = simulate(s).events
+    sent = next(e for e in events if e["kind"] == "send" and e["msg"] == "Hello")
+    got = next(e for e in events if e["kind"] == "recv" and e["msg"] == "Hello" and e["src"] == sent["peer"]
+               and e["learner"] == sent["src"])
+    assert got["t"] - sent["t"] == pytest.approx(sent["bytes"] / 10_000 + 0.05 + 0.0002, abs=2e-6)
+
+
+def _step_times(events, learner):
+    return {e["step"]: e["t"] for e in events if e["kind"] == "step" and e["src"] == learner}
+
+
+def test_a_pause_shifts_every_later_step_by_its_length():
+    free = _step_times(simulate(scenario()).events, "learner-0")
+    paused = _step_times(simulate(scenario([{"kind": "pause_unit", "target": "learner-0", "at": "1s",
+                                             "duration": "0.75s"}])).events, "learner-0")
+    shifted = [paused[k] - free[k] for k in sorted(set(free) & set(paused)) if free[k] > free[1] + 1.2]
+    assert shifted and shifted == pytest.approx([0.75] * len(shifted), abs=2e-6)
+
+
+def test_a_slow_unit_runs_its_steps_at_that_fraction_of_full_speed():
+    """At speed 0.5 for 1 s the unit does half a second's work: later steps lag by 0.5 s."""
+    free = _step_times(simulate(scenario()).events, "learner-2")
+    slow = _step_times(simulate(scenario([{"kind": "slow_unit", "target": "learner-2", "at": "1s",
+                                           "duration": "1s", "speed": 0.5}])).events, "learner-2")
+    shifted = [slow[k] - free[k] for k in sorted(set(free) & set(slow)) if free[k] > free[1] + 2.5]
+    assert shifted and shifted == pytest.approx([0.5] * len(shifted), abs=2e-6)
+
+
+def test_a_killed_syncer_restores_exactly_its_last_durable_snapshot():
+    events = simulate(scenario([FAULTS[2]])).events
+    kill = next(e["t"] for e in events if e["kind"] == "unit_down" and e["src"] == "syncer-1")
+    saved = [e for e in events if e["kind"] == "checkpoint_saved" and e["src"] == "syncer-1" and e["t"] <= kill]
+    restored = next(e for e in events if e["kind"] == "checkpoint_restored" and e["src"] == "syncer-1")
+    assert restored["versions"] == {str(p): v for p, v in saved[-1]["versions"].items()}
+    assert restored["step"] == len(saved)  # one save number per save, as the orbax shell counts
+
+
+def test_data_parallel_kill_rolls_every_learner_back_to_its_checkpoint():
+    s = scenario([{"kind": "kill_unit", "target": "learner-1", "at": "7.5s", "down_for": "1s"}], mode="dp",
+                 steps=80)
+    events = simulate(s).events
+    downs = {e["src"]: e["reason"] for e in events if e["kind"] == "unit_down"}
+    assert downs == {"learner-0": "rollback", "learner-1": "killed", "learner-2": "rollback"}
+    restored = {e["src"]: e["step"] for e in events if e["kind"] == "checkpoint_restored"}
+    assert restored == {"learner-0": 50, "learner-1": 50, "learner-2": 50}
+    killed_at = {e["src"]: max(x["step"] for x in events if x["kind"] == "step" and x["src"] == e["src"]
+                               and x["t"] <= e["t"]) for e in events if e["kind"] == "unit_down"}
+    assert all(step > 50 for step in killed_at.values())  # steps 51.. were rolled back
+
+
+def test_the_sims_inner_step_is_bit_for_bit_the_inner_loops():
+    cfg = scenario().run_config()
+    m = model_for(cfg)
+    loop = make_inner(dataclasses.replace(cfg, diloco=dataclasses.replace(cfg.diloco, slices=1)), m.task.loss_fn)
+    p1 = p2 = m.params0
+    o1 = o2 = loop.init(m.params0)
+    for step in range(5):
+        batch = m.task.batch(0, step)
+        p1, o1, met = loop.step(p1, o1, batch)
+        p2, o2, loss = m.step(p2, o2, batch)
+        assert float(met["loss"]) == float(loss)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)))
+
+
+def test_sim_params_are_validated():
+    with pytest.raises(ValueError, match="SimParams.step_s"):
+        SimParams(step_s=0)
+    with pytest.raises(ValueError, match="unknown planted bugs"):
+        simulate(scenario(), bugs={"merge_thrice"})
