@@ -194,7 +194,9 @@ class LearnerCore:
             return state, [Log("drop", {"what": "FragmentUpdate", "fragment": p, "version": msg.version,
                                         "reason": "old_version"})]
         glob = list(msg.params)
-        local = glob if fetch else self.math.mix(self.math.get_fragment(state.params, p), glob, self.config.alpha)
+        # α = 0 overwrites: the local fragment is not read (reading it waits for the device)
+        local = glob if fetch or self.config.alpha == 0 else self.math.mix(
+            self.math.get_fragment(state.params, p), glob, self.config.alpha)
         state = replace(state, params=self.math.set_fragment(state.params, p, local),
                         base=_put(state.base, p, glob), base_version=_put(state.base_version, p, msg.version),
                         awaiting=state.awaiting - {p})

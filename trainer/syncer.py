@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import jax
 import numpy as np
@@ -22,6 +23,13 @@ from trainer.protocol import IllegalTransition, SaveCheckpoint, Send, SetTimer, 
 from trainer.tasks import task_for_run
 from trainer.transport import ShardServer, parse_addr
 from trainer.wiring import fragmenter_for, syncer_config, syncer_math
+
+
+# Saves are coalesced: at most one per interval (each costs CPU the learners share on
+# a small machine). Durability is unchanged: only versions on disk are acknowledged;
+# but a longer interval means a crash rolls Θ further back (learners follow the
+# restarted shard to its restored version), so keep it short.
+CKPT_MIN_INTERVAL_S = 0.25
 
 
 class Syncer:
@@ -49,6 +57,7 @@ class Syncer:
         self.saved = self.ckpt.latest_step() or 0  # checkpoint step numbers: one per save
         self.in_flight: dict | None = None          # versions of the save being written
         self.dirty = False
+        self.last_save = -CKPT_MIN_INTERVAL_S
 
     def do(self, event: str, *args) -> None:
         self.state, actions = getattr(self.core, event)(self.state, shell.monotonic(), *args)
@@ -68,7 +77,8 @@ class Syncer:
             self.ckpt.wait()  # raises if the save failed
             self.do("durable", self.in_flight)
             self.in_flight = None
-        if self.dirty and self.in_flight is None:
+        if self.dirty and self.in_flight is None and time.monotonic() - self.last_save >= CKPT_MIN_INTERVAL_S:
+            self.last_save = time.monotonic()
             self.saved += 1
             self.in_flight = dict(self.state.version)
             self.ckpt.save(self.saved, shell.to_ckpt(self.core.snapshot(self.state)))
@@ -98,6 +108,7 @@ class Syncer:
         self.dirty = self.dirty or self.in_flight is not None
         self.ckpt.wait()
         self.in_flight = None
+        self.last_save = -CKPT_MIN_INTERVAL_S  # the final save is never deferred
         self.checkpoint()
         self.ckpt.wait()
         self.do("durable", self.in_flight or dict(self.state.version))
