@@ -32,6 +32,7 @@ from harness.sim_world import SimInjector, SimParams, World
 from trainer.config import RunConfig
 from trainer.events import _plain
 from trainer.inner import make_inner
+from trainer.shell import global_init
 from trainer.tasks import task_for_run
 from trainer.wiring import fragmenter_for, learner_math, syncer_math
 
@@ -68,7 +69,7 @@ def _model(cfg: RunConfig) -> Model:
     task = task_for_run(cfg)
     one = dataclasses.replace(cfg, diloco=dataclasses.replace(cfg.diloco, slices=1))
     inner = make_inner(one, task.loss_fn)
-    params0 = task.init_params(jax.random.PRNGKey(cfg.seed))  # Θ0, as the processes make it
+    params0 = global_init(task, cfg.seed)  # Θ0, as the processes make it
     frag = fragmenter_for(cfg, params0)
 
     def step(params, opt_state, batch):
@@ -199,13 +200,15 @@ def _global_eval(world: World) -> float | None:
     return m.evaluate(params)
 
 
-def run_sim(scenario: Scenario, out_dir: Path, run_dir: Path | None = None, *, reference: Path | None = None,
-            params: SimParams = SimParams(), bugs=frozenset(), label: str | None = None) -> RunResult:
-    """The sim tier's run_scenario: writes run_dir/{events.jsonl, scenario.toml, summary.json}."""
-    run_dir = run_dir or unique_dir(Path(out_dir), label or scenario.name)
-    run = simulate(scenario, params=params, bugs=bugs, replay=f"diloco-chaos replay {shlex.quote(str(run_dir))}")
+def run_sim(s: Scenario, out: Path, run_dir: Path | None = None, *, label: str | None = None, live: bool = False,
+            reference: Path | None = None, expect: bool = True, params: SimParams = SimParams(),
+            bugs=frozenset()) -> RunResult:
+    """The sim tier's `run_scenario` (same keywords, same files: run_dir/events.jsonl,
+    scenario.toml, summary.json). `live` is accepted and ignored: a run takes seconds."""
+    run_dir = run_dir or unique_dir(Path(out), label or s.name)
+    run = simulate(s, params=params, bugs=bugs, replay=f"diloco-chaos replay {shlex.quote(str(run_dir))}")
     run.write(run_dir)
-    return RunResult(run_dir, summarize(run_dir, scenario, reference))
+    return RunResult(run_dir, summarize(run_dir, s, reference, expect=expect))
 
 
 def replay_sim(run_dir: Path, out_dir: Path, label: str | None = None) -> RunResult:

@@ -121,8 +121,9 @@ def fetched_before_contributing(log) -> list[dict]:
         if kind == "unit_up" and "incarnation" in e:
             accepted[src], last_recv[src] = set(), None
         elif kind == "recv" and e.get("msg") == "FragmentUpdate":
-            last_recv[src] = (e["fragment"], e["version"])
-            accepted.setdefault(src, set()).add(last_recv[src])
+            pair, mine = (e["fragment"], e["version"]), accepted.setdefault(src, set())
+            last_recv[src] = None if pair in mine else pair  # a second copy's refusal takes nothing back
+            mine.add(pair)
         elif kind == "drop" and e.get("what") == "FragmentUpdate" and last_recv.get(src) == (e["fragment"], e["version"]):
             accepted[src].discard(last_recv[src])  # the core refused it
         elif kind in ("send", "drop") and e.get("msg") == "Contribution":

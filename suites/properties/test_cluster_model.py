@@ -14,22 +14,24 @@ command that replays it.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from faults.model import KillSyncer, KillUnit, Partition, PauseUnit, SlowUnit
 from harness import checks
 from harness.eventlog import EventLog
 from harness.sim import finish, launch, simulate
-from sim_cases import SIM, Case, RejoinProbe, examples, report, scenario
+from sim_cases import REPORTS, SIM, Case, RejoinProbe, examples, report, scenario
 from sim_props import quorum_respected, weights_match_staleness
 from trainer.learner import FETCH_WAIT_S
 
 LEARNERS = [f"learner-{i}" for i in range(3)]
 SHARDS = ["syncer-0", "syncer-1"]
 SETTLE_S = 3.0  # a shard up or a link healed this long ago has been found again (backoff ≤ 1 s)
+GAP_S = 2.0     # the longest a settled shard may go without a commit while a learner can reach it
 READY_S = SIM.learner_startup_s + FETCH_WAIT_S + 0.5  # a restarted learner steps by then
 STEP_MAX_S = SIM.step_s * (1 + SIM.hetero) * (1 + SIM.step_jitter)
 SAFETY = (checks.merged_at_most_once, checks.versions_monotonic, checks.no_nan, checks.durable_rounds_kept,
@@ -38,6 +40,7 @@ SAFETY = (checks.merged_at_most_once, checks.versions_monotonic, checks.no_nan, 
 
 class SimulatedCluster(RuleBasedStateMachine):
     bugs: frozenset = frozenset()  # planted bugs (test_planted_bugs.py runs the machine with one)
+    reports: Path = REPORTS         # where a failure's run is written
 
     @initialize()
     def launch(self):
@@ -50,92 +53,67 @@ class SimulatedCluster(RuleBasedStateMachine):
         self.open: dict[tuple, object] = {}   # (kind, target) -> the fault now active
         self.done: list = []                  # faults that have ended, with their real length
         self.up_since = dict.fromkeys(LEARNERS + SHARDS, 0.0)  # when each unit last (re)started
-        self.reach_since = dict.fromkeys(LEARNERS, 0.0)        # when each learner's links last healed
+        # when each unit can be counted on again: after a fault on it started or ended, it
+        # reconnects, fetches and contributes (a shard: restarts and is found again)
+        self.settled_at = dict.fromkeys(LEARNERS + SHARDS, self.t0)
+        self.commits = dict.fromkeys(SHARDS, self.t0)          # each shard's last round_commit
         self.speed = dict.fromkeys(LEARNERS, 1.0)
 
-    # --- the nemesis: targets are drawn among those a rule can act on, so nothing is filtered
-    def _start(self, fault) -> None:
-        self.open[(fault.kind, fault.target)] = fault
-        self.injector.start(fault)
+    # --- the nemesis. Each rule toggles a fault on a unit: starts it, or ends it if it is on
+    # (and has lasted); a unit another process fault holds is left alone. So every rule is
+    # always enabled and nothing is filtered out.
+    def _toggle(self, fault, busy: bool = False):
+        """Starts `fault`, or ends the active fault of its kind on its target; returns the
+        target if it ended one."""
+        key = (fault.kind, fault.target)
+        active = self.open.get(key)
+        unit = fault.target.removeprefix("link:")
+        if active is None:
+            if not busy:
+                self.open[key] = fault
+                self.injector.start(fault)
+            return None
+        if self.at <= active.at_s:
+            return None  # a fault lasts some time
+        restart = {"kill_unit": READY_S, "kill_syncer": SIM.syncer_startup_s}.get(fault.kind, 0.0)
+        self.settled_at[unit] = self.world.now + restart + SETTLE_S
+        del self.open[key]
+        self.injector.end(active)
+        self.done.append(dataclasses.replace(active, **{active.length_field: round(self.at - active.at_s, 6)}))
+        return fault.target
 
-    def _end(self, data, kind: str) -> str:
-        target = data.draw(st.sampled_from(self._ending(kind)))
-        fault = self.open.pop((kind, target))
-        self.injector.end(fault)
-        self.done.append(dataclasses.replace(fault, **{fault.length_field: round(self.at - fault.at_s, 6)}))
-        return target
-
-    def _ending(self, kind: str) -> list[str]:
-        """Targets of `kind` faults that have lasted some time."""
-        return sorted(t for (k, t), f in self.open.items() if k == kind and self.at > f.at_s)
-
-    def _free(self) -> list[str]:
-        """Learners no process fault acts on (kill, pause and slow exclude each other)."""
-        return [u for u in LEARNERS if not self._busy(u)]
-
-    def _busy(self, u: str) -> bool:
-        return any((k, u) in self.open for k in ("kill_unit", "pause_unit", "slow_unit"))
+    def _busy(self, u: str, but: str = "") -> bool:
+        """A kill, pause or slow (other than `but`) holds learner u: they exclude each other."""
+        return any((k, u) in self.open for k in ("kill_unit", "pause_unit", "slow_unit") if k != but)
 
     @property
     def at(self) -> float:
         return round(self.world.now - self.t0, 6)
 
-    @precondition(lambda self: self._free())
-    @rule(data=st.data())
-    def kill(self, data):
-        self._start(KillUnit(data.draw(st.sampled_from(self._free())), self.at, down_for_s=None))
+    @rule(u=st.sampled_from(LEARNERS))
+    def kill_or_restart(self, u):
+        if self._toggle(KillUnit(u, self.at, down_for_s=None), self._busy(u, "kill_unit")):
+            self.up_since[u] = self.world.now
 
-    @precondition(lambda self: self._ending("kill_unit"))
-    @rule(data=st.data())
-    def restart(self, data):
-        self.up_since[self._end(data, "kill_unit")] = self.world.now
+    @rule(u=st.sampled_from(LEARNERS))
+    def pause_or_resume(self, u):
+        self._toggle(PauseUnit(u, self.at, duration_s=1.0), self._busy(u, "pause_unit"))
 
-    @precondition(lambda self: self._free())
-    @rule(data=st.data())
-    def pause(self, data):
-        self._start(PauseUnit(data.draw(st.sampled_from(self._free())), self.at, duration_s=1.0))
+    @rule(u=st.sampled_from(LEARNERS), speed=st.sampled_from([0.5, 0.25, 0.1]))
+    def slow_or_unslow(self, u, speed):
+        if ("slow_unit", u) not in self.open and not self._busy(u):
+            self.speed[u] = speed
+        if self._toggle(SlowUnit(u, self.at, duration_s=1.0, speed=speed), self._busy(u, "slow_unit")):
+            self.speed[u] = 1.0
 
-    @precondition(lambda self: self._ending("pause_unit"))
-    @rule(data=st.data())
-    def resume(self, data):
-        self._end(data, "pause_unit")
+    @rule(u=st.sampled_from(LEARNERS), direction=st.sampled_from(["both", "upstream", "downstream"]))
+    def partition_or_heal(self, u, direction):
+        self._toggle(Partition(f"link:{u}", self.at, duration_s=1.0, direction=direction))
 
-    @precondition(lambda self: self._free())
-    @rule(data=st.data(), speed=st.sampled_from([0.5, 0.25, 0.1]))
-    def slow(self, data, speed):
-        u = data.draw(st.sampled_from(self._free()))
-        self._start(SlowUnit(u, self.at, duration_s=1.0, speed=speed))
-        self.speed[u] = speed
-
-    @precondition(lambda self: self._ending("slow_unit"))
-    @rule(data=st.data())
-    def unslow(self, data):
-        self.speed[self._end(data, "slow_unit")] = 1.0
-
-    @precondition(lambda self: self._cuttable())
-    @rule(data=st.data(), direction=st.sampled_from(["both", "upstream", "downstream"]))
-    def partition(self, data, direction):
-        self._start(Partition(data.draw(st.sampled_from(self._cuttable())), self.at, duration_s=1.0,
-                              direction=direction))
-
-    def _cuttable(self) -> list[str]:
-        return [f"link:{u}" for u in LEARNERS if ("partition", f"link:{u}") not in self.open]
-
-    @precondition(lambda self: self._ending("partition"))
-    @rule(data=st.data())
-    def heal(self, data):
-        self.reach_since[self._end(data, "partition").removeprefix("link:")] = self.world.now
-
-    @precondition(lambda self: any(("kill_syncer", s) not in self.open for s in SHARDS))
-    @rule(data=st.data())
-    def kill_syncer(self, data):
-        up = [s for s in SHARDS if ("kill_syncer", s) not in self.open]
-        self._start(KillSyncer(data.draw(st.sampled_from(up)), self.at, down_for_s=1.0))
-
-    @precondition(lambda self: self._ending("kill_syncer"))
-    @rule(data=st.data())
-    def restart_syncer(self, data):
-        self.up_since[self._end(data, "kill_syncer")] = self.world.now
+    @rule(s=st.sampled_from(SHARDS))
+    def kill_or_restart_syncer(self, s):
+        if self._toggle(KillSyncer(s, self.at, down_for_s=1.0)):
+            self.up_since[s] = self.world.now
 
     @rule(dt=st.sampled_from([0.5, 1.0, 2.0, 4.0]))
     def advance(self, dt):
@@ -164,13 +142,17 @@ class SimulatedCluster(RuleBasedStateMachine):
             least = int((b - a) * self.speed[u] / STEP_MAX_S) - 1
             assert after[u] is not None and after[u] - before[u] >= least, \
                 f"{u} made {None if after[u] is None else after[u] - before[u]} steps in {b - a:.1f}s, expected ≥ {least}"
-        reachable = [u for u in LEARNERS if not self._busy(u) and ("partition", f"link:{u}") not in self.open
-                     and a - max(self.up_since[u] + READY_S, self.reach_since[u]) >= SETTLE_S]
+        for e in new:
+            if e["kind"] == "round_commit":
+                self.commits[e["src"]] = e["t"]
+        # a shard that has been up and settled, while some learner has been free, reachable and
+        # settled, commits at least every GAP_S (a fragment cycle is 0.6 s here)
+        free = [self.settled_at[u] for u in LEARNERS if not self._busy(u) and ("partition", f"link:{u}") not in self.open]
         for s in SHARDS:
-            if not reachable or b - a < 2.0 or ("kill_syncer", s) in self.open or a - self.up_since[s] < SETTLE_S:
+            if ("kill_syncer", s) in self.open or not free:
                 continue
-            assert any(e["kind"] == "round_commit" and e["src"] == s for e in new), \
-                f"{s} committed nothing in [{a:.2f}, {b:.2f}]s while {reachable} could reach it"
+            since = max(self.settled_at[s], min(free), self.commits[s])
+            assert b - since <= GAP_S, f"{s} committed nothing in [{since:.2f}, {b:.2f}]s while a learner could reach it"
 
     @invariant()
     def processes_match_the_model(self):
@@ -207,7 +189,7 @@ class SimulatedCluster(RuleBasedStateMachine):
                               if f.kind != "kill_unit" else f for f in self.open.values()]
         s = dataclasses.replace(self.scenario, faults=tuple(faults))
         return report(Case(s, simulate(s, params=SIM, bugs=self.bugs), self.bugs, RejoinProbe()), "cluster_model",
-                      f"{detail} (at {now:.2f}s after t_start, in the interactive run)")
+                      f"{detail} (at {now:.2f}s after t_start, in the interactive run)", self.reports)
 
     def teardown(self):
         if hasattr(self, "world"):
@@ -215,4 +197,4 @@ class SimulatedCluster(RuleBasedStateMachine):
 
 
 TestSimulatedCluster = SimulatedCluster.TestCase
-TestSimulatedCluster.settings = settings(examples(12), stateful_step_count=12)
+TestSimulatedCluster.settings = settings(examples(20), stateful_step_count=15)

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import Phase, find, given, settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from faults.strategies import KINDS, schedules
 from harness import eventlog
 from harness.sim import replay_sim
 from sim_cases import WINDOW, reported, scenario, simulate_case
 from sim_props import recovery, safety
+from test_cluster_model import SimulatedCluster
 from test_recovery import RESTARTS
 
 BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure names)
@@ -73,3 +75,12 @@ def test_a_failing_property_reports_the_shrunk_schedule_and_how_to_replay_it(tmp
     replayed = replay_sim(run_dir, tmp_path / "again")
     first, again = eventlog.read(run_dir), eventlog.read(replayed.run_dir)
     assert again.events == first.events and again.header["sim"]["bugs"] == ["stale_as_fresh"]
+
+
+def test_the_state_machine_catches_a_planted_bug(tmp_path):
+    class Buggy(SimulatedCluster):
+        bugs, reports = frozenset({"stale_as_fresh"}), tmp_path
+
+    with pytest.raises(AssertionError, match="weights_match_staleness"):
+        run_state_machine_as_test(Buggy, settings=settings(max_examples=10, stateful_step_count=6, database=None,
+                                                           derandomize=True, phases=[Phase.generate]))
