@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from trainer.messages import describe
 from trainer.protocol import IllegalTransition, Log, SaveCheckpoint, Send, SetTimer, SyncerCore
+from trainer.syncer import CKPT_MIN_INTERVAL_S
 from trainer.transport import LinkStats
 from trainer.wiring import syncer_config
 
@@ -23,6 +24,8 @@ class SyncerProc:
         self.stats: dict[str, LinkStats] = {}
         self.in_flight: dict | None = None  # versions of the save being written
         self.dirty = False
+        self.last_save = -CKPT_MIN_INTERVAL_S
+        self.deferred = None  # the clock handle of a save put off by CKPT_MIN_INTERVAL_S
         self.world.clock.at(self.world.now + self.world.params.syncer_startup_s, self.started)
 
     def started(self) -> None:
@@ -88,14 +91,27 @@ class SyncerProc:
                 self.dirty = True
 
     # --- checkpoints ---------------------------------------------------------------------
-    def checkpoint(self) -> None:
-        """Starts a save if the state moved on and none is in flight (Syncer.checkpoint)."""
-        if self.dirty and self.in_flight is None:
-            self.unit.saved += 1
-            self.in_flight = dict(self.state.version)
-            snap = (self.core.snapshot(self.state), self.unit.saved)
-            self.dirty = False
-            self.world.clock.at(self.world.now + self.world.params.ckpt_save_s, self._saved, snap)
+    def checkpoint(self, due: bool = False) -> None:
+        """Starts a save if the state moved on, none is in flight and the last one started
+        CKPT_MIN_INTERVAL_S ago (Syncer.checkpoint); else comes back when it may."""
+        w = self.world
+        if not self.dirty or self.in_flight is not None:
+            return
+        if not due and w.now - self.last_save < CKPT_MIN_INTERVAL_S:
+            if self.deferred is None:
+                self.deferred = w.clock.at(self.last_save + CKPT_MIN_INTERVAL_S, self._deferred)
+            return
+        self.last_save = w.now
+        self.unit.saved += 1
+        self.in_flight = dict(self.state.version)
+        snap = (self.core.snapshot(self.state), self.unit.saved)
+        self.dirty = False
+        w.clock.at(w.now + w.params.ckpt_save_s, self._saved, snap)
+
+    def _deferred(self) -> None:
+        self.deferred = None
+        if self.alive:
+            self.checkpoint(due=True)
 
     def _saved(self, snap) -> None:
         if not self.alive:
@@ -108,8 +124,9 @@ class SyncerProc:
     # --- the end ---------------------------------------------------------------------------
     def kill(self) -> None:
         self.alive = self.listening = False
-        for handle in self.timers.values():
-            handle.cancel()
+        for handle in [*self.timers.values(), self.deferred]:
+            if handle is not None:
+                handle.cancel()
         self.world.net.shard_stopped(self.unit.name)
 
     def stop(self) -> None:
