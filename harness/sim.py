@@ -26,7 +26,8 @@ import optax
 
 from harness import eventlog
 from harness.cluster import make_topology
-from harness.runner import END_GRACE_S, MAX_STEPS_FACTOR, STARTUP_TIMEOUT_S, RunResult, summarize, unique_dir
+from harness.runner import (END_GRACE_S, MAX_STEPS_FACTOR, STARTUP_TIMEOUT_S, RunResult, render, summarize,
+                            unique_dir)
 from harness.scenario import Scenario, scenario_from_dict, scenario_to_toml
 from harness.sim_world import SimInjector, SimParams, World
 from trainer.config import RunConfig
@@ -204,11 +205,13 @@ def run_sim(s: Scenario, out: Path, run_dir: Path | None = None, *, label: str |
             reference: Path | None = None, expect: bool = True, params: SimParams = SimParams(),
             bugs=frozenset()) -> RunResult:
     """The sim tier's `run_scenario` (same keywords, same files: run_dir/events.jsonl,
-    scenario.toml, summary.json). `live` is accepted and ignored: a run takes seconds."""
+    scenario.toml, summary.json, report.html). `live` is accepted and ignored."""
     run_dir = run_dir or unique_dir(Path(out), label or s.name)
     run = simulate(s, params=params, bugs=bugs, replay=f"diloco-chaos replay {shlex.quote(str(run_dir))}")
     run.write(run_dir)
-    return RunResult(run_dir, summarize(run_dir, s, reference, expect=expect))
+    summary = summarize(run_dir, s, reference, expect=expect)
+    render(run_dir)
+    return RunResult(run_dir, summary)
 
 
 def replay_sim(run_dir: Path, out_dir: Path, label: str | None = None) -> RunResult:
