@@ -88,7 +88,8 @@ class Case:
 
     @cached_property
     def metrics(self) -> metrics.Metrics:
-        ref = self if not self.scenario.faults and not self.bugs else reference(self.scenario)
+        faultless = not self.scenario.faults and self.scenario.failure_process is None
+        ref = self if faultless and not self.bugs else reference(self.scenario)
         return metrics.compute(self.log, ref.log)
 
     def check(self, result: checks.Result) -> None:
@@ -104,7 +105,7 @@ def simulate_case(s: Scenario, bugs=frozenset()) -> Case:
 
 def reference(s: Scenario) -> Case:
     """The fault-free run of `s` (same config and seed), simulated once."""
-    return _reference(json.dumps(dataclasses.replace(s, faults=()).to_dict(), sort_keys=True))
+    return _reference(json.dumps(dataclasses.replace(s, faults=(), failure_process=None).to_dict(), sort_keys=True))
 
 
 @lru_cache(maxsize=16)

@@ -5,9 +5,11 @@ Decoupled with K = 2 (so that the quorum is something to respect), and data-para
 (whose gradients are re-sent after a reconnect: at-most-once has work to do)."""
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 
-from faults.strategies import schedules
+from faults.strategies import failure_processes, schedules
 from sim_cases import WINDOW, examples, reported, scenario, simulate_case
 from sim_props import safety
 
@@ -24,5 +26,16 @@ def test_decoupled_is_safe_under_any_schedule(schedule):
 @given(schedules(WINDOW, ("partition", "reset", "truncate", "kill_syncer", "kill_unit"), max_faults=4))
 def test_data_parallel_is_safe_under_link_and_process_faults(schedule):
     case = simulate_case(scenario(schedule, mode="dp"))
+    with reported(case, "safety"):
+        safety(case)
+
+
+@examples(15)
+@given(failure_processes(WINDOW, min_mtbi_s=8.0, max_mtbi_s=128.0))
+def test_decoupled_is_safe_under_a_random_failure_process(process):
+    """Faults drawn from a rate (per chip) and a cause mix, as the `chaos` built-in does, over
+    the window (the scenario's duration is the window: the process draws up to it)."""
+    s = scenario(quorum=2, duration_s=WINDOW.run_s)
+    case = simulate_case(dataclasses.replace(s, failure_process=process))
     with reported(case, "safety"):
         safety(case)
