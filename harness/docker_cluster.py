@@ -1,0 +1,351 @@
+"""The cluster tier, `docker` backend: every learner unit and syncer shard a container.
+
+`DockerCluster` is a `LocalCluster` whose members are containers on the engine that
+DOCKER_HOST names (or the default socket), driven through the `docker` Python SDK.
+Everything else is shared: the run directory, Toxiproxy (on the harness's host; the
+containers use host networking, so 127.0.0.1 is the same loopback), slice control
+files, the Injector. Faults the container way:
+
+  kill_unit / kill_syncer   container.kill() (SIGKILL), removed; after `down_for` a new
+                            container of the same unit starts with the next incarnation
+  pause_unit                container.pause() / unpause() (the cgroup freezer)
+  slow_unit                 set_speed(): a CFS CPU quota (container.update(cpu_quota=...)),
+                            i.e. slower hardware; without it the Injector's SIGSTOP duty
+                            cycle still works, on the container's main process (`pid`)
+  kill_slice                the control file in the run directory, as on local
+
+Each member's `proc` is a `ContainerProc`, which answers `poll()`, `wait()`, `pid`,
+`returncode` as `subprocess.Popen` does, so the runner and the Injector need no change.
+
+Images. `image="host"` (default) needs no registry: `host_image()` imports
+(`docker import`) a tiny root filesystem of empty mount points, and each container
+bind-mounts, read-only, the host's /usr (and /bin, /lib, ... where they are not
+symlinks into it), /etc, the Python install (`sys.base_prefix`), the virtualenv and
+the repository at the same paths, so it runs the host's Python on the host's files.
+The image is named by content (`diloco-chaos-host:<sha>` of the tar and the mount
+list), so it is built once per engine. Any other `image` (e.g. one built from
+docker/Dockerfile) is used as is, with the repository mounted at the same path.
+This host-mount mode needs the engine on this machine; docs/DOCKER.md.
+
+Cleanup. Every container carries the label `diloco-chaos.run=<run_id>`; `close()`
+(from `__exit__`, so on exceptions and Ctrl-C too) removes every container of the run
+by that label, then stops Toxiproxy. `remove_all()` removes every container any run
+left (e.g. after a `kill -9` of the harness, which no `finally` survives).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.cluster import JAX_CACHE, LocalCluster
+
+LABEL = "diloco-chaos.run"
+UNIT_LABEL = "diloco-chaos.unit"
+HOST_IMAGE_REPO = "diloco-chaos-host"
+REPO = Path(__file__).resolve().parent.parent
+CPU_PERIOD_US = 100_000
+
+# Environment the harness has that means nothing inside a container (or must not leak).
+_ENV_DROP = {"DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "HOSTNAME", "TERM", "DISPLAY",
+             "SSH_AUTH_SOCK", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER"}
+
+
+def engine(timeout_s: float = 60.0):
+    """A client for the engine DOCKER_HOST names; raises `docker.errors.DockerException`
+    when none answers."""
+    import docker
+
+    c = docker.from_env(timeout=int(timeout_s))
+    c.ping()
+    return c
+
+
+def reachable() -> str | None:
+    """None when an engine answers, else why not (for skip messages)."""
+    try:
+        engine(timeout_s=5).close()
+        return None
+    except Exception as e:  # noqa: BLE001 - any failure means "not reachable"
+        return f"no Docker engine at {os.environ.get('DOCKER_HOST', 'the default socket')}: {e}"
+
+
+# ------------------------------------------------------------------ the host image
+def host_mounts(extra: tuple[str, ...] = ()) -> list[tuple[str, bool]]:
+    """(path, read_only) binds that let a container run this host's Python and project.
+    Top-level directories that are symlinks (merged /usr) become symlinks in the image."""
+    ro: list[str] = []
+    for top in ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "opt"):
+        p = Path("/") / top
+        if p.is_dir() and not p.is_symlink():
+            ro.append(str(p))
+    for p in (sys.base_prefix, sys.prefix, str(REPO), *extra):
+        p = str(Path(p).resolve())
+        if not any(p == r or p.startswith(r.rstrip("/") + "/") for r in ro):
+            ro.append(p)
+    return [(p, True) for p in sorted(set(ro))]
+
+
+def rootfs_tar(mounts: list[tuple[str, bool]]) -> bytes:
+    """A root filesystem with nothing in it but mount points, /tmp, and the host's
+    top-level symlinks (/bin -> usr/bin on merged-/usr systems). Deterministic bytes."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        seen: set[str] = set()
+
+        def add_dir(path: str, mode: int = 0o755) -> None:
+            parts = Path(path).relative_to("/").parts
+            for i in range(1, len(parts) + 1):
+                name = "/".join(parts[:i])
+                if name in seen:
+                    continue
+                seen.add(name)
+                ti = tarfile.TarInfo(name)
+                ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, mode if i == len(parts) else 0o755, 0
+                tar.addfile(ti)
+
+        for d in ("/proc", "/sys", "/dev", "/root", "/run", "/var", "/work"):
+            add_dir(d)
+        add_dir("/tmp", 0o1777)
+        for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            p = Path("/") / top
+            if p.is_symlink():
+                ti = tarfile.TarInfo(top)
+                ti.type, ti.linkname, ti.mtime = tarfile.SYMTYPE, os.readlink(p), 0
+                tar.addfile(ti)
+                seen.add(top)
+        for path, _ in mounts:
+            if path.strip("/") not in seen:
+                add_dir(path)
+    return buf.getvalue()
+
+
+def host_image(client, mounts: list[tuple[str, bool]]) -> str:
+    """`diloco-chaos-host:<sha>`: imported (no registry) once per engine, named by content."""
+    import docker
+
+    tar = rootfs_tar(mounts)
+    sha = hashlib.sha256(tar + json.dumps(mounts).encode()).hexdigest()[:16]
+    ref = f"{HOST_IMAGE_REPO}:{sha}"
+    try:
+        client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        client.api.import_image_from_data(tar, repository=HOST_IMAGE_REPO, tag=sha)
+        client.images.get(ref)
+    return ref
+
+
+# ------------------------------------------------------------------ a container as a process
+class ContainerProc:
+    """The subset of `subprocess.Popen` the harness uses, for one container."""
+
+    def __init__(self, container, poll_every_s: float = 0.25):
+        self.container = container
+        self.returncode: int | None = None
+        self.pid: int | None = None
+        self._last = 0.0
+        self._every = poll_every_s
+        self._refresh(force=True)
+
+    def _refresh(self, force: bool = False) -> None:
+        import docker
+
+        if self.returncode is not None or (not force and time.monotonic() - self._last < self._every):
+            return
+        self._last = time.monotonic()
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            self.returncode, self.pid = -9, None
+            return
+        state = self.container.attrs["State"]
+        if state["Status"] in ("exited", "dead"):
+            self.returncode, self.pid = int(state["ExitCode"]), None
+        elif state.get("Pid"):
+            self.pid = int(state["Pid"])
+
+    def poll(self) -> int | None:
+        self._refresh()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._refresh(force=True)
+            if self.returncode is not None:
+                return self.returncode
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.container.name, timeout)
+            time.sleep(0.1)
+
+
+# ------------------------------------------------------------------ the cluster
+@dataclass
+class DockerCluster(LocalCluster):
+    """`LocalCluster` with containers. Extra keywords: `image` ("host": the registry-free
+    host image, else an image reference), `cpus` (each unit's CPU budget in cores; None:
+    unlimited), `docker_client` (default: from DOCKER_HOST)."""
+
+    image: str = "host"
+    cpus: float | None = None
+    docker_client: object | None = None
+    run_id: str = ""
+    _image_ref: str = ""
+    _mounts: list = field(default_factory=list)
+
+    def _start(self, start_learners: bool) -> None:
+        if self.docker_client is None:
+            self.docker_client = engine()
+        self.run_dir = Path(self.run_dir).resolve()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        JAX_CACHE.mkdir(parents=True, exist_ok=True)
+        if self.image == "host":
+            self._mounts = host_mounts()
+            self._image_ref = host_image(self.docker_client, self._mounts)
+        else:
+            self._mounts = [(str(REPO), True)]
+            self._image_ref = self.image
+        # read-write: the run directory and the shared XLA compilation cache
+        self._mounts = [*self._mounts, (str(self.run_dir), False), (str(JAX_CACHE.resolve()), False)]
+        super()._start(start_learners)  # sets topology["run_id"], then spawns
+        self.run_id = self.topology["run_id"]
+        run = json.loads((self.run_dir / "run.json").read_text())
+        run["backend"] = {"name": "docker", "image": self._image_ref, "engine": self._engine_name()}
+        (self.run_dir / "run.json").write_text(json.dumps(run, indent=1))
+
+    def _engine_name(self) -> str:
+        try:
+            return self.docker_client.api.base_url
+        except Exception:  # noqa: BLE001
+            return "?"
+
+    def close(self) -> None:
+        """Removes every container of this run (by label, so also ones a failed spawn
+        left), then does what LocalCluster.close does (proxies, Toxiproxy)."""
+        try:
+            if self.docker_client is not None and self.topology.get("run_id"):
+                for c in self.docker_client.containers.list(all=True, filters={"label": f"{LABEL}={self.topology['run_id']}"}):
+                    try:
+                        c.remove(force=True)
+                    except Exception:  # noqa: BLE001 - already gone
+                        pass
+            for m in self.members.values():
+                m.proc = None
+        finally:
+            super().close()
+
+    # process control -----------------------------------------------------------------
+    def spawn(self, name: str) -> ContainerProc:
+        m = self.members[name]
+        if m.proc is not None and m.proc.poll() is None:
+            raise RuntimeError(f"{name} is already running (container {m.proc.container.name})")
+        m.incarnation += 1
+        module = "trainer.learner" if m.role == "learner" else "trainer.syncer"
+        env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
+        env["PYTHONUNBUFFERED"] = "1"
+        if m.role == "learner":
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={self.slices}"
+        env.setdefault("JAX_PLATFORMS", "cpu")
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE.resolve()))
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+        env["DILOCO_CHAOS_LOG"] = str(self.run_dir / "stdout" / f"{name}.{m.incarnation}.log")
+        python = self.python if self.image == "host" else "python"
+        argv = [python, "-m", module, "--run-dir", str(self.run_dir), "--id", name,
+                "--incarnation", str(m.incarnation)]
+        # stdout/stderr to the run directory, as on local; `exec` keeps python the main process
+        cmd = ["/bin/sh", "-c", 'exec "$@" >>"$DILOCO_CHAOS_LOG" 2>&1', "sh", *argv]
+        from docker.types import Mount
+
+        kwargs = {}
+        if self.cpus is not None:
+            kwargs["nano_cpus"] = int(self.cpus * 1e9)
+        c = self.docker_client.containers.run(
+            self._image_ref, cmd, detach=True, name=f"dc-{self.topology['run_id']}-{name}-{m.incarnation}",
+            environment=env, network_mode="host", working_dir=str(REPO), init=False,
+            mounts=[Mount(target=p, source=p, type="bind", read_only=ro) for p, ro in self._mounts],
+            labels={LABEL: self.topology["run_id"], UNIT_LABEL: name, "diloco-chaos.incarnation": str(m.incarnation)},
+            stop_signal="SIGTERM", **kwargs)
+        m.proc = ContainerProc(c)
+        m.paused = False
+        return m.proc
+
+    def kill(self, name: str) -> None:
+        """`docker kill` (SIGKILL to the container: no chance to clean up), then removed."""
+        import docker
+
+        m = self.members[name]
+        if m.proc is None:
+            return
+        c = m.proc.container
+        try:
+            if m.paused or m.proc.poll() is None:
+                c.kill()
+        except docker.errors.APIError:
+            pass  # exited meanwhile
+        m.proc.wait(timeout=30)
+        try:
+            c.remove(force=True)
+        except docker.errors.APIError:
+            pass
+        m.proc = None
+        m.paused = False
+
+    def pause(self, name: str) -> None:
+        m = self.members[name]
+        if m.proc is not None and m.proc.poll() is None:
+            m.proc.container.pause()
+            m.paused = True
+
+    def resume(self, name: str) -> None:
+        m = self.members[name]
+        if m.proc is not None and m.paused:
+            try:
+                m.proc.container.unpause()
+            except Exception:  # noqa: BLE001 - killed while paused
+                pass
+        m.paused = False
+
+    def set_speed(self, name: str, fraction: float) -> None:
+        """Slower hardware: a CFS quota of `fraction` of the unit's CPU budget (`cpus`, or
+        one core when the unit is unlimited: a learner of this miniature keeps about one
+        core busy, so `fraction` of all the host's cores would often not slow it at all);
+        fraction >= 1 restores the budget."""
+        m = self.members[name]
+        if m.proc is None or m.proc.poll() is not None:
+            return
+        budget = self.cpus if self.cpus is not None else 1.0
+        if fraction >= 1.0:
+            quota = int(budget * CPU_PERIOD_US) if self.cpus is not None else -1
+        else:
+            quota = max(1000, int(fraction * budget * CPU_PERIOD_US))
+        m.proc.container.update(cpu_period=CPU_PERIOD_US, cpu_quota=quota)
+
+    def pid(self, name: str) -> int | None:
+        """The container's main process (python) as the host sees it, while it runs."""
+        m = self.members[name]
+        if m.proc is None or m.proc.poll() is not None:
+            return None
+        return m.proc.pid
+
+
+def remove_all(client=None, run_id: str | None = None) -> int:
+    """Removes every diloco-chaos container (of one run, or of all); returns how many."""
+    client = client or engine()
+    flt = f"{LABEL}={run_id}" if run_id else LABEL
+    n = 0
+    for c in client.containers.list(all=True, filters={"label": flt}):
+        try:
+            c.remove(force=True)
+            n += 1
+        except Exception:  # noqa: BLE001
+            pass
+    return n

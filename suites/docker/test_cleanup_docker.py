@@ -1,0 +1,74 @@
+"""No container outlives its run: not after an exception inside the `with`, not after
+a Ctrl-C (SIGINT) of the process that holds the cluster."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.docker_cluster import LABEL, DockerCluster
+from harness.scenario import scenario_from_dict
+
+pytestmark = [pytest.mark.docker, pytest.mark.cluster]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _config() -> dict:
+    s = scenario_from_dict({"name": "cleanup", "seed": 1, "cluster": {"learners": 2, "backend": "docker"},
+                            "train": {"task": "markov", "steps": 1000, "duration": "60s"}})
+    return s.run_config().to_dict()
+
+
+def _of_run(client, run_id: str) -> list:
+    return client.containers.list(all=True, filters={"label": f"{LABEL}={run_id}"})
+
+
+def test_an_exception_inside_the_with_removes_every_container(tmp_path, docker_engine):
+    cluster = DockerCluster(tmp_path / "run", _config(), seed=1)
+    with pytest.raises(RuntimeError, match="boom"):
+        with cluster:
+            run_id = cluster.topology["run_id"]
+            names = {c.labels["diloco-chaos.unit"] for c in _of_run(docker_engine, run_id)}
+            assert names == {"learner-0", "learner-1", "syncer-0"}
+            assert all(cluster.pid(n) for n in names)  # running, with a host pid
+            cluster.pause("learner-1")  # a paused container too
+            cluster.kill("learner-0")   # and a killed one is removed at once
+            assert {c.labels["diloco-chaos.unit"] for c in _of_run(docker_engine, run_id)} == {"learner-1", "syncer-0"}
+            raise RuntimeError("boom")
+    assert not _of_run(docker_engine, run_id)
+    assert cluster.toxiproxy is None
+
+
+CHILD = """
+import json, sys, time
+from pathlib import Path
+from harness.docker_cluster import DockerCluster
+with DockerCluster(Path(sys.argv[1]), json.loads(sys.argv[2]), seed=1) as c:
+    print(c.topology["run_id"], flush=True)
+    time.sleep(300)
+"""
+
+
+def test_sigint_removes_every_container(tmp_path, docker_engine):
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path / "run"), json.dumps(_config())],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        run_id = child.stdout.readline().strip()
+        assert run_id, child.stderr.read()
+        assert len(_of_run(docker_engine, run_id)) == 3
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=60)
+        assert child.returncode != 0 and "KeyboardInterrupt" in child.stderr.read()
+        assert not _of_run(docker_engine, run_id)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
