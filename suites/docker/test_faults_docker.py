@@ -60,12 +60,12 @@ def _window(log, fault_kind):
 @pytest.fixture(scope="module")
 def container_faults(tmp_path_factory, docker_engine):
     s = _scenario("docker-faults", [
-        {"kind": "pause_unit", "target": "learner-1", "at": "5s", "duration": "3s"},
-        {"kind": "kill_syncer", "target": "syncer-0", "at": "5s", "down_for": "3s"},
+        {"kind": "pause_unit", "target": "learner-1", "at": "4s", "duration": "3s"},
+        {"kind": "kill_syncer", "target": "syncer-0", "at": "4s", "down_for": "3s"},
         # a quota of 0.1 core: on 2 busy shared cores a unit may get only ~0.3 core anyway
-        {"kind": "slow_unit", "target": "learner-0", "at": "11s", "duration": "6s", "speed": 0.1},
-        {"kind": "kill_unit", "target": "learner-1", "at": "19s", "down_for": "4s"},
-    ])
+        {"kind": "slow_unit", "target": "learner-0", "at": "9s", "duration": "5s", "speed": 0.1},
+        {"kind": "kill_unit", "target": "learner-1", "at": "15s", "down_for": "3s"},
+    ], steps=1000, duration="25s")  # the token budget must outlast the faults on an idle machine
     out = tmp_path_factory.mktemp("runs")
     with docker_backend():
         result = runner.run_scenario(s, out, live=False)
