@@ -219,6 +219,7 @@ class DockerCluster(LocalCluster):
         self.run_id = self.topology["run_id"]
         run = json.loads((self.run_dir / "run.json").read_text())
         run["backend"] = {"name": "docker", "image": self._image_ref, "engine": self._engine_name()}
+        self.topology["backend"] = run["backend"]  # the runner copies topology into the event log header
         (self.run_dir / "run.json").write_text(json.dumps(run, indent=1))
 
     def _engine_name(self) -> str:
