@@ -51,7 +51,10 @@ def docker_engine():
     why = docker_cluster.reachable()
     started, old_host = False, os.environ.get("DOCKER_HOST")
     if why is not None:
-        host, why_not, running = _start_private_engine()
+        try:
+            host, why_not, running = _start_private_engine()
+        except (OSError, subprocess.SubprocessError) as e:
+            host, why_not, running = None, repr(e), None
         if host is None and running is None:
             pytest.skip(f"{why}; and none could be started: {why_not}")
         os.environ["DOCKER_HOST"] = host or running
