@@ -34,10 +34,13 @@ left (e.g. after a `kill -9` of the harness, which no `finally` survives).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tarfile
 import time
@@ -74,6 +77,39 @@ def reachable() -> str | None:
         return None
     except Exception as e:  # noqa: BLE001 - any failure means "not reachable"
         return f"no Docker engine at {os.environ.get('DOCKER_HOST', 'the default socket')}: {e}"
+
+
+@contextlib.contextmanager
+def engine_for_run():
+    """Yields DOCKER_HOST of a reachable engine. When none answers and `dockerd` is
+    installed (scripts/install-docker.sh), starts the private one (scripts/dockerd.sh,
+    under /tmp/diloco-dockerd) for the duration of the block and stops it afterwards,
+    Ctrl-C included. Raises RuntimeError, saying what to do, when neither works."""
+    if reachable() is None:
+        yield os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        return
+    script = REPO / "scripts" / "dockerd.sh"
+    status = subprocess.run(["bash", str(script), "status"], capture_output=True, text=True, timeout=30)
+    if status.returncode == 0:  # started by someone else: use it, leave it running
+        os.environ["DOCKER_HOST"] = status.stdout.strip().splitlines()[-1]
+        yield os.environ["DOCKER_HOST"]
+        return
+    if shutil.which("dockerd") is None:
+        raise RuntimeError("the docker backend needs a Docker engine: set DOCKER_HOST, or install one "
+                           "(bash scripts/install-docker.sh) and this run starts it (docs/DOCKER.md)")
+    r = subprocess.run(["bash", str(script), "start"], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"scripts/dockerd.sh start failed: {r.stderr.strip()[-500:]}")
+    old = os.environ.get("DOCKER_HOST")
+    os.environ["DOCKER_HOST"] = r.stdout.strip().splitlines()[-1]
+    try:
+        yield os.environ["DOCKER_HOST"]
+    finally:
+        subprocess.run(["bash", str(script), "stop"], capture_output=True, timeout=120)
+        if old is None:
+            os.environ.pop("DOCKER_HOST", None)
+        else:
+            os.environ["DOCKER_HOST"] = old
 
 
 # ------------------------------------------------------------------ the host image
