@@ -197,4 +197,4 @@ class SimulatedCluster(RuleBasedStateMachine):
 
 
 TestSimulatedCluster = SimulatedCluster.TestCase
-TestSimulatedCluster.settings = settings(examples(20), stateful_step_count=15)
+TestSimulatedCluster.settings = settings(examples(30), stateful_step_count=15)

@@ -11,7 +11,7 @@ from sim_cases import WINDOW, examples, reported, scenario, simulate_case
 from sim_props import zero_downtime
 
 
-@examples(25)
+@examples(40)
 @given(schedules(WINDOW, max_faults=4))
 def test_rounds_keep_committing_while_one_learner_is_reachable(schedule):
     case = simulate_case(scenario(schedule))
@@ -21,7 +21,7 @@ def test_rounds_keep_committing_while_one_learner_is_reachable(schedule):
 
 # With K = 2 a slowed unit is still "reachable" but may take longer than the bound per
 # step: the check counts units, not their speed, so slow_unit is left out here.
-@examples(15)
+@examples(20)
 @given(schedules(WINDOW, [k for k in KINDS if k != "slow_unit"], max_faults=4))
 def test_rounds_keep_committing_while_a_quorum_of_two_is_reachable(schedule):
     case = simulate_case(scenario(schedule, quorum=2))

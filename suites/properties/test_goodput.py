@@ -24,7 +24,7 @@ from sim_cases import WINDOW, examples, reported, scenario, simulate_case
 from sim_props import decoupled_beats_dp, goodput_bound, outages
 
 
-@examples(30)
+@examples(40)
 @given(schedules(WINDOW, max_faults=4))
 def test_goodput_stays_above_the_fault_load_bound(schedule):
     case = simulate_case(scenario(schedule))
@@ -32,7 +32,7 @@ def test_goodput_stays_above_the_fault_load_bound(schedule):
         goodput_bound(case)
 
 
-@examples(15)
+@examples(25)
 @given(schedules(WINDOW, max_faults=3).filter(lambda s: outages(s.faults, WINDOW) == 0))
 def test_decoupled_goodput_is_at_least_data_parallel_without_a_job_wide_outage(schedule):
     case, dp = simulate_case(scenario(schedule)), simulate_case(scenario(schedule, mode="dp"))

@@ -9,7 +9,7 @@ from sim_cases import WINDOW, examples, reported, scenario, simulate_case
 from sim_props import PARITY_LOAD, loss_parity
 
 
-@examples(25)
+@examples(40)
 @given(schedules(WINDOW, max_faults=4, max_load=PARITY_LOAD))
 def test_final_loss_stays_near_the_fault_free_run(schedule):
     case = simulate_case(scenario(schedule))

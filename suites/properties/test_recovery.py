@@ -12,7 +12,7 @@ from sim_props import recovery
 RESTARTS = ("kill_unit", "kill_syncer", "partition", "reset", "wan", "kill_slice")
 
 
-@examples(25)
+@examples(40)
 @given(schedules(WINDOW, RESTARTS, max_faults=4))
 def test_restarted_units_rejoin_on_the_global_model_and_contribute_again(schedule):
     case = simulate_case(scenario(schedule, mixing=0.5))

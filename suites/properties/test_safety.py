@@ -14,7 +14,7 @@ from sim_cases import WINDOW, examples, reported, scenario, simulate_case
 from sim_props import safety
 
 
-@examples(30)
+@examples(40)
 @given(schedules(WINDOW, max_faults=5))
 def test_decoupled_is_safe_under_any_schedule(schedule):
     case = simulate_case(scenario(schedule, quorum=2))
@@ -22,7 +22,7 @@ def test_decoupled_is_safe_under_any_schedule(schedule):
         safety(case)
 
 
-@examples(15)
+@examples(20)
 @given(schedules(WINDOW, ("partition", "reset", "truncate", "kill_syncer", "kill_unit"), max_faults=4))
 def test_data_parallel_is_safe_under_link_and_process_faults(schedule):
     case = simulate_case(scenario(schedule, mode="dp"))
@@ -30,7 +30,7 @@ def test_data_parallel_is_safe_under_link_and_process_faults(schedule):
         safety(case)
 
 
-@examples(15)
+@examples(20)
 @given(failure_processes(WINDOW, min_mtbi_s=8.0, max_mtbi_s=128.0))
 def test_decoupled_is_safe_under_a_random_failure_process(process):
     """Faults drawn from a rate (per chip) and a cause mix, as the `chaos` built-in does, over
