@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: setup demo test clean bench
 
-setup: $(STAMP) $(TOOLS)/toxiproxy-server $(TOOLS)/.browser
+setup: $(STAMP) $(TOOLS)/toxiproxy-server $(TOOLS)/.browser $(TOOLS)/.docker
 
 $(STAMP): pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "diloco-chaos needs Python 3.11, found " + sys.version.split()[0]'
@@ -27,11 +27,14 @@ $(TOOLS)/toxiproxy-server:
 $(TOOLS)/.browser:
 	@bash scripts/install-browser.sh && mkdir -p $(TOOLS) && touch $@
 
+$(TOOLS)/.docker:
+	@bash scripts/install-docker.sh && mkdir -p $(TOOLS) && touch $@
+
 demo: setup
 	@$(VENV)/bin/diloco-chaos demo
 
 test: setup
-	@$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	@DILOCO_DOCKER_SCENARIOS=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: setup
 	@for b in $(BENCHES); do $(VENV)/bin/diloco-chaos bench $$b || exit 1; done

@@ -138,6 +138,8 @@ class Injector:
         self.emit("unit_up", f.target, reason="resumed")
 
     def _start_slow_unit(self, n, f) -> None:
+        if hasattr(self.cluster, "set_speed"):  # docker: a CPU quota, i.e. slower hardware
+            return self.cluster.set_speed(f.target, f.speed)
         pid = self.cluster.pid(f.target)
         if pid is None:
             return
@@ -145,6 +147,8 @@ class Injector:
         threading.Thread(target=s.run, name=f"slow-{f.target}", daemon=True).start()
 
     def _end_slow_unit(self, n, f, final) -> None:
+        if hasattr(self.cluster, "set_speed"):
+            return self.cluster.set_speed(f.target, 1.0)
         s = self.slow.pop(n, None)
         if s is not None:
             s.stop.set()

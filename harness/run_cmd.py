@@ -36,7 +36,10 @@ def _run_options(p) -> None:
                    help="also run the same scenario and fault draw under data-parallel")
     p.add_argument("--reference", choices=["auto", "none"], default="auto",
                    help="loss parity against the fault-free run of the same scenario (auto: run it once, then reuse)")
-    p.add_argument("--tier", choices=["cluster"], default="cluster", help="where to run (cluster: real processes)")
+    p.add_argument("--tier", choices=["cluster", "sim"], default="cluster",
+                   help="cluster: real processes and Toxiproxy (default); sim: the deterministic simulator")
+    p.add_argument("--backend", choices=["local", "docker"], default=None,
+                   help="override the scenario's cluster.backend (docs/DOCKER.md)")
     p.add_argument("--no-live", action="store_true", help="no live progress display")
 
 
@@ -49,6 +52,8 @@ def register_replay(sub, help_: str) -> None:
     p = sub.add_parser("replay", help=help_, description="Run a stored run again with its recorded config, seed and schedule.")
     p.add_argument("run_dir", type=Path, help="a run directory (holds events.jsonl)")
     p.add_argument("--out", default="runs", type=Path)
+    p.add_argument("--tier", choices=["cluster", "sim"], default=None,
+                   help="where to replay (default: the tier the run was made on)")
     p.add_argument("--no-live", action="store_true")
     p.set_defaults(func=cmd_replay)
 
@@ -73,7 +78,18 @@ def cmd_scenarios(args) -> int:
 
 def cmd_run(args) -> int:
     s = _load(args.scenario, args.seed)
-    return _execute(s, args.out, compare=args.compare, reference=args.reference, live=not args.no_live)
+    if args.backend:
+        s = dataclasses.replace(s, cluster=dataclasses.replace(s.cluster, backend=args.backend))
+    if s.cluster.backend != "docker" or args.tier == "sim":
+        return _execute(s, args.out, compare=args.compare, reference=args.reference, live=not args.no_live,
+                        tier=args.tier)
+    from harness.docker_cluster import engine_for_run
+
+    try:
+        with engine_for_run():  # starts a private engine when none answers, stops it after
+            return _execute(s, args.out, compare=args.compare, reference=args.reference, live=not args.no_live)
+    except RuntimeError as e:
+        raise UserError(str(e)) from None
 
 
 def cmd_replay(args) -> int:
@@ -88,18 +104,30 @@ def cmd_replay(args) -> int:
     d["faults"] = header["schedule"]  # exactly the faults that ran, drawn ones included
     d.pop("failure_process", None)
     s = scenario_from_dict(d, source=str(args.run_dir / "events.jsonl"))
-    return _execute(s, args.out, compare=None, reference="none", live=not args.no_live, label=f"{s.name}-replay")
+    tier = args.tier or header.get("tier", "cluster")
+    return _execute(s, args.out, compare=None, reference="none", live=not args.no_live, label=f"{s.name}-replay",
+                    tier=tier)
 
 
-def _reference(s, out: Path, live: bool) -> Path | None:
-    """The fault-free run of `s` (same config and seed), made once and reused."""
+def _runner(tier: str):
+    if tier == "sim":
+        from harness.sim import run_sim
+
+        return run_sim
     from harness.runner import run_scenario
+
+    return run_scenario
+
+
+def _reference(s, out: Path, live: bool, tier: str = "cluster") -> Path | None:
+    """The fault-free run of `s` (same config, seed and tier), made once and reused."""
+    run_scenario = _runner(tier)
 
     if not s.faults and s.failure_process is None:
         return None
     clean = dataclasses.replace(s, faults=(), failure_process=None)
     key = hashlib.sha256(json.dumps(clean.to_dict(), sort_keys=True).encode()).hexdigest()[:10]
-    ref_dir = out / "_reference" / f"{s.name}-{key}"
+    ref_dir = out / "_reference" / f"{s.name}-{key}{'-sim' if tier == 'sim' else ''}"
     if (ref_dir / "summary.json").exists():
         print(f"reference (fault-free) run: reusing {ref_dir}")
         return ref_dir
@@ -109,13 +137,14 @@ def _reference(s, out: Path, live: bool) -> Path | None:
     return ref_dir
 
 
-def _execute(s, out: Path, *, compare, reference, live, label=None) -> int:
+def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluster") -> int:
     from harness.report_text import print_summary
-    from harness.runner import render, run_scenario, unique_dir, with_mode
+    from harness.runner import render, unique_dir, with_mode
 
-    ref = _reference(s, out, live) if reference == "auto" else None
+    run_scenario = _runner(tier)
+    ref = _reference(s, out, live, tier) if reference == "auto" else None
     run_dir = unique_dir(out, label or s.name)
-    print(f"running {s.name} (seed {s.seed}, {len(s.schedule().faults)} faults) in {run_dir}")
+    print(f"running {s.name} (seed {s.seed}, {len(s.schedule().faults)} faults, tier {tier}) in {run_dir}")
     result = run_scenario(s, out, run_dir=run_dir, live=live, reference=ref)
     summary = result.summary
     if compare == "dp":
