@@ -95,7 +95,9 @@ def test_wan_fault_throttles_the_link(unit_faults):
 
 def test_partition_blackholes_the_link(link_faults):
     t0, t1 = _window(link_faults, "partition")
-    assert not [e for e in link_faults.of("recv", src="learner-0") if t0 + 0.5 <= e["t"] < t1]
+    # a frame already past the proxy when the toxic landed may still arrive (a 180 KB
+    # fragment on a loaded machine): nothing after the first 1.5 s of the 4 s window
+    assert not [e for e in link_faults.of("recv", src="learner-0") if t0 + 1.5 <= e["t"] < t1]
     assert [e for e in link_faults.of("recv", src="learner-0") if e["t"] >= t1]  # healed
     assert _steps(link_faults, "learner-0", t0, t1)  # and the learner never stopped stepping
 
