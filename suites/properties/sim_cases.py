@@ -121,7 +121,8 @@ def report(case: Case, prop: str, detail: str, out: Path = REPORTS) -> str:
     run_dir = out / f"{prop}-{digest}"
     case.run.header["replay"] = f"diloco-chaos replay {run_dir}"
     case.run.write(run_dir)
-    bugs = f"\n  planted bugs: {', '.join(sorted(case.bugs))} (replay keeps them; run does not)" if case.bugs else ""
+    bugs = (f"\n  planted bugs: {', '.join(sorted(case.bugs))}: the commands run without them; "
+            f"harness.sim.replay_sim({str(run_dir)!r}, Path('runs')) keeps them") if case.bugs else ""
     return (f"{prop}: {detail}\n"
             f"  the schedule, shrunk by Hypothesis, as a scenario file ({run_dir / 'scenario.toml'}):\n"
             + "".join(f"    {line}\n" for line in toml.splitlines()) +
