@@ -3,8 +3,8 @@
 `World` offers what the cluster tier's `LocalCluster` offers the injector (kill,
 spawn, pid, pause, resume, set_live_slices, `client` for toxics, `wan`), so the
 simulator drives it with the cluster tier's own `Injector` (harness/injector.py);
-only what needs threads and signals there (slow_unit's duty cycle, the pid of a
-respawned process) is replaced in `SimInjector`.
+slow_unit takes the injector's `set_speed` path (as on the docker backend), and
+`SimInjector` only leaves out the pid of a respawned process.
 
 Everything is ordered by (virtual time, insertion order): same inputs, same
 order, same event log, byte for byte.
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from faults.schedule import RunShape
 from harness.injector import Injector
 from harness.sim_learner import SimLearner
 from harness.sim_net import Net
@@ -155,6 +154,11 @@ class World:
         if (proc := self.learners[name].proc) is not None:
             proc.set_rate(paused=False)
 
+    def set_speed(self, name: str, speed: float) -> None:
+        """slow_unit: the unit's process runs at `speed` (a restarted one starts at full speed)."""
+        if (proc := self.learners[name].proc) is not None:
+            proc.set_rate(speed=speed)
+
     def set_live_slices(self, learner: str, live: int) -> None:
         self.learners[learner].set_control(live)
 
@@ -184,25 +188,11 @@ class World:
 
 
 class SimInjector(Injector):
-    """The cluster tier's injector over a World: slow_unit sets the unit's speed (the
-    fluid limit of the duty cycle) and a restart's unit_up has no pid."""
-
-    def __init__(self, world: World, shape: RunShape, emit, *, dp_rollback: bool = False):
-        super().__init__(world, shape, emit, dp_rollback=dp_rollback)
-        self.slowed: dict[int, object] = {}
+    """The cluster tier's injector over a World; a restart's unit_up has no pid. (slow_unit
+    goes through World.set_speed, as on the docker backend: the fluid limit of the duty
+    cycle, for the current process only.)"""
 
     def _up(self, unit: str) -> None:
         self.down.discard(unit)
         self.cluster.spawn(unit)
         self.emit("unit_up", unit, reason="restarted", pid=None)
-
-    def _start_slow_unit(self, n, f) -> None:
-        proc = self.cluster.learners[f.target].proc
-        if proc is not None:
-            proc.set_rate(speed=f.speed)
-            self.slowed[n] = proc
-
-    def _end_slow_unit(self, n, f, final) -> None:
-        proc = self.slowed.pop(n, None)
-        if proc is not None and proc.alive:  # a restarted process was never slowed
-            proc.set_rate(speed=1.0)
