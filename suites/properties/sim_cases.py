@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import re
 from contextlib import contextmanager
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -117,8 +119,11 @@ def _reference(key: str) -> Case:
 def report(case: Case, prop: str, detail: str, out: Path = REPORTS) -> str:
     """Writes the failing run (events.jsonl, scenario.toml) and says how to run it again."""
     toml = scenario_to_toml(case.scenario)
-    digest = hashlib.sha256((toml + ",".join(sorted(case.bugs))).encode()).hexdigest()[:10]
-    run_dir = out / f"{prop}-{digest}"
+    # One folder per test, overwritten by each failing example while Hypothesis shrinks:
+    # the last one written is the shrunk example the final message is about.
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0].split("::")[-1]
+    slot = re.sub(r"[^A-Za-z0-9_.-]", "_", test) or hashlib.sha256(toml.encode()).hexdigest()[:10]
+    run_dir = out / f"{prop}-{slot}"
     case.run.header["replay"] = f"diloco-chaos replay {run_dir}"
     case.run.write(run_dir)
     bugs = (f"\n  planted bugs: {', '.join(sorted(case.bugs))}: the commands run without them; "
