@@ -34,7 +34,7 @@ demo: setup
 	@$(VENV)/bin/diloco-chaos demo
 
 test: setup
-	@DILOCO_DOCKER_SCENARIOS=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	@$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: setup
 	@for b in $(BENCHES); do $(VENV)/bin/diloco-chaos bench $$b || exit 1; done

@@ -11,7 +11,9 @@ from harness.scenario import scenario_from_dict
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
-def _scenario(name, faults, *, slices=1, learners=2, shards=1, steps=400, duration="30s", wan=None):
+def _scenario(name, faults, *, slices=1, learners=2, shards=1, steps=1500, duration="30s", wan=None):
+    # a token budget larger than the 30 s can train: the run lasts until duration + grace,
+    # so every fault fires however fast the machine is
     d = {"name": name, "seed": 1, "cluster": {"learners": learners, "slices": slices, "shards": shards},
          "train": {"task": "markov", "steps": steps, "duration": duration, "batch_size": 16},
          "faults": faults}
@@ -74,8 +76,8 @@ def test_pause_stops_steps_then_resumes(unit_faults):
 def test_slow_unit_runs_at_a_fraction(unit_faults):
     t0, t1 = _window(unit_faults, "slow_unit")
     slow = len(_steps(unit_faults, "learner-0", t0, t1)) / (t1 - t0)
-    normal = len(_steps(unit_faults, "learner-0", t1 + 0.5, t1 + 3.5)) / 3.0
-    assert slow < 0.6 * normal, (slow, normal)  # speed 0.3, generous for 2 shared cores
+    normal = len(_steps(unit_faults, "learner-0", t0 - 2.5, t0)) / 2.5  # the same unit just before
+    assert slow < 0.7 * normal, (slow, normal)  # speed 0.3, generous for 2 shared cores
 
 
 def test_kill_unit_restarts_and_contributes_again(unit_faults):
