@@ -54,6 +54,21 @@ class Member:
     paused: bool = False
 
 
+# How each fault kind is done on this backend: written into every fault_start line
+# (`via`) and shown on the report's timeline.
+LOCAL_MECHANISMS = {
+    "kill_unit": "SIGKILL; a new process after down_for",
+    "kill_syncer": "SIGKILL; a new process restores the checkpoint",
+    "pause_unit": "SIGSTOP / SIGCONT",
+    "slow_unit": "SIGSTOP/SIGCONT duty cycle",
+    "kill_slice": "slice control message",
+    "wan": "Toxiproxy bandwidth/latency toxics",
+    "partition": "Toxiproxy timeout toxic (black hole)",
+    "reset": "Toxiproxy reset_peer toxic",
+    "truncate": "Toxiproxy limit_data toxic",
+}
+
+
 @dataclass
 class LocalCluster:
     run_dir: Path
@@ -64,10 +79,18 @@ class LocalCluster:
     slices: int = 1
     max_steps_factor: float = 1.0  # learners stop by themselves after this × cfg.steps
     python: str = sys.executable
+    listen: str = "127.0.0.1"  # where the link proxies and the syncer shards listen
     toxiproxy: ToxiproxyServer | None = None
     client: ToxiproxyClient | None = None
     members: dict[str, Member] = field(default_factory=dict)
     topology: dict = field(default_factory=dict)
+
+    BACKEND = "local"
+    MECHANISMS = LOCAL_MECHANISMS
+
+    def mechanism(self, kind: str) -> str:
+        """How a fault of `kind` is done here, in words (the report's timeline shows it)."""
+        return self.MECHANISMS.get(kind, kind)
 
     # lifecycle -------------------------------------------------------------
     def start(self, *, start_learners: bool = True) -> "LocalCluster":
@@ -85,19 +108,20 @@ class LocalCluster:
         self.topology = make_topology(d["learners"], self.shards, self._fragments())
         self.toxiproxy = ToxiproxyServer(seed=self.seed, log_path=self.run_dir / "stdout" / "toxiproxy.log").start()
         self.client = self.toxiproxy.client()
-        shard_addrs = {s: f"127.0.0.1:{free_port()}" for s in self.topology["shards"]}
+        shard_addrs = {s: f"{self.listen}:{free_port(self.listen)}" for s in self.topology["shards"]}
         links: dict[str, dict[str, str]] = {}
         for learner in self.topology["learners"]:
             links[learner] = {}
             for shard, addr in shard_addrs.items():
                 name = link_name(learner, shard)
-                links[learner][shard] = self.client.create_proxy(name, upstream=addr)
+                links[learner][shard] = self.client.create_proxy(name, upstream=addr, listen=f"{self.listen}:0")
                 if self.wan is not None:
                     self.client.apply_profile(name, self.wan)
-        self.topology.update(shard_addrs=shard_addrs, links=links, run_id=uuid.uuid4().hex[:12])
+        self.topology.update(shard_addrs=shard_addrs, links=links, run_id=uuid.uuid4().hex[:12],
+                             backend=self._backend_info())
         run = {"seed": self.seed, "config": self.config, "topology": self.topology, "slices": self.slices,
                "toxiproxy": {"pid": self.toxiproxy.pid, "url": self.toxiproxy.url},
-               "max_steps_factor": self.max_steps_factor}
+               "max_steps_factor": self.max_steps_factor, "backend": self.topology["backend"]}
         (self.run_dir / "run.json").write_text(json.dumps(run, indent=1))
         for shard in self.topology["shards"]:
             self.members[shard] = Member(shard, "syncer")
@@ -106,6 +130,10 @@ class LocalCluster:
             self.members[learner] = Member(learner, "learner")
             if start_learners:
                 self.spawn(learner)
+
+    def _backend_info(self) -> dict:
+        """Where the units run; the runner copies topology (so this) into the log header."""
+        return {"name": "local", "host": os.uname().nodename}
 
     def _fragments(self) -> int:
         d, m = self.config["diloco"], self.config["model"]

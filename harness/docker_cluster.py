@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.cluster import JAX_CACHE, LocalCluster
+from harness.cluster import JAX_CACHE, LOCAL_MECHANISMS, LocalCluster
 
 LABEL = "diloco-chaos.run"
 UNIT_LABEL = "diloco-chaos.unit"
@@ -60,12 +60,15 @@ _ENV_DROP = {"DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "HOSTNAME",
              "SSH_AUTH_SOCK", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER"}
 
 
-def engine(timeout_s: float = 60.0):
-    """A client for the engine DOCKER_HOST names; raises `docker.errors.DockerException`
-    when none answers."""
+def engine(timeout_s: float = 60.0, url: str | None = None):
+    """A client for the engine at `url` (a DOCKER_HOST URL), or the one DOCKER_HOST names;
+    raises `docker.errors.DockerException` when none answers."""
     import docker
 
-    c = docker.from_env(timeout=int(timeout_s))
+    if url is None:
+        c = docker.from_env(timeout=int(timeout_s))
+    else:
+        c = docker.DockerClient(base_url=url, timeout=int(timeout_s), use_ssh_client=url.startswith("ssh://"))
     c.ping()
     return c
 
@@ -228,52 +231,85 @@ class ContainerProc:
 class DockerCluster(LocalCluster):
     """`LocalCluster` with containers. Extra keywords: `image` ("host": the registry-free
     host image, else an image reference), `cpus` (each unit's CPU budget in cores; None:
-    unlimited), `docker_client` (default: from DOCKER_HOST)."""
+    unlimited), `docker_client` (default: from DOCKER_HOST), `engines` (DOCKER_HOST URLs
+    to spread the learner units over: learner-i on engines[i % n]; the syncer shards run
+    on the first, beside Toxiproxy; empty: every unit on `docker_client`'s engine)."""
+
+    BACKEND = "docker"
+    MECHANISMS = {**LOCAL_MECHANISMS,
+                  "kill_unit": "docker kill; a new container after down_for",
+                  "kill_syncer": "docker kill; a new container restores the checkpoint",
+                  "pause_unit": "docker pause / unpause (cgroup freezer)",
+                  "slow_unit": "docker update: CPU quota"}
 
     image: str = "host"
     cpus: float | None = None
     docker_client: object | None = None
+    engines: tuple = ()
     run_id: str = ""
+    placement: dict = field(default_factory=dict)  # unit -> engine URL
+    _clients: dict = field(default_factory=dict)  # engine URL -> client
     _image_ref: str = ""
     _mounts: list = field(default_factory=list)
 
     def _start(self, start_learners: bool) -> None:
-        if self.docker_client is None:
-            self.docker_client = engine()
+        if self.engines:
+            for url in self.engines:
+                if url not in self._clients:
+                    self._clients[url] = engine(url=url)
+            self.docker_client = self._clients[self.engines[0]]
+        else:
+            if self.docker_client is None:
+                self.docker_client = engine()
+            self._clients = {self._engine_name(self.docker_client): self.docker_client}
+        urls = list(self._clients)
+        d = self.config["diloco"]
+        self.placement = {f"learner-{i}": urls[i % len(urls)] for i in range(d["learners"])}
         self.run_dir = Path(self.run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         JAX_CACHE.mkdir(parents=True, exist_ok=True)
         if self.image == "host":
             self._mounts = host_mounts()
-            self._image_ref = host_image(self.docker_client, self._mounts)
+            for client in self._clients.values():  # imported once per engine
+                self._image_ref = host_image(client, self._mounts)
         else:
             self._mounts = [(str(REPO), True)]
             self._image_ref = self.image
         # read-write: the run directory and the shared XLA compilation cache
         self._mounts = [*self._mounts, (str(self.run_dir), False), (str(JAX_CACHE.resolve()), False)]
-        super()._start(start_learners)  # sets topology["run_id"], then spawns
+        super()._start(start_learners)  # sets topology["run_id"] and ["backend"], then spawns
         self.run_id = self.topology["run_id"]
-        run = json.loads((self.run_dir / "run.json").read_text())
-        run["backend"] = {"name": "docker", "image": self._image_ref, "engine": self._engine_name()}
-        self.topology["backend"] = run["backend"]  # the runner copies topology into the event log header
-        (self.run_dir / "run.json").write_text(json.dumps(run, indent=1))
 
-    def _engine_name(self) -> str:
+    def _backend_info(self) -> dict:
+        for shard in self.topology["shards"]:
+            self.placement[shard] = next(iter(self._clients))
+        return {"name": "docker", "image": self._image_ref, "engine": next(iter(self._clients)),
+                "engines": list(self._clients), "placement": dict(self.placement), "cpus": self.cpus}
+
+    @staticmethod
+    def _engine_name(client) -> str:
+        """The engine's URL as DOCKER_HOST would say it."""
         try:
-            return self.docker_client.api.base_url
+            url = client.api.base_url
         except Exception:  # noqa: BLE001
             return "?"
+        if url.startswith("http+docker://") and getattr(client.api, "_custom_adapter", None) is not None:
+            sock = getattr(client.api._custom_adapter, "socket_path", None)
+            if sock:
+                return f"unix://{sock}"
+        return url
+
+    def client_of(self, name: str):
+        """The client of the engine that runs unit `name`."""
+        return self._clients[self.placement[name]]
 
     def close(self) -> None:
         """Removes every container of this run (by label, so also ones a failed spawn
         left), then does what LocalCluster.close does (proxies, Toxiproxy)."""
         try:
-            if self.docker_client is not None and self.topology.get("run_id"):
-                for c in self.docker_client.containers.list(all=True, filters={"label": f"{LABEL}={self.topology['run_id']}"}):
-                    try:
-                        c.remove(force=True)
-                    except Exception:  # noqa: BLE001 - already gone
-                        pass
+            if self.topology.get("run_id"):
+                for client in self._clients.values():
+                    remove_all(client, self.topology["run_id"])
             for m in self.members.values():
                 m.proc = None
         finally:
@@ -305,7 +341,7 @@ class DockerCluster(LocalCluster):
         kwargs = {}
         if self.cpus is not None:
             kwargs["nano_cpus"] = int(self.cpus * 1e9)
-        c = self.docker_client.containers.run(
+        c = self.client_of(name).containers.run(
             self._image_ref, cmd, detach=True, name=f"dc-{self.topology['run_id']}-{name}-{m.incarnation}",
             environment=env, network_mode="host", working_dir=str(REPO), init=False,
             mounts=[Mount(target=p, source=p, type="bind", read_only=ro) for p, ro in self._mounts],
@@ -337,10 +373,24 @@ class DockerCluster(LocalCluster):
         m.paused = False
 
     def pause(self, name: str) -> None:
+        """`docker pause`; a no-op on a unit that is not running (as SIGSTOP to no pid is on
+        local): it may have exited since the last (cached, 0.25 s) look."""
+        import docker
+
         m = self.members[name]
-        if m.proc is not None and m.proc.poll() is None:
+        if m.proc is None:
+            return
+        m.proc._refresh(force=True)
+        if m.proc.returncode is not None:
+            return
+        try:
             m.proc.container.pause()
-            m.paused = True
+        except docker.errors.APIError:
+            m.proc._refresh(force=True)
+            if m.proc.returncode is None:
+                raise  # running, and still not paused: a real error
+            return
+        m.paused = True
 
     def resume(self, name: str) -> None:
         m = self.members[name]

@@ -86,8 +86,12 @@ class Injector:
     def start(self, fault: Fault) -> None:
         n = self.ids.setdefault(id(fault), len(self.ids))
         self.active[n] = fault
-        self.emit("fault_start", "harness", id=n, fault=fault.to_dict())
+        self.emit("fault_start", "harness", id=n, fault=fault.to_dict(), via=self._via(fault.kind))
         getattr(self, f"_start_{fault.kind}")(n, fault)
+
+    def _via(self, kind: str) -> str:
+        how = getattr(self.cluster, "mechanism", None)
+        return how(kind) if how is not None else kind
 
     def end(self, fault: Fault, final: bool = False) -> None:
         n = self.ids[id(fault)]

@@ -80,14 +80,20 @@ def cmd_run(args) -> int:
     s = _load(args.scenario, args.seed)
     if args.backend:
         s = dataclasses.replace(s, cluster=dataclasses.replace(s.cluster, backend=args.backend))
-    if s.cluster.backend != "docker" or args.tier == "sim":
-        return _execute(s, args.out, compare=args.compare, reference=args.reference, live=not args.no_live,
-                        tier=args.tier)
+    return _on_backend(s, args.tier, lambda: _execute(s, args.out, compare=args.compare, reference=args.reference,
+                                                      live=not args.no_live, tier=args.tier))
+
+
+def _on_backend(s, tier: str, go) -> int:
+    """Calls `go()`; a docker run first gets an engine (starting a private one when none
+    answers, stopped after: harness.docker_cluster.engine_for_run)."""
+    if s.cluster.backend != "docker" or tier == "sim":
+        return go()
     from harness.docker_cluster import engine_for_run
 
     try:
-        with engine_for_run():  # starts a private engine when none answers, stops it after
-            return _execute(s, args.out, compare=args.compare, reference=args.reference, live=not args.no_live)
+        with engine_for_run():
+            return go()
     except RuntimeError as e:
         raise UserError(str(e)) from None
 
@@ -105,8 +111,16 @@ def cmd_replay(args) -> int:
     d.pop("failure_process", None)
     s = scenario_from_dict(d, source=str(args.run_dir / "events.jsonl"))
     tier = args.tier or header.get("tier", "cluster")
-    return _execute(s, args.out, compare=None, reference="none", live=not args.no_live, label=f"{s.name}-replay",
-                    tier=tier)
+    if tier == "sim" and header.get("tier") == "sim":  # its sim parameters and planted bugs too
+        from harness.report_text import print_summary
+        from harness.sim import replay_sim
+
+        result = replay_sim(args.run_dir, args.out)
+        print_summary(result.summary)
+        print(f"results: {result.run_dir}\nreport: {result.run_dir / 'report.html'}")
+        return 0 if result.summary["valid"] is not False else 1
+    return _on_backend(s, tier, lambda: _execute(s, args.out, compare=None, reference="none", live=not args.no_live,
+                                                 label=f"{s.name}-replay", tier=tier))
 
 
 def _runner(tier: str):

@@ -74,12 +74,14 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
     from trainer.tasks import task_for_run
 
     header["task"] = task_for_run(cfg).describe()  # loss_floor: the entropy floor of the task
+    kw = dict(shards=s.cluster.shards, seed=s.seed, wan=s.wan, slices=s.cluster.slices,
+              max_steps_factor=MAX_STEPS_FACTOR, listen=s.cluster.listen)
     if s.cluster.backend == "docker":
-        from harness.docker_cluster import DockerCluster as cluster_cls
+        from harness.docker_cluster import DockerCluster
+
+        cluster = DockerCluster(run_dir, cfg.to_dict(), engines=s.cluster.engines, **kw)
     else:
-        cluster_cls = LocalCluster
-    cluster = cluster_cls(run_dir, cfg.to_dict(), shards=s.cluster.shards, seed=s.seed, wan=s.wan,
-                          slices=s.cluster.slices, max_steps_factor=MAX_STEPS_FACTOR)
+        cluster = LocalCluster(run_dir, cfg.to_dict(), **kw)
     progress = Progress(run_dir, s, enabled=live)
     try:
         with cluster:

@@ -21,6 +21,7 @@ what was wrong and what would be valid.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import re
 import tomllib
@@ -37,6 +38,7 @@ from trainer.config import COMPRESSIONS, MERGES, MODES, TASK_KINDS, InnerOptConf
 
 SCENARIOS_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 BACKENDS = ("local", "docker")
+ENGINE_SCHEMES = ("unix://", "tcp://", "ssh://")
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
 
@@ -56,11 +58,30 @@ class ClusterSpec:
     slices: int = 1  # S slices (devices) per unit
     shards: int = 1  # syncer shards
     backend: str = "local"
+    # docker: the engines (DOCKER_HOST URLs) to spread learner units over, learner-i on
+    # engines[i % n]; syncer shards run on the first. Empty: the one DOCKER_HOST names.
+    engines: tuple[str, ...] = ()
+    # the address learners reach the link proxies and syncer shards at: loopback unless
+    # the units run on other hosts (docs/DOCKER.md, "A run over several hosts")
+    listen: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         for name in ("learners", "slices", "shards"):
             check_number(self, name, "1..1024", lambda v: 1 <= v <= 1024, integer=True)
         check_choice(self, "backend", BACKENDS)
+        object.__setattr__(self, "engines", tuple(self.engines))
+        if self.engines and self.backend != "docker":
+            raise FieldError("ClusterSpec", "engines", f"engines are for backend = \"docker\", not {self.backend!r}",
+                             'backend = "docker", or no engines')
+        for url in self.engines:
+            if not isinstance(url, str) or not url.startswith(ENGINE_SCHEMES):
+                raise FieldError("ClusterSpec", "engines", f"{url!r} is not a Docker engine URL",
+                                 "unix:///path/docker.sock, tcp://host:2376 or ssh://user@host")
+        try:
+            ipaddress.ip_address(self.listen)
+        except ValueError:
+            raise FieldError("ClusterSpec", "listen", f"{self.listen!r} is not an IP address",
+                             '"127.0.0.1" (default), or this machine\'s address on the hosts\' network') from None
 
 
 @dataclass(frozen=True)
@@ -348,6 +369,8 @@ def _toml(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False)  # JSON string escapes are TOML's
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} as TOML")
 
 

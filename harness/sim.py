@@ -122,6 +122,7 @@ def _topology(s: Scenario, cfg: RunConfig) -> dict:
     key = json.dumps(s.to_dict(), sort_keys=True).encode()
     topo["run_id"] = hashlib.sha256(key).hexdigest()[:12]  # the cluster's is random; here, replayable
     topo["links"] = {u: {sh: f"{u}~{sh}" for sh in topo["shards"]} for u in topo["learners"]}
+    topo["backend"] = {"name": "sim"}  # no processes: a discrete-event world in virtual time
     return topo
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.cluster import LOCAL_MECHANISMS
 from harness.injector import Injector
 from harness.sim_learner import SimLearner
 from harness.sim_net import Net
@@ -153,6 +154,13 @@ class World:
     def resume(self, name: str) -> None:
         if (proc := self.learners[name].proc) is not None:
             proc.set_rate(paused=False)
+
+    def mechanism(self, kind: str) -> str:
+        """How the world does a fault of `kind` (the `via` of its fault_start line)."""
+        how = {"slow_unit": "step time / speed", "pause_unit": "process frozen",
+               "kill_unit": "process gone; a new one after down_for",
+               "kill_syncer": "process gone; a new one restores the checkpoint"}
+        return "simulated: " + how.get(kind, LOCAL_MECHANISMS.get(kind, kind))
 
     def set_speed(self, name: str, speed: float) -> None:
         """slow_unit: the unit's process runs at `speed` (a restarted one starts at full speed)."""

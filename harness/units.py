@@ -79,6 +79,10 @@ def _convert(f: dataclasses.Field, hint: Any, value: Any) -> Any:
         return None
     if f.metadata.get("none_word") is not None and value == f.metadata["none_word"]:
         return None
+    if typing.get_origin(hint) is tuple:  # tuple[str, ...]: an array of strings
+        if not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
+            raise _Bad(f"expected an array of strings, got {_describe(value)}", 'e.g. ["a", "b"]')
+        return tuple(value)
     if f.name.endswith("_s"):
         return parse_duration(value, "s")
     if f.name.endswith("_ms"):

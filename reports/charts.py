@@ -84,7 +84,7 @@ def timeline(tl, lane_order: list[str], fault_rows: list[dict]) -> dict:
         fault_rows = [{**f, "row": r} for f, r in zip(fault_rows, rows)]
         n_rows = 1 + max(rows)
         y = alt.Y("row:O", title=None, axis=None)
-        tip = [alt.Tooltip("label:N", title="fault"), alt.Tooltip("params:N"),
+        tip = [alt.Tooltip("label:N", title="fault"), alt.Tooltip("params:N"), alt.Tooltip("via:N", title="done by"),
                alt.Tooltip("t0:Q", title="from s", format=".2f"), alt.Tooltip("t1:Q", title="to s", format=".2f")]
         fbars = alt.Chart(alt.Data(name="faults")).mark_bar(clip=True, height={"band": 0.85}, opacity=0.5).encode(
             x=_x("t0", dom, None, axis=False), x2="t1:Q", y=y, tooltip=tip,

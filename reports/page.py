@@ -143,6 +143,25 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+def backend_text(b: dict | None, tier: str | None = None) -> str:
+    """Where the units ran: `docker — containers from IMAGE on ENGINE`, `local — processes
+    on HOST`, `sim — ...`."""
+    b = b or {}
+    name = b.get("name") or ("sim" if tier == "sim" else "local")
+    if name == "docker":
+        cpus = f", {b['cpus']} CPU each" if b.get("cpus") else ""
+        engines = b.get("engines") or [b.get("engine", "?")]
+        if len(engines) > 1:
+            by = {e: [u for u, at in (b.get("placement") or {}).items() if at == e] for e in engines}
+            where = "engines " + "; ".join(f"{e}: {', '.join(us) or 'none'}" for e, us in by.items())
+        else:
+            where = f"engine {engines[0]}"
+        return f"docker — a container per unit, image {b.get('image', '?')}, {where}{cpus}"
+    if name == "sim":
+        return "sim — no processes: a discrete-event world in virtual time"
+    return f"local — a process per unit on {b.get('host', 'this machine')}"
+
+
 def facts(run: Run) -> list[tuple[str, str]]:
     h, cfg = run.header, (run.log.config if run.log else {})
     sc = h.get("scenario") or {}
@@ -154,6 +173,7 @@ def facts(run: Run) -> list[tuple[str, str]]:
         ("scenario", f"{sc.get('name', run.name)}" + (f" — {sc['description']}" if sc.get("description") else "")),
         ("seed", str(h.get("seed", "–"))),
         ("mode", f"{d.get('mode', s.get('mode'))} ({h.get('tier', '?')} tier)"),
+        ("backend", backend_text(topo.get("backend"), h.get("tier"))),
         ("shape", f"M={d.get('learners')} learners × S={d.get('slices')} slices, "
                   f"{len(topo.get('shards') or {}) or '?'} syncer shard(s), P={s.get('fragments')} fragments, "
                   f"H={d.get('sync_every')}, τ={d.get('overlap')}, K={d.get('quorum')}, α={d.get('mixing')}, "
@@ -196,6 +216,7 @@ def schedule_rows(run: Run, tl) -> list[dict]:
                      "for": "never ends" if end is None else fmt(end, "s"),
                      "params": tlmod._params_text({k: v for k, v in f.items() if k not in ("duration_s", "down_for_s")}),
                      "applied": f"{a['t0']:.1f} – {a['t1']:.1f} s" if a else "not applied",
+                     "via": a["via"] if a else "–",
                      "z0": a["t0"] if a else None, "z1": a["t1"] if a else None})
     return rows
 

@@ -35,7 +35,7 @@ class Timeline:
     lanes: list[dict] = field(default_factory=list)     # {lane, group, unit}
     segments: list[dict] = field(default_factory=list)  # {lane, state, t0, t1, detail}
     ticks: list[dict] = field(default_factory=list)     # {lane, t, fragment, version}
-    faults: list[dict] = field(default_factory=list)    # {id, kind, target, t0, t1, label, params}
+    faults: list[dict] = field(default_factory=list)    # {id, kind, target, t0, t1, label, params, via}
     x_domain: tuple = (0.0, 1.0)
     t_end: float = 0.0
 
@@ -66,11 +66,19 @@ def faults_of(log: EventLog, t_end: float) -> list[dict]:
         key = e.get("id", len(out))
         if e["kind"] == "fault_start":
             open_[key] = {"id": key, "kind": f.get("kind", "?"), "target": f.get("target", "?"),
-                          "a": e["t"], "b": t_end, "params": f, "open": True}
+                          "a": e["t"], "b": t_end, "params": f, "open": True, "via": e.get("via")}
             out.append(open_[key])
         elif key in open_:
             open_.pop(key).update(b=e["t"], open=False)
     return out
+
+
+def fault_label(f: dict) -> str:
+    """`pause_unit learner-2 · docker pause / unpause`: what, on whom, and how it was done
+    (the mechanism up to its first ';' or '(' — the whole of it is in the tooltip)."""
+    label = f"{f['kind']} {f['target']}"
+    via = (f.get("via") or "").split(";")[0].split("(")[0].strip()
+    return f"{label} · {via}" if via and via != f["kind"] else label
 
 
 def link_hit(target: str, learner: str, shard: str) -> bool:
@@ -187,8 +195,9 @@ def build(log: EventLog, summary: dict) -> Timeline:
         tl.ticks.append({"lane": e["src"], "t": round(e["t"] - t0, 4), "fragment": e.get("fragment"),
                          "version": e.get("version")})
     tl.faults = [{"id": f["id"], "kind": f["kind"], "target": f["target"], "t0": round(f["a"] - t0, 4),
-                  "t1": round(f["b"] - t0, 4), "label": f"{f['kind']} {f['target']}",
-                  "params": _params_text(f["params"]), "open": f["open"]} for f in faults]
+                  "t1": round(f["b"] - t0, 4), "label": fault_label(f),
+                  "params": _params_text(f["params"]), "open": f["open"], "via": f.get("via") or "–"}
+                 for f in faults]
     return tl
 
 

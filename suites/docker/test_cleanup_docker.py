@@ -72,3 +72,39 @@ def test_sigint_removes_every_container(tmp_path, docker_engine):
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_ctrl_c_of_a_docker_run_stops_the_engine_it_started(tmp_path, docker_engine):
+    """`diloco-chaos run --backend docker` with no engine answering starts a private one
+    (scripts/dockerd.sh, here in its own folder); a Ctrl-C in the middle of the run
+    leaves no container, no dockerd and no containerd of it behind."""
+    from harness.docker_cluster import engine
+
+    folder = Path("/tmp/diloco-dockerd-ctrlc")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DILOCO_DOCKERD_DIR": str(folder),
+           "DOCKER_HOST": f"unix://{tmp_path}/nothing-here.sock"}
+    child = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "unit-loss", "--backend", "docker",
+                              "--out", str(tmp_path / "runs"), "--no-live", "--reference", "none"],
+                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "running unit-loss" in child.stdout.readline(), child.stderr.read()
+        dockerd = int((folder / "dockerd.pid").read_text())
+        ours = engine(url=f"unix://{folder}/docker.sock")
+        deadline = time.time() + 120
+        while len(ours.containers.list(filters={"label": LABEL})) < 5 and time.time() < deadline:
+            time.sleep(0.5)  # 4 learners + 1 shard, running
+        assert len(ours.containers.list(filters={"label": LABEL})) == 5
+        containerd = [int(p) for p in subprocess.run(["pgrep", "-P", str(dockerd)], capture_output=True,
+                                                     text=True).stdout.split()]
+        ours.close()
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=120)
+        for pid in (dockerd, *containerd):
+            assert not Path(f"/proc/{pid}").exists(), f"pid {pid} outlived the run"
+        assert subprocess.run(["bash", str(REPO / "scripts" / "dockerd.sh"), "status"], env=env,
+                              capture_output=True).returncode != 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        subprocess.run(["bash", str(REPO / "scripts" / "dockerd.sh"), "stop"], env=env, capture_output=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_metrics import LogBuilder
+from log_builder import LogBuilder
 
 from harness import checks
 from harness.checks import Result, compose, expect_checks

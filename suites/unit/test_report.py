@@ -242,3 +242,26 @@ def test_a_run_cut_short_before_any_round_still_renders(tmp_path):
         assert f'<section id="{sid}">' in html
     assert "the run was cut short" in html and "no learner restarted" in html
     assert "no merge in this run" in html  # staleness: nothing to show, and it says so
+
+
+def test_fault_label_says_how_the_fault_was_done():
+    f = {"kind": "pause_unit", "target": "learner-2", "via": "docker pause / unpause (cgroup freezer)"}
+    assert timeline.fault_label(f) == "pause_unit learner-2 · docker pause / unpause"
+    f = {"kind": "kill_unit", "target": "learner-1", "via": "docker kill; a new container after down_for"}
+    assert timeline.fault_label(f) == "kill_unit learner-1 · docker kill"
+    # a log from before fault_start said how (like this fixture): kind and target only
+    assert timeline.fault_label({"kind": "wan", "target": "link:*", "via": None}) == "wan link:*"
+
+
+def test_backend_fact_names_where_the_units_ran(run):
+    assert page.backend_text({"name": "docker", "image": "diloco-chaos-host:ab12", "engine": "http+docker://x",
+                              "cpus": 0.5}) == ("docker — a container per unit, image diloco-chaos-host:ab12, "
+                                                "engine http+docker://x, 0.5 CPU each")
+    two = {"name": "docker", "image": "i", "engines": ["unix:///a", "ssh://b"],
+           "placement": {"learner-0": "unix:///a", "learner-1": "ssh://b", "syncer-0": "unix:///a"}}
+    assert page.backend_text(two) == ("docker — a container per unit, image i, engines unix:///a: learner-0, "
+                                      "syncer-0; ssh://b: learner-1")
+    assert page.backend_text({"name": "local", "host": "ci-1"}) == "local — a process per unit on ci-1"
+    assert page.backend_text(None, "sim").startswith("sim — ")
+    rows = dict(page.facts(load(run)))
+    assert rows["backend"].startswith("local — ")  # the fixture's log predates the field

@@ -2,6 +2,7 @@
 malformed scenarios with the message each must give (file, key path, what is valid)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 
@@ -127,6 +128,13 @@ MALFORMED = [
     (HEAD + '[cluster]\nbackend = "k8s"\n' + TRAIN, "cluster.backend: 'k8s' is not one of the choices; "
                                                     "valid: local, docker"),
     (HEAD + "[cluster]\nlearners = 0\n" + TRAIN, "cluster.learners: 0 is out of range; valid: 1..1024"),
+    (HEAD + '[cluster]\nengines = ["unix:///a.sock"]\n' + TRAIN,
+     "cluster.engines: engines are for backend = \"docker\", not 'local'"),
+    (HEAD + '[cluster]\nbackend = "docker"\nengines = ["host-b:2376"]\n' + TRAIN,
+     "cluster.engines: 'host-b:2376' is not a Docker engine URL; valid: unix:///path/docker.sock, tcp://"),
+    (HEAD + '[cluster]\nbackend = "docker"\nengines = "unix:///a.sock"\n' + TRAIN,
+     "cluster.engines: expected an array of strings, got a string 'unix:///a.sock'"),
+    (HEAD + '[cluster]\nlisten = "my-laptop"\n' + TRAIN, "cluster.listen: 'my-laptop' is not an IP address"),
     (HEAD + "[cluster]\nshards = 5\n" + TRAIN, "cluster.shards: 5 shards for 3 fragments: a shard would own none"),
     # train
     (HEAD + CLUSTER + '[train]\nsteps = 100\n', "train.duration: missing (required); valid: a duration"),
@@ -254,3 +262,13 @@ def test_a_scenario_can_be_written_and_read_back_by_hand(tmp_path):
     path = tmp_path / "hand.toml"
     path.write_text(scenario_to_toml(s))
     assert load_scenario(str(path)) == s
+
+
+def test_engines_and_listen_round_trip():
+    s = load_scenario("unit-loss")
+    s = dataclasses.replace(s, cluster=dataclasses.replace(
+        s.cluster, backend="docker", engines=("unix:///tmp/a.sock", "ssh://me@host-b"), listen="10.0.0.5"))
+    text = scenario_to_toml(s)
+    assert 'engines = ["unix:///tmp/a.sock", "ssh://me@host-b"]' in text
+    assert scenario_from_dict(tomllib.loads(text)) == s
+    assert load_scenario("unit-loss").cluster.engines == () and load_scenario("unit-loss").cluster.listen == "127.0.0.1"

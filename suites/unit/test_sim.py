@@ -62,6 +62,17 @@ def test_run_sim_writes_the_cluster_tiers_files_and_replay_reproduces_them(tmp_p
     assert eventlog.read(again.run_dir).events == log.events
 
 
+def test_the_replay_command_keeps_a_sim_runs_parameters_and_planted_bugs(tmp_path, capsys):
+    from harness import cli
+
+    params = SimParams(step_s=0.05, hetero=0.5)
+    result = run_sim(scenario(FAULTS[:3]), tmp_path / "a", params=params, bugs={"merge_twice"})
+    assert cli.main(["replay", str(result.run_dir), "--out", str(tmp_path / "b"), "--no-live"]) in (0, 1)
+    again = eventlog.read(next((tmp_path / "b").iterdir()))
+    assert again.header["sim"]["bugs"] == ["merge_twice"] and again.header["sim"]["step_s"] == 0.05
+    assert again.events == eventlog.read(result.run_dir).events
+
+
 def test_message_sizes_are_the_transports_frame_sizes():
     run = simulate(scenario())
     hello = next(e for e in run.events if e["kind"] == "send" and e["msg"] == "Hello")

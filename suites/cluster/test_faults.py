@@ -1,0 +1,201 @@
+"""Every fault kind on real units and a real Toxiproxy, on both backends, each judged
+by what it did to the event log (not by which calls were made). The same tests run on
+
+  local    processes: SIGKILL, SIGSTOP/SIGCONT, a SIGSTOP duty cycle for slow_unit
+  docker   containers: docker kill + a new container, docker pause (the cgroup
+           freezer), a CFS CPU quota for slow_unit (slower hardware)
+
+with slices and links done the same way on both (the control file, Toxiproxy). Two
+short runs per backend share the work."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from harness import eventlog
+from harness.runner import run_scenario
+from harness.scenario import scenario_from_dict
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker)]
+
+
+def _scenario(name, faults, *, backend, slices=1, learners=2, shards=1, steps=1500, duration="30s", wan=None):
+    # a token budget larger than the 30 s can train: the run lasts until duration + grace,
+    # so every fault fires however fast the machine is
+    d = {"name": name, "seed": 1,
+         "cluster": {"learners": learners, "slices": slices, "shards": shards, "backend": backend},
+         "train": {"task": "markov", "steps": steps, "duration": duration, "batch_size": 16},
+         "faults": faults}
+    if wan:
+        d["wan"] = wan
+    return scenario_from_dict(d)
+
+
+def _steps(log, src, t0, t1):
+    return [e for e in log.of("step", src=src) if t0 <= e["t"] < t1]
+
+
+def _window(log, fault_kind):
+    start = next(e for e in log.of("fault_start") if e["fault"]["kind"] == fault_kind)
+    end = next(e for e in log.of("fault_end") if e["id"] == start["id"])
+    return start["t"], end["t"]
+
+
+def _run(request, tmp_path_factory, scenario):
+    """Runs `scenario` on the fixture's backend -> (event log, run.json)."""
+    if request.param == "docker":  # module-scoped: start the engine before the run
+        request.getfixturevalue("docker_engine")
+    result = run_scenario(scenario, tmp_path_factory.mktemp("runs"), live=False)
+    return eventlog.read(result.run_dir), json.loads((result.run_dir / "run.json").read_text())
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def unit_faults(request, tmp_path_factory):
+    s = _scenario("unit-faults", [
+        {"kind": "kill_slice", "target": "learner-0", "at": "6s", "duration": "4s"},
+        {"kind": "pause_unit", "target": "learner-1", "at": "6s", "duration": "3s"},
+        {"kind": "slow_unit", "target": "learner-0", "at": "13s", "duration": "5s", "speed": 0.3},
+        {"kind": "kill_unit", "target": "learner-1", "at": "13s", "down_for": "4s"},
+        {"kind": "wan", "target": "link:learner-0", "at": "20s", "duration": "5s", "bandwidth_kbps": 400},
+    ], slices=2, backend=request.param)
+    return _run(request, tmp_path_factory, s)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def link_faults(request, tmp_path_factory):
+    s = _scenario("link-faults", [
+        {"kind": "partition", "target": "link:learner-0", "at": "6s", "duration": "4s"},
+        {"kind": "kill_syncer", "target": "syncer-1", "at": "7s", "down_for": "3s"},
+        {"kind": "reset", "target": "link:learner-1~syncer-0", "at": "12s", "duration": "2s"},
+        {"kind": "truncate", "target": "link:learner-0~syncer-1", "at": "16s", "duration": "3s", "bytes": 1000},
+    ], shards=2, backend=request.param)
+    return _run(request, tmp_path_factory, s)
+
+
+def test_kill_slice_shrinks_the_batch(unit_faults):
+    log, _ = unit_faults
+    t0, t1 = _window(log, "kill_slice")
+    during = _steps(log, "learner-0", t0 + 0.5, t1)
+    before = _steps(log, "learner-0", 0, t0)
+    assert during and all(e["live_slices"] == 1 for e in during)
+    assert {e["tokens"] for e in during} == {before[-1]["tokens"] // 2}
+    after = _steps(log, "learner-0", t1 + 1, t1 + 3)
+    assert after and after[-1]["live_slices"] == 2
+
+
+def test_pause_stops_steps_then_resumes(unit_faults):
+    log, _ = unit_faults
+    t0, t1 = _window(log, "pause_unit")
+    # frozen (SIGSTOP / the cgroup freezer): no step finished; 0.5 s for the call to land
+    assert not _steps(log, "learner-1", t0 + 0.5, t1)
+    assert _steps(log, "learner-1", t1, t1 + 3)
+
+
+def test_slow_unit_runs_at_a_fraction(unit_faults):
+    log, _ = unit_faults
+    t0, t1 = _window(log, "slow_unit")
+    slow = len(_steps(log, "learner-0", t0, t1)) / (t1 - t0)
+    normal = len(_steps(log, "learner-0", t0 - 2.5, t0)) / 2.5  # the same unit just before
+    assert slow < 0.7 * normal, (slow, normal)  # speed 0.3, generous for 2 shared cores
+
+
+# Each test below takes one run: a test taking both fixtures would pair every backend of
+# one with every backend of the other, and re-run the module-scoped runs to do it.
+def test_unit_faults_done_the_backends_way(unit_faults):
+    _done_the_backends_way(*unit_faults)
+
+
+def test_link_faults_done_the_backends_way(link_faults):
+    _done_the_backends_way(*link_faults)
+
+
+def test_no_unit_outlives_the_unit_faults_run(unit_faults, request):
+    _nothing_outlives(*unit_faults, request)
+
+
+def test_no_unit_outlives_the_link_faults_run(link_faults, request):
+    _nothing_outlives(*link_faults, request)
+
+
+def _done_the_backends_way(log, run) -> None:
+    """Each fault_start says how it was done: signals on local, the Docker API on docker;
+    the links through Toxiproxy on both."""
+    backend = run["backend"]["name"]
+    assert log.header["topology"]["backend"]["name"] == backend
+    via = {e["fault"]["kind"]: e["via"] for e in log.of("fault_start")}
+    assert len(via) >= 4
+    for kind, how in via.items():
+        if kind in ("pause_unit", "kill_unit", "kill_syncer", "slow_unit"):
+            assert how.startswith("docker ") == (backend == "docker"), (kind, how)
+        else:
+            assert how.startswith(("Toxiproxy", "slice control")), (kind, how)
+
+
+def _nothing_outlives(log, run, request) -> None:
+    """After the run: no process of it is alive (local), no container of it exists (docker)."""
+    if run["backend"]["name"] == "docker":  # a unit's own pid is its container's, not ours
+        from harness.docker_cluster import LABEL
+
+        engine = request.getfixturevalue("docker_engine")
+        assert not engine.containers.list(all=True, filters={"label": f"{LABEL}={run['topology']['run_id']}"})
+    else:
+        pids = [e["pid"] for e in log.of("unit_up") if e.get("pid")]
+        assert len(pids) >= 3
+        assert not [p for p in pids if _alive(p)]
+    assert not log.header.get("crashes"), log.header.get("crashes")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = open(f"/proc/{pid}/stat").read()  # a zombie is not alive
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_kill_unit_restarts_and_contributes_again(unit_faults):
+    log, _ = unit_faults
+    t0, t1 = _window(log, "kill_unit")
+    assert not _steps(log, "learner-1", t0 + 0.5, t1)
+    ups = [e for e in log.of("unit_up", src="learner-1") if "incarnation" in e]
+    assert [e["incarnation"] for e in ups] == [0, 1]
+    assert any(m["learner"] == "learner-1" and m["incarnation"] == 1 for m in log.of("merge"))
+
+
+def test_wan_fault_throttles_the_link(unit_faults):
+    log, _ = unit_faults
+    t0, t1 = _window(log, "wan")
+    recv = [e for e in log.of("recv", src="learner-0") if t0 + 1 <= e["t"] < t1]
+    rate_kbps = sum(e["bytes"] for e in recv) * 8 / 1000 / (t1 - t0 - 1)
+    assert rate_kbps < 400 * 1.3, rate_kbps
+
+
+def test_partition_blackholes_the_link(link_faults):
+    log, _ = link_faults
+    t0, t1 = _window(log, "partition")
+    # a frame already past the proxy when the toxic landed may still arrive (a 180 KB
+    # fragment on a loaded machine): nothing after the first 1.5 s of the 4 s window
+    assert not [e for e in log.of("recv", src="learner-0") if t0 + 1.5 <= e["t"] < t1]
+    assert [e for e in log.of("recv", src="learner-0") if e["t"] >= t1]  # healed
+    assert _steps(log, "learner-0", t0, t1)  # and the learner never stopped stepping
+
+
+def test_kill_syncer_restores_from_checkpoint(link_faults):
+    log, _ = link_faults
+    restored = log.of("checkpoint_restored", src="syncer-1")
+    assert len(restored) == 1
+    t0, t1 = _window(log, "kill_syncer")
+    assert [e for e in log.of("round_commit", src="syncer-1") if e["t"] > t1]
+
+
+def test_reset_and_truncate_cut_connections(link_faults):
+    log, _ = link_faults
+    for kind, learner in (("reset", "learner-1"), ("truncate", "learner-0")):
+        t0, t1 = _window(log, kind)
+        downs = [e for e in log.of("link_down", src=learner) if t0 <= e["t"] <= t1 + 1]
+        assert downs, f"{kind}: no connection was cut"
