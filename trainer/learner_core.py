@@ -159,8 +159,8 @@ class LearnerCore:
                         c_steps=tuple(c + 1 for c in state.c_steps),
                         c_tokens=tuple(c + tokens for c in state.c_tokens))
         p = None if self.config.mode in DP_MODES else self.math.due_fragment(state.step)
-        if p is None:
-            return state, []
+        if p is None:  # nothing due, but τ may have run out on what is in flight
+            return self._check_block(state, [])
         self._fragment(p)
         return self._check_block(*self._contribute(state, now, p))
 

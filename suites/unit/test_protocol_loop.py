@@ -60,6 +60,17 @@ def test_decoupled_never_blocks_streaming_blocks_after_tau(mode):
         assert blocks(net, "A") == [(4.0, "Block")] and net.states["A"].step == 4
 
 
+def test_streaming_blocks_on_a_step_with_nothing_due():
+    """τ = 1: fragment 1 leaves at step 2; step 3 sends nothing, yet τ has run out: the
+    learner must say it blocks there (the metrics count its waiting from that line)."""
+    net = cluster(learners=("A",), mode="streaming", tau=1)
+    net.at(0.5, lambda: net.cut.update(SHARDS))
+    net.stepper("A", 1.0, until=10)
+    net.run(10)
+    assert due_fragment(3, H, P) is None
+    assert blocks(net, "A") == [(3.0, "Block")] and net.states["A"].step == 3
+
+
 def test_streaming_unblocks_when_the_fragment_comes_back():
     net = cluster(learners=("A",), mode="streaming", tau=2, latency_s=1.2)
     net.stepper("A", 1.0, until=12, first_s=2.0)  # the fetch is in at 2.4
