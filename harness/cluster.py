@@ -197,9 +197,12 @@ class LocalCluster:
             m.proc.wait()
             m.proc = None
 
-    def pause(self, name: str) -> None:
+    def pause(self, name: str) -> str | None:
+        """SIGSTOP. Returns None: done the way `mechanism("pause_unit")` says (a backend
+        that had to do it another way returns its words, and the log records them)."""
         self._signal(name, signal.SIGSTOP)
         self.members[name].paused = True
+        return None
 
     def resume(self, name: str) -> None:
         self._signal(name, signal.SIGCONT)

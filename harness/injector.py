@@ -134,8 +134,8 @@ class Injector:
             self._up(f.target)
 
     def _start_pause_unit(self, n, f) -> None:
-        self.cluster.pause(f.target)
-        self.emit("unit_down", f.target, reason="paused")
+        other_way = self.cluster.pause(f.target)
+        self.emit("unit_down", f.target, reason="paused", **({"via": other_way} if other_way else {}))
 
     def _end_pause_unit(self, n, f, final) -> None:
         self.cluster.resume(f.target)

@@ -61,7 +61,14 @@ def faults_of(log: EventLog, t_end: float) -> list[dict]:
     """Every fault the harness applied, from its fault_start / fault_end lines (absolute times)."""
     open_: dict = {}
     out: list[dict] = []
-    for e in log.of("fault_start", "fault_end", src="harness"):
+    for e in log.of("fault_start", "fault_end", "unit_down"):
+        if e["kind"] == "unit_down":  # a backend that had to do a fault another way says so here
+            hit = [o for o in open_.values() if o["target"] == e["src"] and o["a"] <= e["t"]]
+            if e.get("via") and hit:
+                hit[-1]["via"] = e["via"]
+            continue
+        if e["src"] != "harness":
+            continue
         f = e.get("fault") or {}
         key = e.get("id", len(out))
         if e["kind"] == "fault_start":

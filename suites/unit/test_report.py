@@ -253,6 +253,22 @@ def test_fault_label_says_how_the_fault_was_done():
     assert timeline.fault_label({"kind": "wan", "target": "link:*", "via": None}) == "wan link:*"
 
 
+def test_a_fault_done_another_way_says_so_on_the_timeline():
+    """docker pause falls back to the engine's SIGSTOP when the freezer keeps refusing; the
+    unit_down line says so, and the timeline shows that, not the planned mechanism."""
+    from log_builder import LogBuilder
+
+    b = LogBuilder(learners=3)
+    fault = {"kind": "pause_unit", "target": "learner-2"}
+    b.add(1.0, "harness", "fault_start", id=0, fault=fault, via="docker pause / unpause (cgroup freezer)")
+    b.add(1.2, "learner-1", "unit_down", reason="killed", via="not this one")
+    b.add(1.3, "learner-2", "unit_down", reason="paused", via="docker kill --signal SIGSTOP / SIGCONT (...)")
+    b.add(4.0, "harness", "fault_end", id=0, fault=fault)
+    f, = timeline.faults_of(b.log(), 10.0)
+    assert (f["a"], f["b"], f["open"]) == (1.0, 4.0, False)
+    assert timeline.fault_label(f) == "pause_unit learner-2 · docker kill --signal SIGSTOP / SIGCONT"
+
+
 def test_backend_fact_names_where_the_units_ran(run):
     assert page.backend_text({"name": "docker", "image": "diloco-chaos-host:ab12", "engine": "http+docker://x",
                               "cpus": 0.5}) == ("docker — a container per unit, image diloco-chaos-host:ab12, "
