@@ -33,6 +33,7 @@ def _describe(cfg: RunConfig) -> dict:
     d = cfg.diloco
     return {"steps": cfg.steps, "M": d.learners, "mode": d.mode, "H": d.sync_every, "P": cfg.n_fragments,
             "K": d.quorum, "tau": d.overlap, "compression": d.compression,
+            "broadcast_compression": d.broadcast_compression,
             "outer": {"lr": cfg.outer.lr, "momentum": cfg.outer.momentum},
             "tokens_per_step": cfg.task.batch_size * cfg.task.seq_len}
 
@@ -105,6 +106,11 @@ BW_RUNS = {  # key: (steps, diloco overrides)
     "int4": (48, {"compression": "int4"}),
     "int4_H50": (100, {"compression": "int4", "sync_every": 50}),
     "int4_H50_K4": (100, {"compression": "int4", "sync_every": 50, "quorum": BW_M}),
+    # compressed broadcasts: Θ comes back as an int4 delta with error feedback
+    "int4_bcast": (48, {"compression": "int4", "broadcast_compression": "int4"}),
+    "int4_bcast_H50": (100, {"compression": "int4", "broadcast_compression": "int4", "sync_every": 50}),
+    "int4_bcast_H50_K4": (100, {"compression": "int4", "broadcast_compression": "int4", "sync_every": 50,
+                                "quorum": BW_M}),
 }
 
 
@@ -112,12 +118,14 @@ def bandwidth(out_dir: Path) -> dict:
     """Bytes per trained token at the learners' transport (bytes written + read on every
     link, all learners, whole run incl. the start-up fetch) for DP and Decoupled DiLoCo
     (M = 4, defaults), fp32 and int4 pseudo-gradients; two extra int4 runs with H = 50,
-    K = 1 and K = M, for the H that would reach the goal."""
+    K = 1 and K = M, for the H that would reach the goal; the same with int4 broadcasts.
+    Each run's final held-out loss is kept beside its bytes: fewer bytes at a worse loss
+    would be no gain."""
     runs = {k: run_cluster(out_dir / "bandwidth" / k, _cfg(f"bw-{k}", steps, learners=BW_M, **over))
             for k, (steps, over) in BW_RUNS.items()}
     per = {k: _bytes_per_token(r) for k, r in runs.items()}
     dp = per["dp"]["total"]
-    ddl = {k: per[k]["total"] for k in ("fp32", "int4")}
+    ddl = {k: per[k]["total"] for k in ("fp32", "int4", "int4_bcast")}
     reduction = {k: dp / v for k, v in ddl.items()}
     steady = {k: per["dp"]["steady"] / v["steady"] for k, v in per.items() if k != "dp"}
     k4 = per["int4_H50_K4"]
@@ -129,7 +137,11 @@ def bandwidth(out_dir: Path) -> dict:
         # at a fixed message mix the reduction grows linearly in H: H x 400 / reduction
         "H_for_400x_int4": {"K1": 6 * 400 / steady["int4"], "K1_from_H50": 50 * 400 / steady["int4_H50"],
                             "K4_from_H50": 50 * 400 / steady["int4_H50_K4"],
-                            "K4_int4_broadcast_estimate": 50 * 400 / k4_int4_reduction},
+                            "K4_int4_broadcast_estimate": 50 * 400 / k4_int4_reduction,
+                            "int4_bcast_K1": 6 * 400 / steady["int4_bcast"],
+                            "int4_bcast_K1_from_H50": 50 * 400 / steady["int4_bcast_H50"],
+                            "int4_bcast_K4_from_H50": 50 * 400 / steady["int4_bcast_H50_K4"]},
+        "final_eval": {k: r.mean_final_eval() for k, r in runs.items()},
         "detail": per, "config": {k: _describe(r.cfg) for k, r in runs.items()},
     }
 
@@ -153,7 +165,7 @@ def _bytes_per_token(run: ClusterRun) -> dict:
             steady += e["bytes"]
     contribs = sum(1 for lr in run.learners.values() for e in lr.of("send") if e["msg"] == "Contribution")
     updates = sum(1 for lr in run.learners.values() for e in lr.of("recv")
-                  if e["msg"] == "FragmentUpdate" and not e.get("rejoin"))
+                  if e["msg"] in ("FragmentUpdate", "FragmentDelta") and not e.get("rejoin"))
     commits = sum(1 for e in run.syncer if e["kind"] == "round_commit")
     return {"total": (sent + recv) / tokens, "up": sent / tokens, "down": recv / tokens,
             "steady": steady / tokens, "tokens": tokens, "bytes": sent + recv,

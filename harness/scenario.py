@@ -98,6 +98,7 @@ class TrainSpec:
     overlap: int | None = None
     mixing: float | None = None
     compression: str | None = None
+    broadcast_compression: str | None = None
     merge: str | None = None
     batch_size: int | None = None
     seq_len: int | None = None
@@ -108,7 +109,8 @@ class TrainSpec:
         check_number(self, "duration_s", "> 0 seconds", lambda v: v > 0)
         check_choice(self, "task", TASK_KINDS)
         check_choice(self, "mode", MODES)
-        for name, choices in (("compression", COMPRESSIONS), ("merge", MERGES)):
+        for name, choices in (("compression", COMPRESSIONS), ("broadcast_compression", COMPRESSIONS),
+                              ("merge", MERGES)):
             if getattr(self, name) is not None:
                 check_choice(self, name, choices)
 
@@ -135,7 +137,8 @@ _TRAINER_KEYS = {"DilocoConfig.learners": "cluster.learners", "DilocoConfig.slic
                  "RunConfig.steps": "train.steps", "InnerOptConfig.total_steps": "train.steps",
                  "InnerOptConfig.lr": "train.lr", "TaskConfig.kind": "train.task",
                  **{f"DilocoConfig.{k}": f"train.{k}" for k in ("fragments", "sync_every", "quorum", "overlap",
-                                                                 "mixing", "compression", "merge", "mode")},
+                                                                 "mixing", "compression", "broadcast_compression",
+                                                                 "merge", "mode")},
                  "TaskConfig.batch_size": "train.batch_size", "TaskConfig.seq_len": "train.seq_len"}
 
 
@@ -202,7 +205,8 @@ class Scenario:
         return RunConfig.from_dict({
             "name": self.name, "seed": self.seed, "steps": t.steps,
             "diloco": {"learners": c.learners, "slices": c.slices, "mode": t.mode,
-                       **set_(("fragments", "sync_every", "quorum", "overlap", "mixing", "compression", "merge"))},
+                       **set_(("fragments", "sync_every", "quorum", "overlap", "mixing", "compression",
+                               "broadcast_compression", "merge"))},
             "task": {"kind": t.task, **set_(("batch_size", "seq_len"))},
             "inner": {"total_steps": t.steps, "warmup_steps": warmup, **set_(("lr",))},
         })

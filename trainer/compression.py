@@ -159,3 +159,21 @@ def encode(arrays: list[np.ndarray], kind: str) -> list[Encoded]:
 def decode(encoded: list[Encoded]) -> list[np.ndarray]:
     """Back to fp32 tensors of the original shapes."""
     return [decode_one(e) for e in encoded]
+
+
+# --- compressed broadcasts (Θ shard → learner), with error feedback ------------------------
+
+def apply_delta(held: list, payload: list[Encoded]) -> list[np.ndarray]:
+    """The learner's new copy of Θ[p]: its copy plus the decoded delta, in fp32. The shard
+    runs this very function to know the copy the learner holds, so both agree bit for bit."""
+    if len(held) != len(payload):
+        raise ValueError(f"delta has {len(payload)} tensors, the held fragment {len(held)}")
+    return [np.asarray(h, np.float32) + d for h, d in zip(held, decode(payload))]
+
+
+def broadcast_delta(theta: list, held: list, kind: str) -> tuple[list[Encoded], list[np.ndarray]]:
+    """(payload, the learner's copy once it applies it). The delta is Θ − the learner's copy,
+    not Θ_new − Θ_old: what one delta's quantisation lost is in the next one."""
+    residual = [np.asarray(t, np.float32) - np.asarray(h, np.float32) for t, h in zip(theta, held)]
+    payload = encode(residual, kind)
+    return payload, apply_delta(held, payload)

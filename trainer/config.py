@@ -145,7 +145,10 @@ class DilocoConfig:
     merge: str = "rda"
     weighting: str = "tokens"
     staleness_discount: bool = True  # (1 + staleness)^-0.5 on each contribution
-    compression: str = "fp32"
+    compression: str = "fp32"  # the pseudo-gradients, learner → shard
+    # Θ[p] shard → learner: fp32 sends it whole; bf16/int8/int4 send a compressed delta
+    # against the copy the learner holds, with error feedback (trainer/messages.py, FragmentDelta)
+    broadcast_compression: str = "fp32"
     fragmentation: str = "balanced"
     mode: str = "decoupled"
 
@@ -162,6 +165,7 @@ class DilocoConfig:
         _check_choice(self, "weighting", WEIGHTINGS)
         _check_bool(self, "staleness_discount")
         _check_choice(self, "compression", COMPRESSIONS)
+        _check_choice(self, "broadcast_compression", COMPRESSIONS)
         _check_choice(self, "fragmentation", FRAGMENTATIONS)
         _check_choice(self, "mode", MODES)
 

@@ -13,6 +13,10 @@ sent_step). Rules:
   (compressed by `pseudo_grad_payload`), reset p's counters, record p in flight;
 - on FragmentUpdate(p): θ[p] ← mix(θ[p], Θ[p], α), base[p] ← Θ[p]; if p was awaiting its
   fetch, θ[p] ← Θ[p] (overwrite) and p's counters restart; last_sync_s = now − sent_at;
+- on FragmentDelta(p) (compressed broadcasts): Θ[p] = base[p] + decode(payload) when base[p]
+  is at the delta's base_version, then as FragmentUpdate; while p awaits its fetch the
+  delta is dropped (the whole fragment is on its way); a delta against another version
+  (an update lost with a link) is dropped and the shard's fragments are fetched afresh;
 - after `start` and after every reconnect to a shard, the shard's fragments await a fetch
   (the Hello's rejoin reply, or any newer update) and are not contributed until it comes;
 - decoupled mode never blocks; streaming / sync_diloco block once a fragment has been in
@@ -23,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from trainer.messages import Contribution, FragmentUpdate, GradMean, GradStep, Hello, SliceControl
+from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, SliceControl
 from trainer.protocol_base import (DILOCO_MODES, DP_MODES, LEARNER_BUGS, MODES, ApplyGrads, Block,
                                    IllegalTransition, Log, NotStarted, Send, SetSlices, Unblock,
                                    UnexpectedMessage, UnknownFragment, UnknownPeer, check_common)
@@ -62,7 +66,8 @@ class LearnerMath:
     """get_fragment(params, p) -> arrays; set_fragment(params, p, arrays) -> params;
     pseudo_grad_payload(base, local) -> payload (Δ = base − local, compressed);
     mix(local, global, alpha) -> arrays; due_fragment(step) -> p | None;
-    grad_payload(arrays) -> payload (dp modes only)."""
+    grad_payload(arrays) -> payload (dp modes only); apply_delta(base, payload) -> arrays
+    (compressed broadcasts: base + decode(payload), as the shard computes it)."""
 
     get_fragment: Callable[[Any, int], list]
     set_fragment: Callable[[Any, int, list], Any]
@@ -70,6 +75,7 @@ class LearnerMath:
     mix: Callable[[list, list, float], list]
     due_fragment: Callable[[int], int | None]
     grad_payload: Callable[[list], list] | None = None
+    apply_delta: Callable[[list, list], list] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,7 @@ class LearnerCore:
     # message type -> (handler, modes in which it is legal)
     _HANDLERS = {
         FragmentUpdate: ("_on_update", DILOCO_MODES),
+        FragmentDelta: ("_on_delta", DILOCO_MODES),
         GradMean: ("_on_grad_mean", DP_MODES),
         SliceControl: ("_on_slices", MODES),
     }
@@ -193,12 +200,33 @@ class LearnerCore:
         if not fetch and msg.version <= state.base_version[p]:
             return state, [Log("drop", {"what": "FragmentUpdate", "fragment": p, "version": msg.version,
                                         "reason": "old_version"})]
-        glob = list(msg.params)
+        return self._take(state, now, p, list(msg.params), msg.version, fetch)
+
+    def _on_delta(self, state: LearnerState, now: float, sender: str, msg: FragmentDelta):
+        p = self._fragment(msg.fragment, sender)
+        why = ("awaiting_fetch" if p in state.awaiting else
+               "old_version" if msg.version <= state.base_version[p] else
+               "base_mismatch" if msg.base_version != state.base_version[p] else None)
+        if why is None and self.math.apply_delta is None:
+            raise UnexpectedMessage(f"{self.config.learner} has no apply_delta for a FragmentDelta")
+        if why is None:
+            return self._take(state, now, p, self.math.apply_delta(state.base[p], list(msg.payload)),
+                              msg.version, fetch=False)
+        drop = Log("drop", {"what": "FragmentDelta", "fragment": p, "version": msg.version,
+                            "base_version": msg.base_version, "reason": why})
+        if why != "base_mismatch":
+            return state, [drop]
+        # the copy this delta builds on never arrived: fetch every fragment of that shard afresh
+        mine = [q for q, owner in enumerate(self.config.owners) if owner == sender]
+        return replace(state, awaiting=state.awaiting | self._to_fetch(mine)), [drop, Send(sender, self._hello())]
+
+    def _take(self, state: LearnerState, now: float, p: int, glob: list, version: int, fetch: bool):
+        """Θ[p] at `version` arrived (whole, or rebuilt from a delta): mix it in, make it the base."""
         # α = 0 overwrites: the local fragment is not read (reading it waits for the device)
         local = glob if fetch or self.config.alpha == 0 else self.math.mix(
             self.math.get_fragment(state.params, p), glob, self.config.alpha)
         state = replace(state, params=self.math.set_fragment(state.params, p, local),
-                        base=_put(state.base, p, glob), base_version=_put(state.base_version, p, msg.version),
+                        base=_put(state.base, p, glob), base_version=_put(state.base_version, p, version),
                         awaiting=state.awaiting - {p})
         if fetch:  # local progress on p was overwritten: count afresh
             state = replace(state, c_steps=_put(state.c_steps, p, 0), c_tokens=_put(state.c_tokens, p, 0))

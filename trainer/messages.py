@@ -8,7 +8,7 @@ which is all the codec (trainer/codec.py) needs to know.
 
 Decoupled / streaming / sync DiLoCo:
   learner → shard   Hello, Contribution
-  shard → learner   FragmentUpdate
+  shard → learner   FragmentUpdate, FragmentDelta (a compressed broadcast)
 Data-parallel baselines (mode "dp", "elastic_dp"), one message per fragment per step:
   learner → shard   GradStep
   shard → learner   GradMean
@@ -105,6 +105,31 @@ class FragmentUpdate(_Message):
 
 
 @dataclass(frozen=True, eq=False)
+class FragmentDelta(_Message):
+    """Shard → learner, a compressed broadcast (`diloco.broadcast_compression`): Θ[fragment]
+    at `version` is the learner's copy at `base_version` plus decode(`payload`).
+
+    The shard keeps, per learner, the copy the learner holds (what it reconstructed from
+    earlier updates, not the exact Θ), and sends compress(Θ − copy): the quantisation
+    error of one delta is carried into the next one (error feedback), so the learner's
+    copy stays within one step's quantisation error of Θ. A learner whose copy is not at
+    `base_version` (an update lost with a link) drops it and fetches afresh (Hello).
+    """
+
+    TENSOR_FIELDS: ClassVar[tuple[str, ...]] = ("payload",)
+    fragment: int
+    version: int
+    base_version: int
+    payload: list[Tensor]
+
+    def __post_init__(self):
+        self._non_negative("fragment", "version", "base_version")
+        if self.base_version >= self.version:
+            raise ValueError(f"FragmentDelta.base_version must be < version, got {self.base_version} "
+                             f"and {self.version}")
+
+
+@dataclass(frozen=True, eq=False)
 class GradStep(_Message):
     """Data-parallel baseline, learner → shard: its gradient of `fragment` at inner `step`.
 
@@ -152,7 +177,8 @@ class SliceControl(_Message):
 
 
 MESSAGE_TYPES: dict[str, type] = {
-    c.__name__: c for c in (Hello, Contribution, FragmentUpdate, GradStep, GradMean, SliceControl)
+    c.__name__: c for c in (Hello, Contribution, FragmentUpdate, FragmentDelta, GradStep, GradMean,
+                             SliceControl)
 }
 
 

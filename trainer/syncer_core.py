@@ -9,7 +9,7 @@ An outer round for p (decoupled mode; streaming and sync_diloco use K = M and no
 
   idle ──contribution──▶ collecting ──K distinct learners──▶ grace ──deadline or all live in──▶ commit ─▶ idle
                           (round_open)       (SetTimer at quorum + grace)          (merge, outer step, version+1,
-                                                                                     FragmentUpdate to live, SaveCheckpoint)
+                                                                                     Θ[p] to live, SaveCheckpoint)
 
   grace = γ · max(0, τ·ξ_step − ξ_quorum − ξ_sync)
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from trainer.messages import Contribution, FragmentUpdate, GradMean, GradStep, Hello
+from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello
 from trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, SYNCER_BUGS, IllegalTransition, Log,
                                    SaveCheckpoint, Send, SetTimer, UnexpectedMessage, UnknownFragment,
                                    UnknownPeer, check_common, ema)
@@ -71,13 +71,16 @@ class SyncerConfig:
 class SyncerMath:
     """merge_and_step(Θ[p], outer_p, deltas, weights) -> (Θ[p], outer_p): merge + outer step;
     weight(c_tokens, c_steps, staleness) -> float; decode(payload) -> fp32 arrays;
-    outer_init(Θ[p]) -> outer_p; average(grads, weights) -> arrays (dp modes only)."""
+    outer_init(Θ[p]) -> outer_p; average(grads, weights) -> arrays (dp modes only);
+    broadcast_delta(Θ[p], learner's copy) -> (payload, learner's new copy): compressed
+    broadcasts (FragmentDelta); None sends every commit whole (FragmentUpdate, fp32)."""
 
     merge_and_step: Callable[[list, Any, list, list], tuple[list, Any]]
     weight: Callable[[int, int, int], float]
     decode: Callable[[list], list]
     outer_init: Callable[[list], Any]
     average: Callable[[list, list], list] | None = None
+    broadcast_delta: Callable[[list, list], tuple[list, list]] | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ class SyncerState:
     rounds: dict = field(default_factory=dict)       # p -> Round, open rounds only
     last_merged: dict = field(default_factory=dict)  # (learner, p) -> (incarnation, seq)
     dp_sent: dict = field(default_factory=dict)      # (learner, p) -> last GradMean sent
+    held: dict = field(default_factory=dict)         # (learner, p) -> (version, the copy it holds)
     xi_step: float | None = None
     xi_quorum: float | None = None
     xi_sync: float | None = None
@@ -150,7 +154,8 @@ class SyncerCore:
     def learner_disconnected(self, state: SyncerState, now: float, learner: str):
         """The live set shrinks: a round waiting for 'all live learners' may now commit."""
         self._known(learner)
-        state, actions = replace(state, live=state.live - {learner}), []
+        held = {k: v for k, v in state.held.items() if k[0] != learner}  # it fetches afresh
+        state, actions = replace(state, live=state.live - {learner}, held=held), []
         for p in sorted(state.rounds):
             state, more = self._advance(state, now, p)
             actions += more
@@ -219,8 +224,12 @@ class SyncerCore:
     def _on_hello(self, state: SyncerState, now: float, msg: Hello):
         if self.config.mode in DP_MODES:
             return state, []  # nothing to fetch: dp shards hold no parameters
-        return state, [Send(msg.learner, FragmentUpdate(p, state.version[p], True, state.theta[p]))
-                       for p in self.config.fragments]
+        held = dict(state.held)
+        if self.math.broadcast_delta is not None:  # it now holds Θ exactly
+            held.update({(msg.learner, p): (state.version[p], state.theta[p]) for p in self.config.fragments})
+        return replace(state, held=held), [
+            Send(msg.learner, FragmentUpdate(p, state.version[p], True, state.theta[p]))
+            for p in self.config.fragments]
 
     def _on_contribution(self, state: SyncerState, now: float, c: Contribution):
         p = self._owned(c.fragment)
@@ -305,9 +314,27 @@ class SyncerCore:
                                                 [self.math.decode(pc.payload) for _, pc in merged], weights)
         state, actions = self._close(replace(state, theta={**state.theta, p: list(theta)},
                                              outer={**state.outer, p: outer}), now, p, weights, stale)
-        update = FragmentUpdate(p, v + 1, False, state.theta[p])
-        actions += [Send(learner, update) for learner in sorted(state.live)]
-        return state, actions + [SaveCheckpoint(dict(state.version))]
+        state, sends = self._broadcast(state, p)
+        return state, actions + sends + [SaveCheckpoint(dict(state.version))]
+
+    def _broadcast(self, state: SyncerState, p: int):
+        """Θ[p] at its new version to every live learner: whole, or (compressed broadcasts)
+        as a FragmentDelta against the copy the learner holds, where the shard knows it."""
+        v, theta, send = state.version[p], state.theta[p], self.math.broadcast_delta
+        if send is None:
+            update = FragmentUpdate(p, v, False, theta)
+            return state, [Send(learner, update) for learner in sorted(state.live)]
+        held, actions = dict(state.held), []
+        for learner in sorted(state.live):
+            had = held.get((learner, p))
+            if had is None:  # no Hello answered since it connected: the whole fragment
+                held[(learner, p)] = (v, theta)
+                actions.append(Send(learner, FragmentUpdate(p, v, False, theta)))
+                continue
+            payload, copy = send(theta, had[1])
+            held[(learner, p)] = (v, copy)
+            actions.append(Send(learner, FragmentDelta(p, v, had[0], payload)))
+        return replace(state, held=held), actions
 
     def _commit_dp(self, state: SyncerState, now: float, p: int):
         merged = sorted(state.rounds[p].pending.items())

@@ -34,6 +34,7 @@ def learner_math(cfg: RunConfig, frag: Fragmenter) -> LearnerMath:
         due_fragment=lambda step: due_fragment(step, H, P),
         # data-parallel gradients travel uncompressed, as in a standard all-reduce
         grad_payload=lambda arrays: compression.encode([np.asarray(a, np.float32) for a in arrays], "fp32"),
+        apply_delta=compression.apply_delta,
     )
 
 
@@ -59,8 +60,12 @@ def syncer_math(cfg: RunConfig, frag: Fragmenter) -> SyncerMath:
     def average(grads, weights):
         return outer.merge(grads, weights, "mean")
 
+    def broadcast_delta(theta, held):
+        return compression.broadcast_delta(theta, held, d.broadcast_compression)
+
     return SyncerMath(merge_and_step=merge_and_step, weight=weight, decode=compression.decode,
-                      outer_init=opt.init, average=average)
+                      outer_init=opt.init, average=average,
+                      broadcast_delta=None if d.broadcast_compression == "fp32" else broadcast_delta)
 
 
 def _signature(frag: Fragmenter, p: int) -> tuple:

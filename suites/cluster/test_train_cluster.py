@@ -41,8 +41,12 @@ def _last_step(run_dir: Path, src: str) -> int:
     return max([e["step"] for e in _events(run_dir, src) if e["kind"] == "step"], default=0)
 
 
-def test_kill_and_restart_learner_and_syncer_shard(tmp_path):
-    cfg = RunConfig(name="it", seed=3, steps=STEPS, diloco=DilocoConfig(learners=3, fragments=3),
+@pytest.mark.parametrize("broadcast", ["fp32", "int4"])
+def test_kill_and_restart_learner_and_syncer_shard(tmp_path, broadcast):
+    """`broadcast`: how Θ comes back (fp32 whole fragments, or int4 deltas with error
+    feedback, which a restarted learner or shard must re-anchor on a whole fragment)."""
+    cfg = RunConfig(name="it", seed=3, steps=STEPS,
+                    diloco=DilocoConfig(learners=3, fragments=3, broadcast_compression=broadcast),
                     inner=InnerOptConfig(total_steps=STEPS), outer=OuterOptConfig(lr=0.7, momentum=0.0))
     run_dir = tmp_path / "run"
     cluster = LocalCluster(run_dir, cfg.to_dict(), shards=2, seed=cfg.seed)
@@ -97,3 +101,14 @@ def test_kill_and_restart_learner_and_syncer_shard(tmp_path):
     final = [[e["loss"] for e in log.of("eval", src=f"learner-{i}")][-1] for i in range(3)]
     assert all(floor < loss < floor + 0.5 for loss in final), (final, floor)
     assert sum(final) / 3 < floor + 0.25, (final, floor)
+
+    # how Θ came back: whole fragments only, or deltas after each (re)fetch
+    deltas = {e["src"] for e in log.of("recv") if e["msg"] == "FragmentDelta"}
+    if broadcast == "fp32":
+        assert not deltas
+    else:
+        assert deltas == {"learner-0", "learner-1", "learner-2"}
+        # the restarted learner fetched whole fragments, then took deltas again
+        ups = sorted(e["t"] for e in log.of("unit_up", src="learner-1") if e.get("incarnation") == 1)
+        late = [e["msg"] for e in log.of("recv", src="learner-1") if e["t"] > ups[0]]
+        assert late.count("FragmentUpdate") >= 3 and late.count("FragmentDelta") >= 10, collections.Counter(late)

@@ -129,9 +129,13 @@ def weights_match_staleness(log) -> checks.Result:
     return checks.Result("weights_match_staleness", not bad, len(bad), 0, {"violations": bad[:10]})
 
 
+THETA_MSGS = ("FragmentUpdate", "FragmentDelta")
+
+
 def fetched_before_contributing(log) -> list[dict]:
-    """Contributions (sent or not) whose base_version is no FragmentUpdate of that fragment the
-    learner's incarnation accepted: a rejoin must fetch Θ[p] before contributing p."""
+    """Contributions (sent or not) whose base_version is no FragmentUpdate (or FragmentDelta:
+    compressed broadcasts) of that fragment the learner's incarnation accepted: a rejoin
+    must fetch Θ[p] before contributing p."""
     accepted: dict[str, set] = {}   # learner -> {(fragment, version)} of its current incarnation
     last_recv: dict[str, tuple] = {}
     bad = []
@@ -141,11 +145,11 @@ def fetched_before_contributing(log) -> list[dict]:
             continue
         if kind == "unit_up" and "incarnation" in e:
             accepted[src], last_recv[src] = set(), None
-        elif kind == "recv" and e.get("msg") == "FragmentUpdate":
+        elif kind == "recv" and e.get("msg") in THETA_MSGS:
             pair, mine = (e["fragment"], e["version"]), accepted.setdefault(src, set())
             last_recv[src] = None if pair in mine else pair  # a second copy's refusal takes nothing back
             mine.add(pair)
-        elif kind == "drop" and e.get("what") == "FragmentUpdate" and last_recv.get(src) == (e["fragment"], e["version"]):
+        elif kind == "drop" and e.get("what") in THETA_MSGS and last_recv.get(src) == (e["fragment"], e["version"]):
             accepted[src].discard(last_recv[src])  # the core refused it
         elif kind in ("send", "drop") and e.get("msg") == "Contribution":
             if (e["fragment"], e["base_version"]) not in accepted.get(src, set()):

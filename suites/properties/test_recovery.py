@@ -18,3 +18,14 @@ def test_restarted_units_rejoin_on_the_global_model_and_contribute_again(schedul
     case = simulate_case(scenario(schedule, mixing=0.5))
     with reported(case, "recovery"):
         recovery(case)
+
+
+@examples(20)
+@given(schedules(WINDOW, RESTARTS, max_faults=4))
+def test_with_compressed_broadcasts_too(schedule):
+    """int4 deltas with error feedback coming back (FragmentDelta): a restarted learner,
+    or one whose link dropped, must still fetch the whole Θ[p] and build on it."""
+    case = simulate_case(scenario(schedule, mixing=0.5, broadcast_compression="int4"))
+    with reported(case, "recovery"):
+        recovery(case)
+        assert any(e.get("msg") == "FragmentDelta" for e in case.log.of("recv")), "no delta was received"

@@ -23,6 +23,14 @@ def test_decoupled_is_safe_under_any_schedule(schedule):
 
 
 @examples(20)
+@given(schedules(WINDOW, max_faults=5))
+def test_decoupled_with_compressed_broadcasts_is_safe_under_any_schedule(schedule):
+    case = simulate_case(scenario(schedule, quorum=2, broadcast_compression="int4"))
+    with reported(case, "safety"):
+        safety(case)
+
+
+@examples(20)
 @given(schedules(WINDOW, ("partition", "reset", "truncate", "kill_syncer", "kill_unit"), max_faults=4))
 def test_data_parallel_is_safe_under_link_and_process_faults(schedule):
     case = simulate_case(scenario(schedule, mode="dp"))

@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 from trainer import codec
 from trainer.codec import FrameDecoder, decode_frame, encode_frame
 from trainer.compression import KINDS, encode
-from trainer.messages import (MESSAGE_TYPES, Contribution, FragmentUpdate, GradMean, GradStep, Hello,
+from trainer.messages import (MESSAGE_TYPES, Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello,
                               SliceControl, describe)
 
 RUN = "run-7"
@@ -36,6 +36,7 @@ def one_of_each():
         Contribution("learner-1", 0, 1, 0, 0, 1, 64, 1, 0.5, raw),
         FragmentUpdate(2, 17, True, arrays()),
         FragmentUpdate(0, 0, False, []),
+        *[FragmentDelta(1, 6, 4, encode(arrays(), kind)) for kind in ("int8", "int4")],
         GradStep("learner-2", 1, 5, 0, 41, 256, encode(arrays(), "bf16")),
         GradMean(0, 8, 5, 3, arrays()),
         SliceControl(1),
