@@ -234,7 +234,23 @@ def wan(out_dir: Path) -> dict:
         "final_eval": {"dp": dp.mean_final_eval(), "ddl": ddl.mean_final_eval()},
         "wall_s": {"dp": dp.wall_s, "ddl": ddl.wall_s},
         "config": {"dp": _describe(dp.cfg), "ddl": _describe(ddl.cfg)},
+        # the same link with int4 both ways (pseudo-gradients up, broadcast deltas down)
+        "ddl_int4": _wan_ddl_variant(out_dir, "ddl_int4", dp_s, compression="int4",
+                                     broadcast_compression="int4"),
     }
+
+
+def _wan_ddl_variant(out_dir: Path, key: str, dp_s: float, **diloco) -> dict:
+    """One more DDL run on the WAN links, timed as `wan` times the default one."""
+    run = run_cluster(out_dir / "wan" / key, _cfg(f"wan-{key}", WAN_DDL_STEPS, learners=WAN_M, **diloco), wan=WAN)
+    rate = _job_rate(run)
+    bound_s = max(_link_demand(run, rate).values()) / (WAN.bandwidth_kbps * 1000 / 8)
+    seconds = max(rate["seconds"], bound_s) * run.tokens / rate["tokens"]
+    staleness = [e["staleness"] for e in run.syncer if e["kind"] == "merge"]
+    return {"seconds": seconds, "speedup": dp_s / seconds, "step_s": rate["step_s"],
+            "link_utilization": bound_s / rate["seconds"],
+            "staleness_mean": statistics.mean(staleness) if staleness else None,
+            "final_eval": run.mean_final_eval(), "wall_s": run.wall_s, "config": _describe(run.cfg)}
 
 
 def _job_rate(run: ClusterRun) -> dict:

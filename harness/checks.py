@@ -300,3 +300,16 @@ def expect_checks(expect: dict, metrics: Metrics) -> list[Result]:
     if unknown:
         raise ValueError(f"expect: unknown key(s) {unknown}; valid: {sorted(EXPECT)}")
     return [EXPECT[k](metrics, v) for k, v in expect.items() if v is not None]
+
+
+def faults_note(summary: dict) -> str | None:
+    """Says so when scheduled faults never happened (the run ended first), else None."""
+    n, k = summary.get("faults_scheduled"), summary.get("faults_applied")
+    if n is None or k is None or k >= n:
+        return None
+    run_s = summary.get("run_s")
+    when = f" after {run_s:.0f} s" if isinstance(run_s, (int, float)) else ""
+    return (f"only {k} of the {n} scheduled faults happened: the run ended{when}, before the others "
+            "were due (it ends at its token budget; raise train.steps to keep it running through "
+            "the schedule)")
+

@@ -4,6 +4,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from harness.checks import faults_note
+
 ROWS = [  # (label, key, format)
     ("goodput", "goodput", "{:.1%}"),
     ("uptime", "uptime", "{:.1%}"),
@@ -42,8 +44,12 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
             t.add_row(f"  badput: {k}", *(_fmt(s.get("badput") or {}, k, "{:.1%}") for s in runs.values()))
     console.print(t)
     for name, s in runs.items():
+        if (note := faults_note(s)) is not None:
+            console.print(f"[yellow]note[/] {name}: {note}")
+    for name, s in runs.items():
         for c in s.get("checks", []):
             mark = {True: "[green]PASS[/]", False: "[red]FAIL[/]"}.get(c.get("valid"), "[yellow]UNKNOWN[/]")
             bound = f" (bound {c['bound']})" if c.get("bound") is not None else ""
             value = f" = {c['value']}" if c.get("value") is not None else ""
             console.print(f"{mark} {name}: {c['name']}{value}{bound}")
+

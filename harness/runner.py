@@ -231,8 +231,19 @@ def summarize(run_dir: Path, s: Scenario, reference: Path | None = None, expect:
         results += checks.expect_checks(dataclasses.asdict(s.expect), m)
     crashes = log.header.get("crashes", [])
     results.append(checks.Result("no_crash", not crashes, len(crashes), 0, {"crashes": crashes}))
-    summary = {**m.to_dict(), "checks": [r.to_dict() for r in results],
+    summary = {**m.to_dict(), **faults_seen(log), "checks": [r.to_dict() for r in results],
                "valid": checks.compose(results).valid, "run_dir": str(run_dir), "mode": log.config["diloco"]["mode"],
                "reference_dir": str(reference) if reference else None}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     return summary
+
+
+def faults_seen(log) -> dict:
+    """How many of the scheduled faults happened. A run ends at its token budget, so on a
+    fast machine faults due later are never applied; the summary and report say so."""
+    schedule = log.header.get("schedule") or []
+    applied = len(log.of("fault_start", src="harness"))
+    t0, t1 = log.header.get("t_start"), log.header.get("t_end")
+    return {"faults_scheduled": len(schedule), "faults_applied": applied,
+            "run_s": t1 - t0 if t0 is not None and t1 is not None else None}
+

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+from harness.checks import faults_note
 from reports import charts, series
 from reports import timeline as tlmod
 from reports.runs import Run
@@ -134,7 +135,8 @@ def key_figures(run: Run) -> list[dict]:
         ("max staleness", fmt(s.get("staleness_max"), "int"), f"mean {fmt(s.get('staleness_mean'), 'float')}",
          "staleness"),
         ("faults", str(len(tlmod.faults_of(run.log, 0.0))) if run.log else "–",
-         _plural(s.get("restarts") or 0, "restart") + ", shards included", "timeline"),
+         (f"of {s['faults_scheduled']} scheduled; " if (s.get("faults_scheduled") or 0) > (s.get("faults_applied") or 0)
+          else "") + _plural(s.get("restarts") or 0, "restart") + ", shards included", "timeline"),
     ]
     return [{"label": a, "value": b, "sub": c or "", "section": d} for a, b, c, d in figs]
 
@@ -313,6 +315,7 @@ def context(run: Run, test: dict | None = None) -> dict:
         "bucket_s": bucket, "n": numbers(s), "test": test, "run_dir": str(run.run_dir),
         "companions": _companions(run), "crashes": run.header.get("crashes") or [],
         "dropped": s.get("dropped") or {},
+        "faults_note": faults_note(s),
     }
 
 

@@ -259,3 +259,18 @@ def test_compose():
     assert (c.value, c.details["failed"], c.details["unknown"]) == (1, ["b"], ["c"])
     assert compose([]).valid is True
     assert c.to_dict()["details"]["checks"] == [["a", True], ["b", False], ["c", None]]
+
+
+def test_a_run_that_ended_before_its_faults_says_so():
+    from harness.runner import faults_seen
+
+    sched = [{"kind": "kill_unit", "target": "learner-1", "at_s": t, "down_for_s": 5.0} for t in (2.0, 30.0, 50.0)]
+    b = LogBuilder(t_start=100.0, t_end=123.0, schedule=sched)
+    b.add(102.0, "harness", "fault_start", id=0, fault=sched[0], via="SIGKILL")
+    b.add(102.0, "learner-1", "fault_start", id=9, fault=sched[0])  # not the harness's: not counted
+    seen = faults_seen(b.log())
+    assert seen == {"faults_scheduled": 3, "faults_applied": 1, "run_s": 23.0}
+    note = checks.faults_note(seen)
+    assert note.startswith("only 1 of the 3 scheduled faults happened: the run ended after 23 s")
+    assert checks.faults_note({**seen, "faults_applied": 3}) is None
+    assert checks.faults_note({}) is None  # a summary from before these keys
