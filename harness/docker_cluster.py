@@ -413,6 +413,10 @@ class DockerCluster(LocalCluster):
         m.proc.container.kill(signal="SIGSTOP")
         m.paused = True
         self._sigstopped.add(name)
+        # The engine's kill returns once the signal is sent; on a loaded machine the
+        # group stop takes effect a few milliseconds later, thread by thread. The fault
+        # starts when the unit has stopped, so wait for it (where this host sees it).
+        _wait_job_state(m.proc.pid, m.proc.container.id, stopped=True)
         return PAUSE_FALLBACK
 
     def resume(self, name: str) -> None:
@@ -421,6 +425,7 @@ class DockerCluster(LocalCluster):
             try:
                 if name in self._sigstopped:
                     m.proc.container.kill(signal="SIGCONT")
+                    _wait_job_state(m.proc.pid, m.proc.container.id, stopped=False)
                 else:
                     m.proc.container.unpause()
             except Exception:  # noqa: BLE001 - killed while paused
@@ -449,6 +454,40 @@ class DockerCluster(LocalCluster):
         if m.proc is None or m.proc.poll() is not None:
             return None
         return m.proc.pid
+
+
+def _thread_states(pid: int, container_id: str) -> list[str] | None:
+    """The kernel's state letter of each thread of `pid`, when `pid` is this host's view
+    of the container's process (its cgroup names the container); None where it is not
+    (an engine on another host, or the process is gone)."""
+    try:
+        if container_id not in Path(f"/proc/{pid}/cgroup").read_text():
+            return None
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            # /proc/PID/task/TID/stat: "tid (comm) S ..."; comm may hold spaces or parens
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        return states
+    except (OSError, IndexError):
+        return None
+
+
+def _wait_job_state(pid: int | None, container_id: str, stopped: bool, timeout_s: float = 5.0) -> bool:
+    """Waits until every thread of the container's process is stopped (`T`), or none is;
+    True when seen so, False when this host cannot see the process or the deadline passed
+    (the signal was sent either way)."""
+    if pid is None:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = _thread_states(pid, container_id)
+        if states is None:
+            return False
+        if all((st in "Tt") == stopped for st in states):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
 
 
 def remove_all(client=None, run_id: str | None = None) -> int:
