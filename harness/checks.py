@@ -285,11 +285,28 @@ def _recovery(m: Metrics, bound: float) -> Result:
                   {"late": late, "never": never, "censored": censored})
 
 
+def _rejoin(m: Metrics, bound: float) -> Result:
+    """Each restart's first merged contribution went out within `bound` fragment cycles
+    (H inner steps each) of its first step: the design's rejoin claim, in steps, so the
+    machine's speed does not enter. A restart never merged fails once it ran a cycle past
+    the bound (time for the commit to land); before that it is unknown (censored)."""
+    if not m.recovery:
+        return Result("rejoin_cycles_max", None, None, bound, {"why": "no restart in this run"})
+    late = [asdict(r) for r in m.recovery if r.rejoin_cycles is not None and r.rejoin_cycles > bound]
+    unmerged = [r for r in m.recovery if r.rejoin_steps is None]
+    never = [asdict(r) for r in unmerged if r.sync_every and r.steps_run > (bound + 1) * r.sync_every]
+    censored = [asdict(r) for r in unmerged if not (r.sync_every and r.steps_run > (bound + 1) * r.sync_every)]
+    valid = False if late or never else (None if censored else True)
+    return Result("rejoin_cycles_max", valid, m.rejoin_cycles_max, bound,
+                  {"late": late, "never": never, "censored": censored})
+
+
 EXPECT = {
     "goodput_min": lambda m, b: _at_least("goodput_min", m.goodput, b),
     "uptime_min": lambda m, b: _at_least("uptime_min", m.uptime, b),
     "loss_parity_max": lambda m, b: _at_most("loss_parity_max", m.loss_parity, b),
     "recovery_max_s": _recovery,
+    "rejoin_cycles_max": _rejoin,
 }
 
 

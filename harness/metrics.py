@@ -15,7 +15,9 @@ the ones before it:
 - startup: the unit becoming available (t_start, or its restart) → its first step.
 - finished: the last step of an incarnation whose `done` says finished → t_end.
 - recovery (DiLoCo modes): a restart → the incarnation's first `merge`, less the
-  productive step time inside it.
+  productive step time inside it. Per restart (`Recovery`) it splits into boot (restart →
+  first step) and rejoin (first step → first merge, also in inner steps and fragment
+  cycles of H steps: the design's "contributing again within one fragment cycle").
 - waiting_on_sync: `blocked` on → off (dp without such lines: the gaps between steps).
 Step time (dt, less what of [t − dt, t] fell outside the window, in a dead / paused
 span or in waiting_on_sync: a dp learner's dt spans its whole iteration, wait included):
@@ -78,6 +80,41 @@ def first_merges(log: EventLog) -> dict[tuple[str, int], float]:
     for e in log.of("merge"):
         out.setdefault((e["learner"], e["incarnation"]), e["t"])
     return out
+
+
+def _rejoin_steps(inc: Incarnation, merged: set) -> int | None:
+    """Inner steps this incarnation ran up to (and including) the step that sent its first
+    contribution a shard merged: the send line's `at_step` (the learner core's step counter,
+    which starts at 0 in every incarnation), else the step lines before the send, plus one
+    (the core sends inside a step; that step's line comes after). A dp GradStep goes out
+    before its step is counted: at_step + 1."""
+    counts = [(int(e["at_step"]) + (e["msg"] == "GradStep")) if e.get("at_step") is not None else before + 1
+              for e, before in inc.sends
+              if e["kind"] == "send" and e.get("msg") in ("Contribution", "GradStep")
+              and (e.get("incarnation", inc.n), e.get("seq"), e.get("fragment")) in merged]
+    return min(counts) if counts else None
+
+
+def recoveries(log: EventLog, hs: dict[str, UnitHistory], lag: int, t0: float) -> tuple:
+    """A `Recovery` for every learner incarnation ≥ 1 (DiLoCo and dp modes alike)."""
+    firsts = first_merges(log)
+    H = (log.config.get("diloco") or {}).get("sync_every")
+    out = []
+    for n, h in hs.items():
+        merged = {(e["incarnation"], e["seq"], e["fragment"]) for e in log.of("merge") if e["learner"] == n}
+        for inc in h.incs:
+            if inc.n < 1:
+                continue
+            first_merge, first_step = firsts.get((n, inc.n)), first_step_start(inc, lag)
+            steps = _rejoin_steps(inc, merged) if first_merge is not None else None
+            out.append(Recovery(
+                n, inc.n, inc.restart_t - t0,
+                None if first_merge is None else first_merge - inc.restart_t,
+                boot_s=None if first_step is None else max(0.0, first_step - inc.restart_t),
+                rejoin_s=None if first_merge is None or first_step is None else max(0.0, first_merge - first_step),
+                rejoin_steps=steps, rejoin_cycles=None if steps is None or not H else steps / H,
+                steps_run=len(inc.steps), sync_every=H))
+    return tuple(out)
 
 
 def learner_time(h: UnitHistory, t0: float, t1: float, *, dp: bool, lag: int, share, first_merge) -> dict:
@@ -153,10 +190,20 @@ def commit_gaps(log: EventLog) -> tuple[list[float], float]:
 
 @dataclass(frozen=True)
 class Recovery:
+    """One learner restart. recovery_s = boot_s + rejoin_s: the process's own start
+    (boot: Python, JAX, task, checkpoint restore, the fetch of Θ and the first step's
+    compile) and the protocol's part (rejoin: its first step → its first merge)."""
+
     unit: str
     incarnation: int
     t_s: float                   # the restart, seconds from t_start
     recovery_s: float | None     # restart → first merged contribution; None = never
+    boot_s: float | None = None  # restart → the start of its first inner step; None = never stepped
+    rejoin_s: float | None = None          # its first step's start → first merged contribution
+    rejoin_steps: int | None = None        # its inner steps up to the first contribution that was merged
+    rejoin_cycles: float | None = None     # rejoin_steps / H: fragment cycles (the design: ≤ 1)
+    steps_run: int = 0                     # inner steps the incarnation logged
+    sync_every: int | None = None          # H, from the run's config
 
 
 @dataclass(frozen=True)
@@ -189,6 +236,7 @@ class Metrics:
     downtime: tuple              # (from_s, to_s) gaps between commits above the bound
     recovery: tuple              # of Recovery
     recovery_max_s: float | None
+    rejoin_cycles_max: float | None  # the largest Recovery.rejoin_cycles
     final_loss: float | None
     final_loss_from: str | None  # "global" (the harness's eval of Θ) or "learners"
     reference_loss: float | None
@@ -274,9 +322,7 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
     up = clip([(a, b) for a, b in zip(commits, commits[1:]) if b - a <= bound], t0, t1)
     down = tuple((a - t0, b - t0) for a, b in zip(commits, commits[1:]) if b - a > bound)
 
-    recs = tuple(Recovery(n, inc.n, inc.restart_t - t0,
-                          None if (n, inc.n) not in firsts else firsts[(n, inc.n)] - inc.restart_t)
-                 for n in names if n in hs for inc in hs[n].incs if inc.n >= 1)
+    recs = recoveries(log, {n: hs[n] for n in names if n in hs}, lag, t0)
     done = [r.recovery_s for r in recs if r.recovery_s is not None]
 
     loss, loss_from = final_loss(log)
@@ -301,6 +347,7 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
         learner_goodput={n: (p["productive"] / dur if dur else 0.0) for n, p in per.items()},
         uptime=measure(up) / dur if dur else 0.0, uptime_s=measure(up), commit_gap_bound_s=bound,
         downtime=down, recovery=recs, recovery_max_s=max(done) if done else None,
+        rejoin_cycles_max=max((r.rejoin_cycles for r in recs if r.rejoin_cycles is not None), default=None),
         final_loss=loss, final_loss_from=loss_from, reference_loss=ref,
         loss_parity=(loss - ref) / ref if loss is not None and ref else None,
         loss_floor=floor, floor_gap=None if loss is None or floor is None else loss - floor,

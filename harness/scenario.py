@@ -123,6 +123,7 @@ class Expect:
     uptime_min: float | None = None
     loss_parity_max: float | None = None
     recovery_max_s: float | None = None
+    rejoin_cycles_max: float | None = None  # fragment cycles (H inner steps) from a restart's first step
 
     def __post_init__(self) -> None:
         check_number(self, "goodput_min", "[0, 1]", lambda v: 0 <= v <= 1, optional=True)
@@ -130,6 +131,8 @@ class Expect:
         check_number(self, "loss_parity_max", ">= 0 (a fraction of the reference loss)",
                      lambda v: v >= 0, optional=True)
         check_number(self, "recovery_max_s", "> 0 seconds", lambda v: v > 0, optional=True)
+        check_number(self, "rejoin_cycles_max", "> 0 fragment cycles (of H inner steps)", lambda v: v > 0,
+                     optional=True)
 
 
 # The trainer's config fields each scenario key sets (for errors from RunConfig).

@@ -27,11 +27,14 @@ CHECKS = {
     "uptime_min": ("uptime is at least the bound", "pct", "goodput"),
     "loss_parity_max": ("final loss is within the bound of the fault-free run's", "parity", "loss"),
     "recovery_max_s": ("every restarted unit is merged again within the bound", "s", "recovery"),
+    "rejoin_cycles_max": ("every restarted unit's first merged contribution went out within the bound, "
+                          "in fragment cycles of H inner steps from its first step", "cycles", "recovery"),
     "no_crash": ("no process crashed by itself", "count", "timeline"),
 }
 UNKNOWN_WHY = {
     "loss_parity_max": "no fault-free reference run (or no loss) to compare with",
     "recovery_max_s": "no restart in this run, or a restart too close to the end to tell (censored)",
+    "rejoin_cycles_max": "no restart in this run, or a restart too close to the end to tell (censored)",
 }
 SECTIONS = [("verdict", "Verdict"), ("run", "Run"), ("timeline", "Timeline"), ("loss", "Loss"),
             ("goodput", "Goodput"), ("recovery", "Recovery"), ("staleness", "Staleness"),
@@ -45,7 +48,7 @@ def fmt(v, kind: str) -> str:
         return str(v)
     return {"pct": f"{v:.1%}", "parity": f"{v:+.2%}", "s": f"{v:.1f} s", "stall": f"{v:.2f} s",
             "int": f"{v:,.0f}", "count": f"{v:,.0f}", "float": f"{v:.4g}", "loss": f"{v:.4f}",
-            "bytes": _bytes(v)}.get(kind, str(v))
+            "bytes": _bytes(v), "cycles": f"{v:.2g} cycles"}.get(kind, str(v))
 
 
 def _bytes(v: float) -> str:
@@ -91,6 +94,14 @@ def _why_failed(name: str, d: dict, t_start: float | None) -> tuple[str, list | 
     if "from_s" in first:  # no_global_downtime
         return (f"no commit from {first['from_s']:.2f} s to {first['to_s']:.2f} s although a quorum was reachable "
                 f"for {first.get('reachable_s', 0):.2f} s of it{more}", [first["from_s"] - 2, first["to_s"] + 2])
+    if "t_s" in first and name == "rejoin_cycles_max":
+        n = first.get("rejoin_steps")
+        took = (f"ran {first.get('steps_run')} inner steps and none of its contributions was merged" if n is None
+                else f"first had a contribution merged after {n} inner steps "
+                     f"({first.get('rejoin_cycles'):.2g} cycles of H = {first.get('sync_every')})")
+        rs = first.get("recovery_s")
+        return (f"{first['unit']} restarted at {first['t_s']:.1f} s and {took}{more}",
+                [first["t_s"] - 2, first["t_s"] + (rs or 10) + 2])
     if "t_s" in first:  # recovery_max_s
         rs = first.get("recovery_s")
         took = "was never merged again" if rs is None else f"took {rs:.1f} s"
@@ -225,15 +236,24 @@ def schedule_rows(run: Run, tl) -> list[dict]:
 
 def recovery_rows(run: Run) -> list[dict]:
     s = run.summary
-    chk = next((c for c in s.get("checks") or [] if c["name"] == "recovery_max_s"), None)
-    marks = {}
-    if chk:
+    chks = [c for c in s.get("checks") or [] if c["name"] in ("recovery_max_s", "rejoin_cycles_max")]
+    marks: dict = {}
+    for chk in chks:
         for k in ("late", "never", "censored"):
             for r in (chk.get("details") or {}).get(k) or []:
-                marks[(r["unit"], r["incarnation"])] = k
+                marks.setdefault((r["unit"], r["incarnation"]), []).append(
+                    k + (" (rejoin)" if chk["name"] == "rejoin_cycles_max" else ""))
+
+    def rejoin(r: dict) -> str:
+        if r.get("rejoin_steps") is None:
+            return "–"
+        cycles = f" ({r['rejoin_cycles']:.2g} cycles)" if r.get("rejoin_cycles") is not None else ""
+        return f"{r['rejoin_steps']} steps{cycles}"
+
     return [{"unit": r["unit"], "incarnation": r["incarnation"], "t": fmt(r["t_s"], "s"),
              "recovery": "never merged" if r["recovery_s"] is None else fmt(r["recovery_s"], "s"),
-             "mark": marks.get((r["unit"], r["incarnation"]), "ok" if chk else ""),
+             "boot": fmt(r.get("boot_s"), "s"), "rejoin_s": fmt(r.get("rejoin_s"), "s"), "rejoin": rejoin(r),
+             "mark": ", ".join(marks.get((r["unit"], r["incarnation"]), ["ok"] if chks else [])),
              "z0": r["t_s"] - 2, "z1": r["t_s"] + (r["recovery_s"] or 10) + 2}
             for r in s.get("recovery") or []]
 

@@ -250,6 +250,34 @@ def test_recovery_expectation_never_and_censored():
     assert expect_checks({"recovery_max_s": 10.0}, no_restart)[0].valid is None
 
 
+def _rejoining_run(merged: set, steps: int, H: int = 4):
+    """1 learner killed at 5, respawned at 8 (restores step 4); its new incarnation steps
+    `steps` times from t = 10, a Contribution every 2 steps (seq k after step 2k), the
+    seqs in `merged` merged; H = `H`."""
+    b = LogBuilder(learners=1, t_end=10.0 + steps + 1).up(0, "learner-0")
+    b.header["config"]["diloco"]["sync_every"] = H
+    b.train("learner-0", 4, merged={1, 2})
+    b.down(5, "learner-0").respawn(8, "learner-0").up(9, "learner-0", inc=1, step=4)
+    b.train("learner-0", steps, inc=1, start=4, t0=10.0, merged=merged)
+    return compute(b.log())
+
+
+def test_rejoin_expectation():
+    # first merged seq 1 went out with the incarnation's 2nd step: 2 / H(4) = 0.5 cycles
+    r = expect_checks({"rejoin_cycles_max": 1.0}, _rejoining_run({1, 2}, 6))[0]
+    assert (r.name, r.valid, r.value, r.bound) == ("rejoin_cycles_max", True, pytest.approx(0.5), 1.0)
+    # seq 1 was lost, seq 3 (its 6th step) merged: 1.5 cycles, over a bound of 1, under 2
+    late = _rejoining_run({3}, 8)
+    assert expect_checks({"rejoin_cycles_max": 1.0}, late)[0].valid is False
+    assert expect_checks({"rejoin_cycles_max": 1.0}, late)[0].details["late"][0]["rejoin_steps"] == 6
+    assert expect_checks({"rejoin_cycles_max": 2.0}, late)[0].valid is True
+    # never merged: 9 steps run > (1 + 1) × 4 fails; 8 steps might still land: unknown
+    assert expect_checks({"rejoin_cycles_max": 1.0}, _rejoining_run(set(), 9))[0].valid is False
+    assert expect_checks({"rejoin_cycles_max": 1.0}, _rejoining_run(set(), 8))[0].valid is None
+    no_restart = compute(LogBuilder(learners=1).log())
+    assert expect_checks({"rejoin_cycles_max": 1.0}, no_restart)[0].valid is None
+
+
 def test_compose():
     t, f, u = Result("a", True), Result("b", False), Result("c", None)
     assert compose([t, t]).valid is True

@@ -216,6 +216,14 @@ def test_recovery_after_restart():
     m = compute(b.log())
     assert [(r.unit, r.incarnation, r.t_s, r.recovery_s) for r in m.recovery] == [("learner-0", 1, 8.0, 6.0)]
     assert m.recovery_max_s == approx(6.0)
+    # boot: restart 8 → first step's start 10 = 2 s; rejoin: 10 → merge at 14 = 4 s; the
+    # merged seq 2 went out with the incarnation's 4th step (steps 5-8); no H in the header
+    r = m.recovery[0]
+    assert (r.boot_s, r.rejoin_s, r.rejoin_steps, r.rejoin_cycles) == (approx(2.0), approx(4.0), 4, None)
+    assert r.boot_s + r.rejoin_s == approx(r.recovery_s)
+    b.header["config"]["diloco"]["sync_every"] = 8  # H = 8: 4 steps are half a fragment cycle
+    m8 = compute(b.log())
+    assert m8.recovery[0].rejoin_cycles == approx(0.5) and m8.rejoin_cycles_max == approx(0.5)
     assert m.badput_s == {**dict.fromkeys(BADPUT, approx(0.0)), "dead": approx(3.0), "startup": approx(2.0),
                           "recovery": approx(2.0), "lost": approx(2.0), "other": approx(1.0)}
     assert m.productive_s == approx(10.0) and m.goodput == approx(0.5)
@@ -231,6 +239,8 @@ def test_death_without_a_harness_line():
     m = compute(b.log())
     assert m.badput_s["dead"] == approx(3.0)
     assert m.recovery[0].t_s == approx(6.0) and m.recovery[0].recovery_s is None
+    r = m.recovery[0]  # stepped from 6 (line at 7, dt 1) but never merged
+    assert (r.boot_s, r.rejoin_s, r.rejoin_steps) == (approx(0.0), None, None) and m.rejoin_cycles_max is None
     assert total(m) == approx(1.0)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import eventlog, report_cmd
+from harness import eventlog, metrics, report_cmd
 from harness.errors import UserError
 from reports import page, render_index, render_run, series, timeline
 from reports.runs import load
@@ -281,3 +281,23 @@ def test_backend_fact_names_where_the_units_ran(run):
     assert page.backend_text(None, "sim").startswith("sim — ")
     rows = dict(page.facts(load(run)))
     assert rows["backend"].startswith("local — ")  # the fixture's log predates the field
+
+
+def test_recovery_splits_into_boot_and_rejoin_on_the_real_run():
+    # learner-1's restart in the fixture: its new incarnation's Contribution seq 1
+    # (fragment 1) went out with its 2nd inner step (`at_step` 2 on the send line) and was
+    # merged; H = 6, so a third of a fragment cycle. boot + rejoin = recovery.
+    rec, = metrics.compute(eventlog.read(FIXTURE)).recovery
+    assert (rec.unit, rec.incarnation, rec.rejoin_steps, rec.sync_every) == ("learner-1", 1, 2, 6)
+    assert rec.rejoin_cycles == pytest.approx(1 / 3)
+    assert rec.boot_s + rec.rejoin_s == pytest.approx(rec.recovery_s)
+    assert 0 < rec.rejoin_s < rec.boot_s  # the process's start dominates
+
+    summary = {"recovery": [vars(rec)], "checks": [
+        {"name": "rejoin_cycles_max", "valid": False, "value": 1 / 3, "bound": 0.25,
+         "details": {"late": [vars(rec)], "never": [], "censored": []}}]}
+    row, = page.recovery_rows(argparse.Namespace(summary=summary))
+    assert (row["rejoin"], row["mark"]) == ("2 steps (0.33 cycles)", "late (rejoin)")
+    chk, = page.check_rows(summary["checks"])
+    assert (chk["status"], chk["value"], chk["bound"]) == ("fail", "0.33 cycles", "0.25 cycles")
+    assert "first had a contribution merged after 2 inner steps (0.33 cycles of H = 6)" in chk["why"]

@@ -227,6 +227,8 @@ MALFORMED = [
     (OK + '[expect]\nrecovery_max = "soon"\n', "expect.recovery_max: cannot read 'soon' as a duration"),
     (OK + '[expect]\nrecovery_max = "20s"\nrecovery_max_s = 20\n',
      "expect.recovery_max_s: 'recovery_max' and 'recovery_max_s' set the same thing"),
+    (OK + "[expect]\nrejoin_cycles_max = 0\n",
+     "expect.rejoin_cycles_max: 0 is out of range; valid: > 0 fragment cycles (of H inner steps)"),
     (OK + "[expect]\ngoodput = 0.8\n", "expect.goodput: unknown key (did you mean 'goodput_min'?)"),
 ]
 
