@@ -106,9 +106,7 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
             eventlog.merge(run_dir, header, harness_events)  # what happened so far is kept
         raise
     header.setdefault("t_end", time.time())
-    final = _global_eval(run_dir, cfg, cluster.topology)
-    if final is not None:
-        emit("eval", "harness", loss=final, step=cfg.steps, **{"global": True})
+    _global_evals(run_dir, cfg, cluster.topology, header, harness_events)
     eventlog.merge(run_dir, header, harness_events)
     summary = summarize(run_dir, s, reference, expect=expect)
     render(run_dir)
@@ -184,40 +182,22 @@ def _training_start(budget: _Budget, cfg: RunConfig, timeout_s: float = STARTUP_
     return time.time()
 
 
-def _global_eval(run_dir: Path, cfg: RunConfig, topology: dict) -> float | None:
-    """Held-out loss of the global model at the end: Θ assembled from every syncer
-    shard's last checkpoint (DiLoCo modes), or learner-0's last checkpoint (dp)."""
-    try:
-        import jax
+def _global_evals(run_dir: Path, cfg: RunConfig, topology: dict, header: dict, events: list) -> None:
+    """The global model's held-out loss along the run (from the syncer shards' kept
+    checkpoints, at the times they were taken) and at the end: harness `eval` lines with
+    `global: true`; the last one is the run's final loss (harness/global_eval.py)."""
+    from harness import global_eval
 
-        from trainer.checkpoint import Checkpointer
-        from trainer.inner import make_inner
-        from trainer.shell import from_ckpt
-        from trainer.tasks import task_for_run
-        from trainer.wiring import fragmenter_for
-
-        task = task_for_run(cfg)
-        params = task.init_params(jax.random.PRNGKey(cfg.seed))
-        if cfg.diloco.mode in ("dp", "elastic_dp"):
-            with Checkpointer(run_dir / "ckpt" / topology["learners"][0]) as ck:
-                saved = ck.restore()
-            if saved is None:
-                return None
-            params = saved["params"]
-        else:
-            frag = fragmenter_for(cfg, params)
-            for shard in topology["shards"]:
-                with Checkpointer(run_dir / "ckpt" / shard) as ck:
-                    saved = ck.restore()
-                if saved is None:
-                    continue
-                snap = from_ckpt(saved)
-                for p, f in snap["fragments"].items():
-                    params = frag.set(params, int(p), f["theta"])
-        return make_inner(cfg, task.loss_fn).evaluate(params, task.eval_batches())
-    except Exception as e:  # a missing/corrupt checkpoint must not lose the rest of the run
-        (run_dir / "global_eval_error.txt").write_text(repr(e))
-        return None
+    along, why = global_eval.over_time(run_dir, cfg, topology, header.get("t_start", 0.0), header["t_end"])
+    events += [{"t": round(p["t"], 6), "src": "harness", "kind": "eval", "loss": p["loss"], "step": None,
+                "global": True, "snapshot": True} for p in along]
+    final, why_final = global_eval.final(run_dir, cfg, topology)
+    if final is not None:
+        events.append({"t": round(time.time(), 6), "src": "harness", "kind": "eval", "loss": final,
+                       "step": cfg.steps, "global": True})
+    errors = [w for w in (why, why_final) if w]
+    if errors:
+        (run_dir / "global_eval_error.txt").write_text("\n".join(errors) + "\n")
 
 
 def summarize(run_dir: Path, s: Scenario, reference: Path | None = None, expect: bool = True) -> dict:

@@ -164,7 +164,8 @@ def learner_goodput(rows: list[dict]) -> dict:
 def loss(points: list[dict], means: list[dict], glob: list[dict], floor: float | None,
          fault_rows: list[dict], dom: tuple) -> dict:
     """Held-out loss over time: each learner (thin), learners' mean per run (thick:
-    run, fault-free reference, dp), the global model's evals (diamonds), the floor."""
+    run, fault-free reference, dp), the global model's evals (diamonds on a dashed line:
+    along the run and at the end), the floor."""
     whos = [w for w in WHO_COLORS if any(r["who"] == w for r in means + glob)]
     color = alt.Color("who:N", scale=alt.Scale(domain=whos, range=[WHO_COLORS[w] for w in whos]),
                       legend=alt.Legend(orient="top", title=None))
@@ -183,7 +184,10 @@ def loss(points: list[dict], means: list[dict], glob: list[dict], floor: float |
             x=_x("t", dom), y=y, color=color,
             tooltip=["who:N", "step:Q", alt.Tooltip("loss:Q", format=".4f"), alt.Tooltip("n:Q", title="learners")]))
         data["means"] = means
-    if glob:
+    if glob:  # along the run (the syncer shards' kept checkpoints), then the final Θ
+        layers.append(alt.Chart(alt.Data(name="global")).mark_line(strokeWidth=1.6, strokeDash=[5, 3],
+                                                                   clip=True).encode(
+            x=_x("t", dom), y=y, color=color, detail="who:N"))
         layers.append(alt.Chart(alt.Data(name="global")).mark_point(shape="diamond", size=140, filled=True,
                                                                     clip=True).encode(
             x=_x("t", dom), y=y, color=color,

@@ -16,7 +16,9 @@ MAX_BUCKETS = 240  # per link and direction: keeps a long run's page light
 def loss_rows(log: EventLog, who: str) -> tuple[list[dict], list[dict]]:
     """(per-learner held-out eval points, the global model's evals) of one run.
     A learner's eval line is its own model on held-out data; the harness's eval with
-    `global: true` is the assembled global model (the runner evaluates it at the end)."""
+    `global: true` is the assembled global model: the runner evaluates it after the run,
+    along it (from the syncer shards' kept checkpoints, at the times they were taken) and
+    at the end (harness/global_eval.py)."""
     t0, t1 = metrics.window(log)
     learners = set(metrics.learner_names(log))
     points = [{"who": who, "learner": e["src"], "t": round(e["t"] - t0, 3), "step": e.get("step"),

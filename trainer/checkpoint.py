@@ -64,15 +64,23 @@ def _to_numpy(tree: Any) -> Any:
 class Checkpointer:
     """Numbered, asynchronous checkpoints of one tree in `directory`."""
 
-    def __init__(self, directory: str | Path, max_to_keep: int = 3):
+    def __init__(self, directory: str | Path, max_to_keep: int = 3, keep_every_s: int | None = None):
+        """Keeps the latest `max_to_keep` steps, and with `keep_every_s` also one step per
+        that many seconds (orbax's EveryNSeconds, by the time each was saved): a history
+        to look back at, e.g. the global model along a run."""
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep = {max_to_keep} must be >= 1")
+        if keep_every_s is not None and (not isinstance(keep_every_s, int) or keep_every_s < 1):
+            raise ValueError(f"keep_every_s = {keep_every_s!r} must be a whole number of seconds >= 1, or None")
         self.directory = Path(directory).absolute()
+        keep = [ocp.checkpoint_managers.LatestN(n=max_to_keep)]
+        if keep_every_s is not None:
+            keep.append(ocp.checkpoint_managers.EveryNSeconds(interval_secs=keep_every_s))
         self._mngr = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep, enable_async_checkpointing=True,
-                cleanup_tmp_directories=True, create=True))
+                preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(keep),
+                enable_async_checkpointing=True, cleanup_tmp_directories=True, create=True))
         self._last_saved: int | None = self.latest_step()
 
     def save(self, step: int, tree: dict) -> None:

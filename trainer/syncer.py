@@ -31,6 +31,7 @@ from trainer.wiring import fragmenter_for, syncer_config, syncer_math
 # follow the restarted shard to its restored version): 0.25 s measurably hurt the
 # loss after a shard crash (suites/cluster/test_train_cluster.py), so it is off.
 CKPT_MIN_INTERVAL_S = 0.0
+KEEP_EVERY_S = 3       # besides the latest saves, one kept per this many seconds (the global loss curve)
 
 
 class Syncer:
@@ -44,7 +45,7 @@ class Syncer:
         frag = fragmenter_for(self.cfg, params)
         bugs = frozenset(b for b in args.bugs.split(",") if b)
         self.core = SyncerCore(syncer_config(self.cfg, topo, self.name, bugs), syncer_math(self.cfg, frag))
-        self.ckpt = Checkpointer(self.run_dir / "ckpt" / self.name)
+        self.ckpt = Checkpointer(self.run_dir / "ckpt" / self.name, keep_every_s=KEEP_EVERY_S)
         restored = self.ckpt.restore()
         if restored is not None:
             self.state = self.core.restore(shell.from_ckpt(restored))
@@ -82,7 +83,8 @@ class Syncer:
             self.last_save = time.monotonic()
             self.saved += 1
             self.in_flight = dict(self.state.version)
-            self.ckpt.save(self.saved, shell.to_ckpt(self.core.snapshot(self.state)))
+            # saved_at: when Θ was this, for the harness's global evals along the run
+            self.ckpt.save(self.saved, {**shell.to_ckpt(self.core.snapshot(self.state)), "saved_at": time.time()})
             self.dirty = False
 
     def run(self) -> int:

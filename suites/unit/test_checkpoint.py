@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import jax
@@ -84,6 +85,28 @@ def test_keeps_the_newest_and_steps_must_increase(tmp_path):
             ck.save(5, {"round": 5})
         with pytest.raises(ValueError, match="no finalized checkpoint for step 1"):
             ck.restore(1)
+
+
+def test_keep_every_s_keeps_a_history_besides_the_newest(tmp_path):
+    # step 1, then 1.2 s later steps 2..6 back to back: the newest two (5, 6) are kept as
+    # before; one per second besides: 1 (the first) and 2 (≥ 1 s after it); 3 and 4 go
+    # unless the machine took ≥ 1 s between two saves
+    with Checkpointer(tmp_path / "hist", max_to_keep=2, keep_every_s=1) as ck:
+        ck.save(1, {"round": 1})
+        ck.wait()
+        time.sleep(1.2)  # the input here is time itself
+        for step in range(2, 7):
+            ck.save(step, {"round": step})
+        ck.wait()
+        kept = ck.steps()
+    assert {1, 2, 5, 6} <= set(kept) and len(kept) < 6, kept
+    with Checkpointer(tmp_path / "latest", max_to_keep=2) as ck:
+        for step in range(1, 7):
+            ck.save(step, {"round": step})
+        ck.wait()
+        assert ck.steps() == [5, 6]
+    with pytest.raises(ValueError, match="keep_every_s = 0.5 must be a whole number of seconds"):
+        Checkpointer(tmp_path / "bad", keep_every_s=0.5)
 
 
 def test_unstorable_leaves_are_named(tmp_path):
