@@ -4,11 +4,12 @@ checkpoints on disk (so nothing is taken from the run while it trains).
 - `final(run_dir, cfg, topology)`: Θ at the end, assembled from every syncer shard's
   latest checkpoint (DiLoCo modes), or learner-0's last checkpoint (dp modes, where
   every learner holds the global model).
-- `over_time(run_dir, cfg, topology, t0, t1)`: Θ along the run. Each syncer shard keeps
-  one checkpoint per `trainer.syncer.KEEP_EVERY_S` besides its latest ones, stamped with
-  the wall time it was taken (`saved_at`); at each such time Θ is every shard's newest
-  checkpoint taken by then, over Θ0 for a shard that has none yet. DiLoCo modes only:
-  in dp modes the learners' own evals are already the global model's.
+- `over_time(run_dir, cfg, topology, t0, t1)`: Θ along the run. Each syncer shard keeps,
+  besides its latest checkpoints, the first one it saved in each `trainer.syncer.
+  KEEP_EVERY_S` of clock time (the same moments on every shard), stamped with the wall
+  time it was taken (`saved_at`); once per interval Θ is every shard's newest checkpoint
+  by then, over Θ0 for a shard that has none yet (a crashed shard: the one it had).
+  DiLoCo modes only: in dp modes the learners' own evals are already the global model's.
 
 Both return what they could not do as an error string instead of raising: a missing
 or corrupt checkpoint must not lose the rest of the run.
@@ -88,8 +89,18 @@ def over_time(run_dir: Path, cfg, topology: dict, t0: float, t1: float) -> tuple
     if cfg.diloco.mode in ("dp", "elastic_dp"):
         return [], None
     try:
+        from trainer.syncer import KEEP_EVERY_S
+
         snaps = {shard: _snapshots(run_dir, shard) for shard in topology["shards"]}
-        times = thin(sorted({t for s in snaps.values() for t, _ in s if t0 <= t <= t1}), MAX_POINTS)
+        # shards keep the first save of each KEEP_EVERY_S of clock time: evaluate once per
+        # interval, when every shard's snapshot of it exists (not in between, where one
+        # shard's Θ would be up to an interval older than another's)
+        last: dict[int, float] = {}
+        for s in snaps.values():
+            for at, _ in s:
+                b = int(at // KEEP_EVERY_S)
+                last[b] = max(last.get(b, at), at)
+        times = thin(sorted(t for t in last.values() if t0 <= t <= t1), MAX_POINTS)
         if not times:
             return [], None
         params0, frag, evaluate = _setup(cfg)

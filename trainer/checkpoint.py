@@ -61,13 +61,31 @@ def _to_numpy(tree: Any) -> Any:
     return tree
 
 
+class FirstPerInterval:
+    """An orbax preservation policy: keeps the first checkpoint saved in each interval of
+    wall-clock time, the intervals counted from the epoch (not from this directory's
+    first save, as orbax's EveryNSeconds does), so that separate checkpointers, e.g. the
+    syncer shards, keep snapshots at the same moments."""
+
+    def __init__(self, interval_s: int):
+        self.interval_s = interval_s
+
+    def should_preserve(self, checkpoints, *, context) -> list[bool]:
+        seen, keep = set(), []
+        for info in checkpoints:  # oldest first
+            bucket = int(info.time.timestamp() // self.interval_s)
+            keep.append(bucket not in seen)
+            seen.add(bucket)
+        return keep
+
+
 class Checkpointer:
     """Numbered, asynchronous checkpoints of one tree in `directory`."""
 
     def __init__(self, directory: str | Path, max_to_keep: int = 3, keep_every_s: int | None = None):
-        """Keeps the latest `max_to_keep` steps, and with `keep_every_s` also one step per
-        that many seconds (orbax's EveryNSeconds, by the time each was saved): a history
-        to look back at, e.g. the global model along a run."""
+        """Keeps the latest `max_to_keep` steps, and with `keep_every_s` also the first step
+        saved in each `keep_every_s` of wall-clock time (`FirstPerInterval`): a history to
+        look back at, e.g. the global model along a run."""
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep = {max_to_keep} must be >= 1")
         if keep_every_s is not None and (not isinstance(keep_every_s, int) or keep_every_s < 1):
@@ -75,7 +93,7 @@ class Checkpointer:
         self.directory = Path(directory).absolute()
         keep = [ocp.checkpoint_managers.LatestN(n=max_to_keep)]
         if keep_every_s is not None:
-            keep.append(ocp.checkpoint_managers.EveryNSeconds(interval_secs=keep_every_s))
+            keep.append(FirstPerInterval(keep_every_s))
         self._mngr = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(

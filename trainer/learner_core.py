@@ -19,8 +19,18 @@ sent_step). Rules:
   (an update lost with a link) is dropped and the shard's fragments are fetched afresh;
 - after `start` and after every reconnect to a shard, the shard's fragments await a fetch
   (the Hello's rejoin reply, or any newer update) and are not contributed until it comes;
+  streaming / sync_diloco send their in-flight contributions to it again (dp its
+  unanswered gradients): lost with the old connection, a round of all units would stall;
+  and a fragment due while it awaits its fetch goes out the step after the fetch
+  (decoupled: it waits for its next turn);
 - decoupled mode never blocks; streaming / sync_diloco block once a fragment has been in
   flight τ steps; dp / elastic_dp block from `grads_ready` until every GradMean is in.
+- streaming / sync_diloco, a restarted unit (incarnation ≥ 1): once its first fetch is
+  in, its fragment schedule is shifted (`phase`) so that the next fragment due is the
+  one the others are waiting on: the lowest version, earliest in the cycle. Every round
+  needs every unit (K = M), so a unit out of phase with the rest deadlocks the job: it
+  waits on a round the others have not reached while they wait on one it has not
+  (found by the sim tier: streaming + kill_unit, no commit for 42 s).
 """
 from __future__ import annotations
 
@@ -83,6 +93,7 @@ class InFlight:
     seq: int
     sent_at: float
     sent_step: int
+    msg: Any = None  # the Contribution, sent again after a reconnect in streaming / sync_diloco
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,9 @@ class LearnerState:
     live_slices: int | None = None
     dp_grads: Any = None                            # dp: the gradient pytree being averaged
     dp_wait: dict = field(default_factory=dict)     # dp: p -> GradStep awaiting its GradMean
+    phase: int = 0                                  # fragment p is due at due_fragment(step + phase)
+    deferred: frozenset = frozenset()               # streaming: due while awaiting a fetch, sent after it
+    phased: bool = False                            # a restarted streaming unit's phase is set
 
 
 def _put(t: tuple, p: int, value) -> tuple:
@@ -122,6 +136,22 @@ class LearnerCore:
         if config.mode in DP_MODES and math.grad_payload is None:
             raise ValueError(f"mode {config.mode!r} needs LearnerMath.grad_payload")
         self.config, self.math = config, math
+        self._offsets, self._period = ({}, 0) if config.mode in DP_MODES else self._cycle()
+
+    def _cycle(self) -> tuple[dict, int]:
+        """(p -> the first step ≥ 1 at which p is due, the schedule's period), read off
+        `due_fragment` (the core does not know H)."""
+        first: dict = {}
+        for step in range(1, 1 << 16):
+            p = self.math.due_fragment(step)
+            if p is None:
+                continue
+            if p in first:
+                if len(first) == len(self.config.owners):
+                    return first, step - first[p]
+                continue
+            first[p] = step
+        raise ValueError(f"due_fragment never names every one of {len(self.config.owners)} fragments")
 
     def init(self, params) -> LearnerState:
         n = len(self.config.owners)
@@ -154,8 +184,13 @@ class LearnerCore:
             raise UnknownPeer(f"{shard!r} owns no fragment; shards: {list(self.config.shards)}")
         mine = [p for p, owner in enumerate(self.config.owners) if owner == shard]
         state = replace(state, awaiting=state.awaiting | self._to_fetch(mine))
-        return state, [Send(shard, self._hello())] + [Send(shard, state.dp_wait[p]) for p in mine
-                                                      if p in state.dp_wait]
+        # what went out on the old connection may be lost with it: a round that needs every
+        # unit (dp, streaming, sync_diloco) would wait for it forever, so it goes again (a
+        # shard that has it already refuses the copy: at most once per seq)
+        again = [state.dp_wait[p] for p in mine if p in state.dp_wait]
+        if self.config.mode in ("streaming", "sync_diloco"):
+            again += [state.in_flight[p].msg for p in mine if p in state.in_flight]
+        return state, [Send(shard, m) for m in [self._hello()] + again]
 
     def after_inner_step(self, state: LearnerState, now: float, params, tokens: int, step_time_s: float):
         """An inner step finished: `params` are the new local ones."""
@@ -165,11 +200,16 @@ class LearnerCore:
         state = replace(state, params=params, step=state.step + 1, step_time_s=step_time_s,
                         c_steps=tuple(c + 1 for c in state.c_steps),
                         c_tokens=tuple(c + tokens for c in state.c_tokens))
-        p = None if self.config.mode in DP_MODES else self.math.due_fragment(state.step)
-        if p is None:  # nothing due, but τ may have run out on what is in flight
-            return self._check_block(state, [])
-        self._fragment(p)
-        return self._check_block(*self._contribute(state, now, p))
+        p = None if self.config.mode in DP_MODES else self.math.due_fragment(state.step + state.phase)
+        due = sorted(q for q in state.deferred if q not in state.awaiting and q != p)
+        state = replace(state, deferred=state.deferred - set(due))
+        if p is not None:
+            due.append(self._fragment(p))
+        actions: list = []
+        for q in due:  # nothing due: τ may still have run out on what is in flight
+            state, more = self._contribute(state, now, q)
+            actions += more
+        return self._check_block(state, actions)
 
     def grads_ready(self, state: LearnerState, now: float, grads, tokens: int):
         """dp modes: send this step's gradient, one GradStep per fragment, and wait for the means."""
@@ -222,6 +262,16 @@ class LearnerCore:
 
     def _take(self, state: LearnerState, now: float, p: int, glob: list, version: int, fetch: bool):
         """Θ[p] at `version` arrived (whole, or rebuilt from a delta): mix it in, make it the base."""
+        flight, sent = state.in_flight.get(p), []
+        if flight is not None:
+            state = replace(state, last_sync_s=now - flight.sent_at,
+                            in_flight={q: f for q, f in state.in_flight.items() if q != p})
+        if fetch and p in state.deferred and version >= state.base_version[p] and state.c_steps[p] >= 1:
+            # p's turn came while it awaited this fetch, and its round may be holding every
+            # other unit: the progress made against the Θ[p] it holds goes out now, before
+            # the fetch replaces it (stale by version − base_version, which the shard weighs)
+            state = replace(state, deferred=state.deferred - {p}, awaiting=state.awaiting - {p})
+            state, sent = self._contribute(state, now, p)
         # α = 0 overwrites: the local fragment is not read (reading it waits for the device)
         local = glob if fetch or self.config.alpha == 0 else self.math.mix(
             self.math.get_fragment(state.params, p), glob, self.config.alpha)
@@ -230,10 +280,20 @@ class LearnerCore:
                         awaiting=state.awaiting - {p})
         if fetch:  # local progress on p was overwritten: count afresh
             state = replace(state, c_steps=_put(state.c_steps, p, 0), c_tokens=_put(state.c_tokens, p, 0))
-        if (flight := state.in_flight.get(p)) is not None:
-            state = replace(state, last_sync_s=now - flight.sent_at,
-                            in_flight={q: f for q, f in state.in_flight.items() if q != p})
-        return self._check_block(state, [])
+        logs = sent
+        if (fetch and not state.awaiting and not state.phased and self.config.incarnation >= 1
+                and self.config.mode in ("streaming", "sync_diloco") and "rejoin_out_of_phase" not in self.config.bugs):
+            state, logs = self._rephase(state)
+        return self._check_block(state, logs)
+
+    def _rephase(self, state: LearnerState):
+        """Due next: the fragment with the lowest version, earliest in the cycle (in lockstep
+        the rounds commit in cycle order, so that is the round the other units wait on)."""
+        nxt = min(self._offsets, key=lambda q: (state.base_version[q], self._offsets[q]))
+        phase = (self._offsets[nxt] - (state.step + 1)) % self._period
+        return replace(state, phase=phase, phased=True), [
+            Log("phase", {"phase": phase, "next_fragment": nxt, "step": state.step,
+                          "versions": list(state.base_version)})]
 
     def _on_grad_mean(self, state: LearnerState, now: float, sender: str, msg: GradMean):
         p = self._fragment(msg.fragment, sender)
@@ -252,6 +312,10 @@ class LearnerCore:
 
     # --- helpers ----------------------------------------------------------------------------
     def _contribute(self, state: LearnerState, now: float, p: int):
+        if p in state.awaiting and self.config.mode in ("streaming", "sync_diloco"):
+            # a round needs every unit: skipping p's turn would stall it for a whole cycle
+            # (and deadlock the units blocked on it): p goes out the step after its fetch
+            return replace(state, deferred=state.deferred | {p}), []
         if p in state.awaiting:  # counters keep running; p goes out on its next turn
             return state, [Log("drop", {"what": "Contribution", "fragment": p, "reason": "awaiting_fetch"})]
         seq = state.seq + 1
@@ -259,7 +323,7 @@ class LearnerCore:
         msg = Contribution(self.config.learner, self.config.incarnation, seq, p, state.base_version[p],
                            state.c_steps[p], state.c_tokens[p], state.step_time_s, state.last_sync_s, payload)
         state = replace(state, seq=seq, c_steps=_put(state.c_steps, p, 0), c_tokens=_put(state.c_tokens, p, 0),
-                        in_flight={**state.in_flight, p: InFlight(seq, now, state.step)})
+                        in_flight={**state.in_flight, p: InFlight(seq, now, state.step, msg)})
         return state, [Send(self.config.owners[p], msg)]
 
     def _check_block(self, state: LearnerState, actions: list):

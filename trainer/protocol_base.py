@@ -27,7 +27,7 @@ DP_MODES = ("dp", "elastic_dp")
 # Planted bugs, each a one-line deviation guarded by its name, so that the property
 # suites can prove they fail when the protocol is wrong.
 SYNCER_BUGS = frozenset({"merge_twice", "stale_as_fresh", "ignore_quorum"})
-LEARNER_BUGS = frozenset({"rejoin_without_fetch"})
+LEARNER_BUGS = frozenset({"rejoin_without_fetch", "rejoin_out_of_phase"})
 BUGS = SYNCER_BUGS | LEARNER_BUGS
 
 

@@ -31,7 +31,7 @@ from trainer.wiring import fragmenter_for, syncer_config, syncer_math
 # follow the restarted shard to its restored version): 0.25 s measurably hurt the
 # loss after a shard crash (suites/cluster/test_train_cluster.py), so it is off.
 CKPT_MIN_INTERVAL_S = 0.0
-KEEP_EVERY_S = 3       # besides the latest saves, one kept per this many seconds (the global loss curve)
+KEEP_EVERY_S = 3       # besides the latest saves, the first of each 3 s of clock time is kept (the global loss curve)
 
 
 class Syncer:

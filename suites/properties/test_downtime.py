@@ -19,6 +19,18 @@ def test_rounds_keep_committing_while_one_learner_is_reachable(schedule):
         zero_downtime(case)
 
 
+# Streaming DiLoCo (K = M): every round needs every unit, so a restarted unit must come
+# back in phase with the others' fragment schedule (trainer/learner_core.py, `phase`);
+# out of phase it waits on a round they have not reached while they wait on one it has
+# not: before the fix a single kill_unit stalled every round to the end of the run.
+@examples(20)
+@given(schedules(WINDOW, ["kill_unit", "pause_unit", "partition"], max_faults=3))
+def test_streaming_rounds_keep_committing_after_a_unit_restarts(schedule):
+    case = simulate_case(scenario(schedule, mode="streaming"))
+    with reported(case, "zero_downtime"):
+        zero_downtime(case)
+
+
 # With K = 2 a slowed unit is still "reachable" but may take longer than the bound per
 # step: the check counts units, not their speed, so slow_unit is left out here.
 @examples(20)

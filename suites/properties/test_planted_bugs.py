@@ -8,6 +8,7 @@ finds; and the same schedule passes without the bug, so it is the bug that is ca
 | stale_as_fresh       | safety: weights_match_staleness                     | decoupled, K = 2     |
 | ignore_quorum        | safety: quorum_respected                            | decoupled, K = 2     |
 | rejoin_without_fetch | recovery: contributions against a Θ[p] never fetched | decoupled, α = 0.5   |
+| rejoin_out_of_phase  | zero downtime: no_global_downtime                   | streaming (K = M)    |
 
 merge_twice needs a contribution delivered twice. Decoupled learners never send one
 twice; data-parallel learners re-send their unanswered gradients whenever a link
@@ -23,7 +24,7 @@ from faults.strategies import KINDS, schedules
 from harness import eventlog
 from harness.sim import replay_sim
 from sim_cases import WINDOW, reported, scenario, simulate_case
-from sim_props import recovery, safety
+from sim_props import recovery, safety, zero_downtime
 from test_cluster_model import SimulatedCluster
 from test_recovery import RESTARTS
 
@@ -32,6 +33,7 @@ BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure na
     "stale_as_fresh": (safety, {"quorum": 2}, KINDS, "weights_match_staleness"),
     "ignore_quorum": (safety, {"quorum": 2}, KINDS, "quorum_respected"),
     "rejoin_without_fetch": (recovery, {"mixing": 0.5}, RESTARTS, "never fetched"),
+    "rejoin_out_of_phase": (zero_downtime, {"mode": "streaming"}, ("kill_unit",), "no_global_downtime"),
 }
 
 

@@ -87,19 +87,30 @@ def test_keeps_the_newest_and_steps_must_increase(tmp_path):
             ck.restore(1)
 
 
+def test_first_per_interval_keeps_the_first_save_of_each_clock_interval():
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    from trainer.checkpoint import FirstPerInterval
+
+    def at(s):  # a checkpoint saved at epoch second s
+        return SimpleNamespace(step=int(s * 10), time=datetime.fromtimestamp(s, tz=timezone.utc), metrics=None)
+
+    # intervals of 3 s from the epoch: [99, 102) [102, 105) [105, 108) [108, 111)
+    saves = [at(t) for t in (100.0, 101.5, 102.1, 104.9, 105.0, 110.2)]
+    assert FirstPerInterval(3).should_preserve(saves, context=None) == [True, False, True, False, True, True]
+
+
 def test_keep_every_s_keeps_a_history_besides_the_newest(tmp_path):
-    # step 1, then 1.2 s later steps 2..6 back to back: the newest two (5, 6) are kept as
-    # before; one per second besides: 1 (the first) and 2 (≥ 1 s after it); 3 and 4 go
-    # unless the machine took ≥ 1 s between two saves
+    # steps 1..6 saved 0.4 s apart into 1 s intervals: the newest two (5, 6) are kept as
+    # before, and besides them the first of each second (at least 2 of steps 1-4)
     with Checkpointer(tmp_path / "hist", max_to_keep=2, keep_every_s=1) as ck:
-        ck.save(1, {"round": 1})
-        ck.wait()
-        time.sleep(1.2)  # the input here is time itself
-        for step in range(2, 7):
+        for step in range(1, 7):
             ck.save(step, {"round": step})
-        ck.wait()
+            ck.wait()
+            time.sleep(0.4)  # the input here is time itself
         kept = ck.steps()
-    assert {1, 2, 5, 6} <= set(kept) and len(kept) < 6, kept
+    assert {5, 6} <= set(kept) and len(set(kept) & {1, 2, 3, 4}) >= 2, kept
     with Checkpointer(tmp_path / "latest", max_to_keep=2) as ck:
         for step in range(1, 7):
             ck.save(step, {"round": step})

@@ -192,3 +192,75 @@ def test_dp_mean_lost_with_the_link_is_sent_again_on_reconnect():
     assert applied(net, "A") == [(pytest.approx(2.2), [[4.0, 0.0], [5.0, 0.0]])]
     assert sorted(net.merged_ids()) == sorted(set(net.merged_ids()))  # each gradient averaged once
     assert [d["reason"] for d in net.log("drop", src="s0")] == ["duplicate"]
+
+
+# --- streaming: what keeps rounds of every unit (K = M) from deadlocking -----------------------
+# H = 4, P = 2: fragment 1 is due at steps 2, 6, …; fragment 0 at 4, 8, … (offset (p·4)//2).
+
+def _streaming(incarnation=0, mode="streaming"):
+    core = LearnerCore(LearnerConfig("B", incarnation, SHARDS, mode=mode, tau=2), learner_math(H, P))
+    state, _ = core.start(core.init([arr(0, 0), arr(0, 0)]), 0.0)
+    return core, state
+
+
+def _update(p, version, *xs):
+    return FragmentUpdate(p, version, True, [arr(*xs)])
+
+
+def _step(core, state, t, x=1.0):
+    return core.after_inner_step(state, t, [arr(x, x), arr(x, x)], 10, 0.1)
+
+
+def test_a_restarted_streaming_unit_is_put_in_phase_with_the_round_the_others_wait_on():
+    # versions (5, 6): fragment 1 committed this cycle, fragment 0's round is open (the
+    # others wait on it): the restarted unit's next due is fragment 0, at its first step
+    core, state = _streaming(incarnation=1)
+    state, _ = core.receive(state, 0.1, "s0", _update(0, 5, 0, 0))
+    state, logs = core.receive(state, 0.1, "s1", _update(1, 6, 0, 0))
+    assert state.phase == 3  # offset 4 − (0 + 1) steps, mod the period 4
+    assert [a.fields for a in logs if getattr(a, "kind", None) == "phase"] == [
+        {"phase": 3, "next_fragment": 0, "step": 0, "versions": [5, 6]}]
+    state, actions = _step(core, state, 0.2)
+    assert [(a.to, a.msg.fragment, a.msg.c_steps) for a in actions if hasattr(a, "msg")] == [("s0", 0, 1)]
+    # a first incarnation starts in phase with everyone (all start at step 0): no shift
+    core, state = _streaming(incarnation=0)
+    state, _ = core.receive(state, 0.1, "s0", _update(0, 0, 0, 0))
+    state, _ = core.receive(state, 0.1, "s1", _update(1, 0, 0, 0))
+    assert state.phase == 0 and not [a for a in _step(core, state, 0.2)[1] if hasattr(a, "msg")]
+
+
+def test_streaming_sends_what_was_in_flight_again_after_a_reconnect():
+    core, state = _streaming()
+    for p in (0, 1):
+        state, _ = core.receive(state, 0.1, SHARDS[p], _update(p, 0, 0, 0))
+    state, _ = _step(core, state, 1.0)
+    state, actions = _step(core, state, 2.0)  # step 2: fragment 1 goes to s1
+    (sent,) = [a.msg for a in actions if isinstance(a.msg if hasattr(a, "msg") else None, Contribution)]
+    state, actions = core.shard_connected(state, 2.5, "s1")  # the old connection may have lost it
+    assert [type(a.msg).__name__ for a in actions] == ["Hello", "Contribution"] and actions[1].msg == sent
+    core_d, state_d = _streaming(mode="decoupled")  # decoupled: a lost contribution is only lost work
+    for p in (0, 1):
+        state_d, _ = core_d.receive(state_d, 0.1, SHARDS[p], _update(p, 0, 0, 0))
+    state_d, _ = _step(core_d, state_d, 1.0)
+    state_d, _ = _step(core_d, state_d, 2.0)
+    assert [type(a.msg).__name__ for a in core_d.shard_connected(state_d, 2.5, "s1")[1]] == ["Hello"]
+
+
+def test_a_streaming_turn_that_came_while_awaiting_the_fetch_goes_out_with_the_fetch():
+    # fragment 1's fetch is late; its turn (step 2) is deferred, not dropped, and the
+    # fetch at the same version as the base sends the 2 steps of progress against it
+    core, state = _streaming()
+    state, _ = core.receive(state, 0.1, "s0", _update(0, 0, 0, 0))
+    state, _ = _step(core, state, 1.0, x=1.0)
+    state, actions = _step(core, state, 2.0, x=3.0)
+    assert actions == [] and state.deferred == {1}
+    state, actions = core.receive(state, 2.5, "s1", _update(1, 0, 0, 0))
+    (msg,) = [a.msg for a in actions if hasattr(a, "msg")]
+    assert (msg.fragment, msg.base_version, msg.c_steps) == (1, 0, 2)
+    assert [x.tolist() for x in msg.payload] == [[-3.0, -3.0]]  # Δ = base − θ = 0 − 3
+    assert state.params[1].tolist() == [0.0, 0.0] and state.deferred == set()  # then the fetch overwrote
+    core_d, state_d = _streaming(mode="decoupled")  # decoupled drops the turn, as before
+    state_d, _ = core_d.receive(state_d, 0.1, "s0", _update(0, 0, 0, 0))
+    state_d, _ = _step(core_d, state_d, 1.0)
+    state_d, actions = _step(core_d, state_d, 2.0)
+    assert [a.fields["reason"] for a in actions] == ["awaiting_fetch"]
