@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import time
 from pathlib import Path
 
 import pytest
 
-from harness import eventlog
+from harness import eventlog, global_eval
 from harness.cluster import LocalCluster
 from harness.procs import pid_alive
 from trainer.config import DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig
@@ -94,13 +95,17 @@ def test_kill_and_restart_learner_and_syncer_shard(tmp_path, broadcast):
     ids = collections.Counter((m["learner"], m["incarnation"], m["seq"], m["fragment"]) for m in merges)
     assert max(ids.values()) == 1
 
-    # and the model learned: held-out loss far below the unigram level (ln 16 = 2.77) and
-    # above the floor. Per learner the bound is looser: a learner whose last steps come
-    # right after it followed the restarted shard back to its restored Θ evaluates worse.
+    # and the model learned: the global model (Θ from the shards' last checkpoints) is near
+    # the floor and above it. Each learner's own last eval is only bounded by the unigram
+    # level (ln 16 = 2.77): it depends on when the learner finished. In one CI run the
+    # restarted shard took 7 s to come back (a loaded machine) at a version 6 commits old;
+    # learners 0 and 2 fetched that Θ[1] with 50 of their 150 steps left and ended at 2.31
+    # and 2.58, while the shard, trained on by learner-1, went on to the floor.
     floor = task_for_run(cfg).loss_floor()
     final = [[e["loss"] for e in log.of("eval", src=f"learner-{i}")][-1] for i in range(3)]
-    assert all(floor < loss < floor + 0.5 for loss in final), (final, floor)
-    assert sum(final) / 3 < floor + 0.25, (final, floor)
+    assert all(floor < loss < math.log(16) for loss in final), (final, floor)
+    global_loss, why = global_eval.final(run_dir, cfg, run["topology"])
+    assert why is None and floor < global_loss < floor + 0.25, (global_loss, why, final, floor)
 
     # how Θ came back: whole fragments only, or deltas after each (re)fetch
     deltas = {e["src"] for e in log.of("recv") if e["msg"] == "FragmentDelta"}
