@@ -95,13 +95,16 @@ def _rejoin_steps(inc: Incarnation, merged: set) -> int | None:
     return min(counts) if counts else None
 
 
-def recoveries(log: EventLog, hs: dict[str, UnitHistory], lag: int, t0: float) -> tuple:
-    """A `Recovery` for every learner incarnation ≥ 1 (DiLoCo and dp modes alike)."""
-    firsts = first_merges(log)
+def recoveries(log: EventLog, hs: dict[str, UnitHistory], lag: int, t0: float, firsts: dict) -> tuple:
+    """A `Recovery` for every learner incarnation ≥ 1 (DiLoCo and dp modes alike);
+    `firsts`: first_merges(log)."""
     H = (log.config.get("diloco") or {}).get("sync_every")
+    merged_by: dict[str, set] = defaultdict(set)
+    for e in log.of("merge"):
+        merged_by[e["learner"]].add((e["incarnation"], e["seq"], e["fragment"]))
     out = []
     for n, h in hs.items():
-        merged = {(e["incarnation"], e["seq"], e["fragment"]) for e in log.of("merge") if e["learner"] == n}
+        merged = merged_by[n]
         for inc in h.incs:
             if inc.n < 1:
                 continue
@@ -322,7 +325,7 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
     up = clip([(a, b) for a, b in zip(commits, commits[1:]) if b - a <= bound], t0, t1)
     down = tuple((a - t0, b - t0) for a, b in zip(commits, commits[1:]) if b - a > bound)
 
-    recs = recoveries(log, {n: hs[n] for n in names if n in hs}, lag, t0)
+    recs = recoveries(log, {n: hs[n] for n in names if n in hs}, lag, t0, firsts)
     done = [r.recovery_s for r in recs if r.recovery_s is not None]
 
     loss, loss_from = final_loss(log)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import json
 import re
 import tomllib
 import typing
@@ -33,6 +32,7 @@ from typing import Any
 from faults.model import FAULT_KINDS, FailureProcess, Fault, FieldError, check_choice, check_number, suggest
 from faults.schedule import RunShape, Schedule, ScheduleError, validate
 from harness.toxiproxy_client import LinkProfile
+from harness.scenario_toml import scenario_to_toml  # noqa: F401 - writing, in its own file
 from harness.units import _Bad, _convert, _describe, _shown, _what, parse_bandwidth_kbps, parse_duration  # noqa: F401
 from trainer.config import COMPRESSIONS, MERGES, MODES, TASK_KINDS, InnerOptConfig, RunConfig
 
@@ -364,40 +364,3 @@ def list_scenarios() -> list[tuple[str, str]]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
         out.append((path.stem, str(data.get("description", "")).strip().split("\n")[0]))
     return out
-
-
-# ------------------------------------------------------------------ writing
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)  # JSON string escapes are TOML's
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} as TOML")
-
-
-def scenario_to_toml(s: Scenario) -> str:
-    """The scenario as a TOML file that `load_scenario` reads back to an equal Scenario.
-    Durations are written as plain seconds under their short keys (`at = 20.0`)."""
-    d = s.to_dict()
-    line = lambda k, v: f"{_shown(k)} = {_toml(v)}"  # noqa: E731
-    lines = [line(k, d[k]) for k in ("name", "seed", "description")]
-    for key in ("cluster", "train", "wan"):
-        if key in d:
-            lines += ["", f"[{key}]", *(line(k, v) for k, v in d[key].items())]
-    for fault in d["faults"]:
-        fields = {f.name: f for f in dataclasses.fields(FAULT_KINDS[fault["kind"]])}
-        lines += ["", "[[faults]]"]
-        for k, v in fault.items():
-            v = fields[k].metadata.get("none_word") if v is None and k in fields else v
-            if v is not None:
-                lines.append(line(k, v))
-    for key in ("failure_process", "expect"):
-        if d.get(key):
-            lines += ["", f"[{key}]", *(line(k, v) for k, v in d[key].items())]
-    return "\n".join(lines) + "\n"
