@@ -172,3 +172,26 @@ def failure_processes(draw, shape: RunShape, *, min_mtbi_s: float = 60.0, max_mt
     start = math.floor(shape.run_s) - draw(st.integers(0, max(0, math.floor(shape.run_s) - 1)))
     return FailureProcess(mtbi_s=mtbi, chips_per_unit=draw(st.integers(1, 8)), repair_s=repair, mix=mix,
                           seed=draw(st.integers(0, 2**16)), start_s=float(start))
+
+
+@st.composite
+def link_faults(draw, shape: RunShape, cycle_s: float, *, min_cycles: int = 4, max_cycles: int = 24,
+                max_latency_cycles: int = 8, tick_s: float = 0.1) -> Schedule:
+    """One fault on one learner's links, sized in fragment cycles (`cycle_s` seconds: H
+    inner steps), the regime where staleness shows: a one-way or two-way partition, or a
+    starved link (latency up to `max_latency_cycles` cycles each way, bandwidth down to
+    64 bytes per cycle). Shrinks toward the shortest, mildest fault on one link."""
+    learner = draw(st.integers(0, shape.learners - 1))
+    one = draw(st.integers(0, shape.shards))  # shards: every link of the learner
+    target = f"link:learner-{learner}" + ("" if one == shape.shards else f"~syncer-{one}")
+    length = _seconds(round(draw(st.integers(min_cycles, max_cycles)) * cycle_s / tick_s), tick_s)
+    latest = max(0.0, shape.run_s - length)
+    at = _seconds(round(draw(st.floats(0.0, 1.0)) * latest / tick_s), tick_s)
+    if draw(st.sampled_from(("wan", "partition"))) == "partition":
+        return Schedule((Partition(target, at, duration_s=length, direction=draw(st.sampled_from(DIRECTIONS))),))
+    latency_ms = float(round(draw(st.integers(0, max_latency_cycles)) * cycle_s * 1000 / 2))
+    per_cycle = draw(st.sampled_from((None, 1 << 16, 4096, 1024, 256, 64)))  # bytes per cycle, None: no cap
+    kbps = None if per_cycle is None else max(8.0, round(per_cycle * 8 / cycle_s / 1000, 1))
+    if kbps is None and not latency_ms:
+        latency_ms = float(round(cycle_s * 1000))
+    return Schedule((Wan(target, at, duration_s=length, bandwidth_kbps=kbps, latency_ms=latency_ms),))

@@ -8,8 +8,9 @@ observed value, the bound it was held to and details (the first offending lines)
     results = safety_checks(log, metrics) + expect_checks({"goodput_min": 0.8}, metrics)
     compose(results).valid
 
-Safety checks: merged_at_most_once, versions_monotonic, no_nan, durable_rounds_kept,
-no_global_downtime, staleness_bounded. Exact definitions: docs/METRICS.md.
+Safety checks: merged_at_most_once, progress_merged_once, versions_monotonic, no_nan,
+durable_rounds_kept, no_global_downtime, global_loss_regression, staleness_bounded.
+Exact definitions: docs/METRICS.md.
 """
 from __future__ import annotations
 
@@ -121,6 +122,117 @@ def merged_at_most_once(log: EventLog) -> Result:
                                                   "versions": [e0["version"], e["version"]]})
                 first[key] = (shard, j, e)
     return _judge("merged_at_most_once", bad, merges=len(log.of("merge")), remerged_after_loss=relost[:SHOW])
+
+
+def _lost_merges(log: EventLog) -> set[int]:
+    """id() of every merge line whose round its shard lost in a crash: a later incarnation of
+    that shard restored a lower version of the fragment than the merge made."""
+    out = set()
+    for shard in _shards(log):
+        lives = shard_lives(log, shard)
+        for j, life in enumerate(lives):
+            for e in life.events:
+                if e["kind"] == "merge" and any((later.restored or {}).get(e["fragment"], 0) < e["version"]
+                                                for later in lives[j + 1:]):
+                    out.add(id(e))
+    return out
+
+
+ABSORBED = ("combined", "superseded")  # shard drop reasons: the contribution went on inside by_seq's
+
+
+def progress_merged_once(log: EventLog) -> Result:
+    """No inner step of a learner incarnation reaches the model twice for one fragment.
+
+    Each learner `contribute` line says which of its incarnation's steps its Δ holds:
+    [from_step + 1, to_step]. A contribution reached the model when its (learner,
+    incarnation, seq, fragment) was merged (in a round its shard did not lose in a crash),
+    or a shard dropped it `combined` into (or `superseded` by) a contribution `by_seq` that
+    reached the model (transitively). Per (learner, incarnation, fragment), the intervals
+    of the contributions that reached the model must not overlap. A `superseded`
+    contribution was replaced, not summed: its Δ was thrown away and the replacing Δ (which,
+    against the same base, holds the same steps) stands for it, so its own interval is left
+    out. Unknown for a log with merges and no `contribute` line (written before them);
+    valid with no merge (nothing reached the model twice); dp modes exchange gradients, not
+    progress since an anchor: valid, not applicable."""
+    mode = log.config["diloco"]["mode"]
+    if mode in DP_MODES:
+        return Result("progress_merged_once", True, 0, 0, {"why": f"{mode}: gradients, not progress; not applicable"})
+    merges = log.of("merge")
+    t1 = window(log)[1]
+    spans: dict[tuple, tuple] = {}  # (learner, incarnation, seq, fragment) -> (from_step, to_step, t)
+    for name, h in histories(log, t1).items():
+        for inc in h.incs:
+            for e in inc.events:
+                if e["kind"] == "contribute":
+                    key = (name, e.get("incarnation", inc.n), e["seq"], e["fragment"])
+                    spans[key] = (int(e["from_step"]), int(e["to_step"]), e["t"])
+    if not merges:
+        return Result("progress_merged_once", True, 0, 0, {"why": "no merge in this log", "contributions": len(spans)})
+    if not spans:
+        return Result("progress_merged_once", None, None, 0,
+                      {"why": "no contribute lines: a log from before they were written", "merges": len(merges)})
+    lost = _lost_merges(log)
+    merged = {(e["learner"], e["incarnation"], e["seq"], e["fragment"]) for e in merges if id(e) not in lost}
+    seen = {(e["learner"], e["incarnation"], e["seq"], e["fragment"]) for e in merges}
+    # older -> (newer, reason): by_seq carries no incarnation; it is the first one ≥ the
+    # older's in which (learner, by_seq, fragment) was seen (a newer contribution's key is higher)
+    known = seen | set(spans)
+    incs: dict[tuple, list] = {}  # (learner, seq, fragment) -> incarnations it was seen in
+    for k in known:
+        incs.setdefault((k[0], k[2], k[3]), []).append(k[1])
+    absorbed: dict[tuple, tuple] = {}
+    for e in log.of("drop"):
+        if e.get("reason") not in ABSORBED or e.get("by_seq") is None:
+            continue
+        learner, inc, seq, p, by = e.get("learner"), e.get("incarnation"), e.get("seq"), e.get("fragment"), e["by_seq"]
+        if inc is None or seq is None:
+            continue
+        cands = sorted(i for i in incs.get((learner, by, p), ()) if (i, by) > (inc, seq))
+        absorbed[(learner, inc, seq, p)] = ((learner, cands[0] if cands else inc, by, p), e["reason"])
+        known.add((learner, inc, seq, p))
+
+    def reached(key) -> tuple[bool, bool]:
+        """(its progress reached the model, only through merges and `combined` hops)."""
+        summed, hops = True, set()
+        while key not in merged:
+            if key in hops or key not in absorbed:
+                return False, False
+            hops.add(key)
+            key, why = absorbed[key]
+            summed = summed and why == "combined"
+        return True, summed
+
+    groups: dict[tuple, list] = {}
+    replaced = unattributed = 0
+    for key in known:
+        ok, summed = reached(key)
+        if not ok:
+            continue
+        if not summed:
+            replaced += 1
+            continue
+        if key not in spans:
+            unattributed += key in merged  # a merged contribution whose contribute line is missing
+            continue
+        a, b, t = spans[key]
+        if b > a:
+            groups.setdefault((key[0], key[1], key[3]), []).append((a + 1, b, key[2], t))
+    bad, steps, pairs = [], 0, 0
+    for (learner, inc, p), ivs in sorted(groups.items()):
+        active: list = []
+        for lo, hi, seq, t in sorted(ivs):
+            active = [x for x in active if x[1] >= lo]
+            for lo0, hi0, seq0, t0 in active:
+                n = min(hi, hi0) - lo + 1
+                pairs, steps = pairs + 1, steps + n
+                bad.append({"learner": learner, "incarnation": inc, "fragment": p, "seqs": sorted([seq0, seq]),
+                            "steps": [lo, min(hi, hi0)], "overlap_steps": n, "t": max(t, t0)})
+            active.append((lo, hi, seq, t))
+    return Result("progress_merged_once", not bad, pairs, 0,
+                  {"violations": bad[:SHOW], "overlap_steps": steps, "merges": len(merges),
+                   "contributions": len(spans), "replaced": replaced, "unattributed": unattributed,
+                   "lost_in_crash": len(lost)})
 
 
 def versions_monotonic(log: EventLog) -> Result:
@@ -242,6 +354,63 @@ def no_global_downtime(log: EventLog, bound_s: float | None = None, settle_s: fl
     return Result(r.name, r.valid, worst, bound, r.details)
 
 
+RISE_MAX = 0.25   # nats above the best so far; fault-free runs rise ≤ 0.09 between snapshots
+END_MAX = 0.1     # nats: the final model's loss above the best the run reached
+WARMUP = 0.2      # share of the window [t_start, t_end] whose rises are not judged
+
+
+def global_curve(log: EventLog) -> list[tuple[float, float, bool]]:
+    """(t, loss, final) of the global model along the run: the harness's `eval` lines with
+    `global` and `snapshot` in time order, then the last `global` one without `snapshot`
+    (the final model), whatever its time."""
+    glob = [e for e in log.of("eval", src="harness") if e.get("global")]
+    snaps = sorted((e for e in glob if e.get("snapshot")), key=lambda e: e["t"])
+    finals = [e for e in glob if not e.get("snapshot")]
+    out = [(float(e["t"]), _loss(e), False) for e in snaps]
+    if finals:
+        out.append((float(finals[-1]["t"]), _loss(finals[-1]), True))
+    return out
+
+
+def _loss(e: dict) -> float:
+    v = e.get("loss")
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else math.inf
+
+
+def global_loss_regression(log: EventLog, rise_max: float = RISE_MAX, end_max: float = END_MAX,
+                           warmup: float = WARMUP) -> Result:
+    """The global model's held-out loss never rises more than `rise_max` nats above its best
+    so far once the warm-up is over, and the final model ends within `end_max` nats of the
+    best. Points: `global_curve`; the best so far is over every earlier point, warm-up
+    included; rises are judged at points at or after t_start + warmup × (t_end − t_start),
+    and always at the final one. A non-finite loss is an infinite rise. value = the worst
+    judged rise (0 if the curve only fell); unknown with fewer than 3 points (dp modes:
+    the harness evaluates only the final model)."""
+    curve = global_curve(log)
+    t0, t1 = window(log)
+    if len(curve) < 3:
+        return Result("global_loss_regression", None, None, rise_max,
+                      {"why": f"{len(curve)} global eval point(s), 3 needed", "points": len(curve)})
+    judged_from = t0 + warmup * (t1 - t0)
+    best, worst, at, bad = math.inf, -math.inf, None, []
+    for i, (t, loss, fin) in enumerate(curve):
+        if i and (fin or t >= judged_from):
+            rise = loss - best
+            if rise > worst:
+                worst, at = rise, {"at_s": t - t0, "loss": loss, "best_so_far": best, "rise": rise, "final": fin}
+            if rise > rise_max:
+                bad.append({"at_s": t - t0, "loss": loss, "best_so_far": best, "rise": rise, "final": fin})
+        best = min(best, loss)
+    final = curve[-1][1]
+    excess = final - best
+    if excess > end_max:
+        bad.append({"end": True, "final": final, "best": best, "end_excess": excess, "end_max": end_max})
+    return Result("global_loss_regression", not bad, max(worst, 0.0), rise_max, {
+        "violations": bad[:SHOW], "worst": at, "final": final, "final_from": "final" if curve[-1][2] else "snapshot",
+        "best": best, "end_excess": excess, "end_max": end_max, "warmup_until_s": judged_from - t0,
+        "points": len(curve), "curve": [[round(t - t0, 3), loss] for t, loss, _ in curve]})
+
+
 def staleness_bounded(log: EventLog, max_staleness: int) -> Result:
     """Every merge's staleness (rounds since its base version) is ≤ max_staleness."""
     merges = log.of("merge")
@@ -252,10 +421,14 @@ def staleness_bounded(log: EventLog, max_staleness: int) -> Result:
 
 
 def safety_checks(log: EventLog, metrics: Metrics | None = None, *, max_staleness: int | None = None,
-                  downtime_bound_s: float | None = None) -> list[Result]:
-    """Every safety check; staleness_bounded only when a bound is given (it has no default)."""
-    out = [merged_at_most_once(log), versions_monotonic(log), no_nan(log), durable_rounds_kept(log),
-           no_global_downtime(log, downtime_bound_s)]
+                  downtime_bound_s: float | None = None, rise_max: float | None = None,
+                  end_max: float | None = None) -> list[Result]:
+    """Every safety check; staleness_bounded only when a bound is given (it has no default).
+    rise_max / end_max: global_loss_regression's bounds (None: RISE_MAX / END_MAX)."""
+    out = [merged_at_most_once(log), progress_merged_once(log), versions_monotonic(log), no_nan(log),
+           durable_rounds_kept(log), no_global_downtime(log, downtime_bound_s),
+           global_loss_regression(log, RISE_MAX if rise_max is None else rise_max,
+                                  END_MAX if end_max is None else end_max)]
     if max_staleness is not None:
         out.append(staleness_bounded(log, max_staleness))
     return out

@@ -23,7 +23,10 @@ Step time (dt, less what of [t − dt, t] fell outside the window, in a dead / p
 span or in waiting_on_sync: a dp learner's dt spans its whole iteration, wait included):
 - DiLoCo modes: productive for fragment p when a `merge` of (learner, incarnation,
   seq, p) covers the step (the merge's c_steps steps up to the step that sent seq):
-  dt × (merged share of the P fragments) is productive, the rest lost (or recovery).
+  dt × (merged share of the P fragments) is productive; stale for p when the covering
+  merge's staleness exceeded the run's `diloco.max_staleness` (> 0), or when a shard
+  dropped that contribution with reason stale (the send's c_steps steps up to it): that
+  share goes to `stale`; the rest lost (or recovery).
 - dp modes: steps an incarnation logged beyond a later incarnation's start step are
   rolled_back, the rest productive.
 - other: the remainder (between steps: eval, checkpoint saves, loop overhead).
@@ -41,29 +44,64 @@ from harness.history import (DP_MODES, Incarnation, UnitHistory, clip, first_ste
                              fragment_count, histories, intersect, is_process_up, learner_names, measure,
                              minus, norm, step_lag, window)
 
-BADPUT = ("startup", "waiting_on_sync", "rolled_back", "lost", "recovery", "paused", "dead", "finished", "other")
+BADPUT = ("startup", "waiting_on_sync", "rolled_back", "lost", "stale", "recovery", "paused", "dead", "finished",
+          "other")
 GAP_FACTOR, GAP_MIN_S = 3.0, 1.0  # a commit gap above max(GAP_MIN_S, GAP_FACTOR × median) is downtime
 RATE_WINDOW_S = 1.0
 
 # --- goodput and badput -----------------------------------------------------------------------
 
 
+def max_staleness(log: EventLog) -> int:
+    """The run's staleness bound (`diloco.max_staleness`, versions of a fragment); 0 = none."""
+    return int((log.config.get("diloco") or {}).get("max_staleness") or 0)
+
+
+def stale_drops(log: EventLog) -> set[tuple]:
+    """(learner, incarnation, seq, fragment) of every contribution a shard dropped as too stale."""
+    return {(e.get("learner"), e.get("incarnation"), e.get("seq"), e.get("fragment")) for e in log.of("drop")
+            if e.get("reason") == "stale" and str(e.get("what", e.get("msg", ""))).lower() == "contribution"}
+
+
 def coverage(log: EventLog, hs: dict[str, UnitHistory], lag: int) -> dict[tuple, set]:
-    """(learner, incarnation, step) -> the fragments whose merged contributions include it."""
-    merged = {(e["learner"], e["incarnation"], e["seq"], e["fragment"]): e for e in log.of("merge")}
-    cover: dict[tuple, set] = defaultdict(set)
+    """(learner, incarnation, step) -> the fragments whose merged contributions include it
+    (within the staleness bound, see `covered`)."""
+    return covered(log, hs, lag)[0]
+
+
+def covered(log: EventLog, hs: dict[str, UnitHistory], lag: int) -> tuple[dict[tuple, set], dict[tuple, set]]:
+    """((learner, incarnation, step) -> fragments whose contribution covering the step was
+    merged within the staleness bound, same key -> fragments whose contribution was merged
+    past the bound or dropped as stale). A merge covers its c_steps steps up to the step
+    that sent the contribution; a stale drop the send's own c_steps."""
+    bound = max_staleness(log)
+    merged: dict[tuple, dict] = {}
+    fresh: set[tuple] = set()
+    for e in log.of("merge"):
+        key = (e["learner"], e["incarnation"], e["seq"], e["fragment"])
+        merged[key] = e
+        if not (bound and e.get("staleness") is not None and int(e["staleness"]) > bound):
+            fresh.add(key)
+    dropped = stale_drops(log)
+    good: dict[tuple, set] = defaultdict(set)
+    stale: dict[tuple, set] = defaultdict(set)
     for name, h in hs.items():
         for inc in h.incs:
             for e, before in inc.sends:
                 if e["msg"] != "Contribution":
                     continue
-                m = merged.get((name, e.get("incarnation", inc.n), e.get("seq"), e.get("fragment")))
-                if m is None:
+                key = (name, e.get("incarnation", inc.n), e.get("seq"), e.get("fragment"))
+                m = merged.get(key)
+                if m is not None:
+                    n, into = int(m["c_steps"]), (good if key in fresh else stale)
+                elif key in dropped:
+                    n, into = int(e.get("c_steps") or 0), stale
+                else:
                     continue
                 k = inc.start_step + before + 1 + lag  # the step that sent it
-                for s in range(max(inc.start_step + 1, k - int(m["c_steps"]) + 1), k + 1):
-                    cover[(name, inc.n, s)].add(e["fragment"])
-    return cover
+                for s in range(max(inc.start_step + 1, k - n + 1), k + 1):
+                    into[(name, inc.n, s)].add(e["fragment"])
+    return good, stale
 
 
 def rolled_back(h: UnitHistory) -> set[tuple[int, int]]:
@@ -120,8 +158,11 @@ def recoveries(log: EventLog, hs: dict[str, UnitHistory], lag: int, t0: float, f
     return tuple(out)
 
 
-def learner_time(h: UnitHistory, t0: float, t1: float, *, dp: bool, lag: int, share, first_merge) -> dict:
-    """Seconds of [t0, t1] in each bucket for one learner (see the module docstring)."""
+def learner_time(h: UnitHistory, t0: float, t1: float, *, dp: bool, lag: int, share, first_merge,
+                 stale_share=None) -> dict:
+    """Seconds of [t0, t1] in each bucket for one learner (see the module docstring).
+    share(unit, incarnation, step): the productive share of a step's time; stale_share: the
+    share that went into too stale contributions (none if not given)."""
     dead = clip(h.dead, t0, t1)
     paused = minus(clip(h.paused, t0, t1), dead)
     gone = norm(dead + paused)
@@ -152,7 +193,7 @@ def learner_time(h: UnitHistory, t0: float, t1: float, *, dp: bool, lag: int, sh
     # dp logs a step's dt over the whole iteration, the wait for the mean included
     not_stepping = norm(gone + waiting)
     sec = dict.fromkeys(("productive",) + BADPUT, 0.0)
-    productive_in_recovery = 0.0
+    stepped_in_recovery = 0.0  # productive and stale step time inside recovery windows
     for inc in h.incs:
         for e in inc.steps:
             dt = measure(minus(clip([(e["t"] - e["dt"], e["t"])], t0, t1), not_stepping))
@@ -160,13 +201,15 @@ def learner_time(h: UnitHistory, t0: float, t1: float, *, dp: bool, lag: int, sh
                 sec["rolled_back" if (inc.n, e["step"]) in rb else "productive"] += dt
                 continue
             good = dt * share(h.unit, inc.n, e["step"])
+            late = dt * stale_share(h.unit, inc.n, e["step"]) if stale_share else 0.0
             sec["productive"] += good
+            sec["stale"] += late
             if any(a <= e["t"] <= b for a, b in recov):
-                productive_in_recovery += good
+                stepped_in_recovery += good + late
             else:
-                sec["lost"] += dt - good
+                sec["lost"] += max(0.0, dt - good - late)
     sec.update(dead=measure(dead), paused=measure(paused), startup=measure(startup), finished=measure(fin),
-               waiting_on_sync=measure(waiting), recovery=max(0.0, measure(recov) - productive_in_recovery))
+               waiting_on_sync=measure(waiting), recovery=max(0.0, measure(recov) - stepped_in_recovery))
     # startup is estimated from the first step line; where estimates overlap, the remainder
     # would go negative: take it back from the estimated buckets so the sum stays exact
     deficit = sum(sec.values()) - (t1 - t0)
@@ -310,14 +353,17 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
     P = fragment_count(log)
     hs = histories(log, t1)
     lag = step_lag(hs)
-    cover = coverage(log, hs, lag)
+    cover, late = covered(log, hs, lag)
     firsts = first_merges(log)
 
     def share(unit, n, step):
         return len(cover.get((unit, n, step), ())) / P
 
+    def stale_share(unit, n, step):  # a fragment merged fresh for the step is not stale for it
+        return len(late.get((unit, n, step), set()) - cover.get((unit, n, step), set())) / P
+
     per = {n: learner_time(hs.get(n, UnitHistory(n)), t0, t1, dp=dp, lag=lag, share=share,
-                           first_merge=firsts) for n in names}
+                           first_merge=firsts, stale_share=stale_share) for n in names}
     alloc = len(names) * dur
     sec = {k: sum(p[k] for p in per.values()) for k in ("productive",) + BADPUT}
 

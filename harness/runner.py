@@ -65,6 +65,9 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
         "seed": s.seed, "config": cfg.to_dict(), "scenario": s.to_dict(), "tier": "cluster",
         "schedule": schedule.to_dicts(), "replay": f"diloco-chaos replay {shlex.quote(str(run_dir))}",
     }
+    from trainer.shell import planted_bugs
+    if bugs := planted_bugs():  # DILOCO_CHAOS_BUGS: every process runs with these
+        header["bugs"] = sorted(bugs)
     harness_events: list[dict] = []
 
     def emit(kind: str, src: str, **fields) -> None:

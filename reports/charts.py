@@ -31,8 +31,8 @@ FAULT_COLORS = {"kill_unit": "#a50f15", "kill_slice": "#fd8d3c", "pause_unit": "
                 "kill_syncer": "#67000d", "wan": "#f16913", "partition": "#54278f", "reset": "#e7298a",
                 "truncate": "#ce1256"}
 BADPUT_COLORS = {"productive": "#31a354", "startup": "#9ecae1", "waiting_on_sync": "#c7e9c0",
-                 "rolled_back": "#e6550d", "lost": "#fd8d3c", "recovery": "#fdd0a2", "paused": "#9e9ac8",
-                 "dead": "#de2d26", "finished": "#d9d9d9", "other": "#bdbdbd"}
+                 "rolled_back": "#e6550d", "lost": "#fd8d3c", "stale": "#8c6d31", "recovery": "#fdd0a2",
+                 "paused": "#9e9ac8", "dead": "#de2d26", "finished": "#d9d9d9", "other": "#bdbdbd"}
 
 
 def _spec(chart, datasets: dict[str, list]) -> dict:

@@ -22,6 +22,10 @@ CHECKS = {
     "no_nan": ("no loss is NaN or infinite", "count", "loss"),
     "durable_rounds_kept": ("no round acknowledged durable is lost across a syncer restart", "count", "timeline"),
     "no_global_downtime": ("the global model advances whenever a quorum is reachable", "stall", "timeline"),
+    "progress_merged_once": ("no inner step of a learner reaches the global model twice for one fragment",
+                             "count", "timeline"),
+    "global_loss_regression": ("the global model's held-out loss never rises far above its best so far, and ends "
+                               "near it", "nats", "loss"),
     "staleness_bounded": ("every merge's staleness is within the bound", "int", "staleness"),
     "goodput_min": ("goodput is at least the bound", "pct", "goodput"),
     "uptime_min": ("uptime is at least the bound", "pct", "goodput"),
@@ -48,7 +52,7 @@ def fmt(v, kind: str) -> str:
         return str(v)
     return {"pct": f"{v:.1%}", "parity": f"{v:+.2%}", "s": f"{v:.1f} s", "stall": f"{v:.2f} s",
             "int": f"{v:,.0f}", "count": f"{v:,.0f}", "float": f"{v:.4g}", "loss": f"{v:.4f}",
-            "bytes": _bytes(v), "cycles": f"{v:.2g} cycles"}.get(kind, str(v))
+            "bytes": _bytes(v), "cycles": f"{v:.2g} cycles", "nats": f"{v:.3f} nats"}.get(kind, str(v))
 
 
 def _bytes(v: float) -> str:
@@ -94,6 +98,13 @@ def _why_failed(name: str, d: dict, t_start: float | None) -> tuple[str, list | 
     if "from_s" in first:  # no_global_downtime
         return (f"no commit from {first['from_s']:.2f} s to {first['to_s']:.2f} s although a quorum was reachable "
                 f"for {first.get('reachable_s', 0):.2f} s of it{more}", [first["from_s"] - 2, first["to_s"] + 2])
+    if name == "global_loss_regression":
+        if first.get("end"):
+            return (f"the final model's loss {first['final']:.3f} is {first['end_excess']:.3f} nats above the best "
+                    f"the run reached ({first['best']:.3f}; bound {first['end_max']:.3f}){more}", None)
+        at = first.get("at_s")
+        return (f"the global model's loss rose to {first['loss']:.3f} at {at:.1f} s, {first['rise']:.3f} nats "
+                f"above its best so far ({first['best_so_far']:.3f}){more}", [at - 3, at + 3])
     if "t_s" in first and name == "rejoin_cycles_max":
         n = first.get("rejoin_steps")
         took = (f"ran {first.get('steps_run')} inner steps and none of its contributions was merged" if n is None

@@ -144,7 +144,12 @@ class DilocoConfig:
     grace_factor: float = 0.5  # γ of the adaptive grace window
     merge: str = "rda"
     weighting: str = "tokens"
-    staleness_discount: bool = True  # (1 + staleness)^-0.5 on each contribution
+    staleness_discount: bool = True  # (1 + staleness)^-0.5 on each contribution, relative within its round
+    # a contribution staler than this many versions of its fragment is dropped, not merged,
+    # and its learner re-anchors on the current Θ[p] (0: no bound; docs/PROTOCOL.md)
+    max_staleness: int = 16
+    # fragment cycles of silence from a shard before a learner calls it starved and re-fetches
+    starve_cycles: int = 4
     compression: str = "fp32"  # the pseudo-gradients, learner → shard
     # Θ[p] shard → learner: fp32 sends it whole; bf16/int8/int4 send a compressed delta
     # against the copy the learner holds, with error feedback (trainer/messages.py, FragmentDelta)
@@ -164,6 +169,8 @@ class DilocoConfig:
         _check_choice(self, "merge", MERGES)
         _check_choice(self, "weighting", WEIGHTINGS)
         _check_bool(self, "staleness_discount")
+        _check_int(self, "max_staleness", 0)
+        _check_int(self, "starve_cycles", 0)
         _check_choice(self, "compression", COMPRESSIONS)
         _check_choice(self, "broadcast_compression", COMPRESSIONS)
         _check_choice(self, "fragmentation", FRAGMENTATIONS)

@@ -20,9 +20,10 @@ import numpy as np
 from trainer import shell
 from trainer.checkpoint import Checkpointer
 from trainer.inner import make_inner, opt_state_to_tree
+from trainer.outbox import outbox_key
 from trainer.protocol import ApplyGrads, IllegalTransition, LearnerCore, Send, SetSlices
 from trainer.tasks import task_for_run
-from trainer.transport import ShardLink
+from trainer.transport import BufferLog, ShardLink
 from trainer.wiring import fragmenter_for, learner_config, learner_math
 
 EVAL_EVERY = 100       # inner steps between held-out evaluations of the local θ
@@ -53,7 +54,7 @@ class Learner:
             self.opt_state = self.inner.opt_state_from_tree(params, restored["opt"])
             self.step = int(restored["step"])
             self.ev.emit("checkpoint_restored", step=self.step)
-        bugs = frozenset(b for b in args.bugs.split(",") if b)
+        bugs = self.bugs = frozenset(b for b in args.bugs.split(",") if b)
         self.core = LearnerCore(learner_config(self.cfg, topo, self.name, self.incarnation, bugs),
                                 learner_math(self.cfg, self.frag))
         self.state = self.core.init(params)
@@ -62,6 +63,7 @@ class Learner:
         self.inbox: queue.Queue = queue.Queue()
         self.links = {shard: ShardLink(self.name, shard, addr, topo["run_id"], self.inbox)
                       for shard, addr in topo["links"][self.name].items()}
+        self.buffer_log = BufferLog()
 
     # --- driving the core -------------------------------------------------------------------
     def do(self, event: str, *args) -> None:
@@ -69,7 +71,8 @@ class Learner:
         shell.log_actions(self.ev, actions)
         for a in actions:
             if isinstance(a, Send):
-                nbytes = self.links[a.to].send(a.msg)
+                key = None if "unbounded_outbox" in self.bugs else outbox_key(a.msg)  # planted: plain FIFO
+                nbytes = self.links[a.to].send(a.msg, key=key)
                 shell.log_msg(self.ev, "send" if nbytes else "drop", a.to, a.msg, nbytes, at_step=self.state.step)
             elif isinstance(a, ApplyGrads):
                 params, self.opt_state = self.inner.apply_grads(self.core.params(self.state), self.opt_state,
@@ -100,6 +103,14 @@ class Learner:
                 ev = self.inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def log_buffers(self) -> None:
+        """`link_buffer` lines (at most one a second per link, while bytes wait on it); one
+        clock read per call otherwise."""
+        now = time.monotonic()
+        if self.buffer_log.due(now):
+            for fields in self.buffer_log.lines(now, {s: link.buffer() for s, link in self.links.items()}):
+                self.ev.emit("link_buffer", **fields)
 
     def read_control(self) -> None:
         """Slice control from the harness (kill_slice): control/<name>.json."""
@@ -136,6 +147,7 @@ class Learner:
         while self.step < max_steps and not self.stopper.stop:
             self.drain()
             self.read_control()
+            self.log_buffers()
             if self.core.must_wait(self.state):
                 self.drain(timeout_s=0.05)
                 continue

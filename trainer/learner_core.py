@@ -25,6 +25,18 @@ sent_step). Rules:
   (decoupled: it waits for its next turn);
 - decoupled mode never blocks; streaming / sync_diloco block once a fragment has been in
   flight τ steps; dp / elastic_dp block from `grads_ready` until every GradMean is in.
+- bounded staleness (decoupled; docs/PROTOCOL.md "Bounded staleness"): p is contributed
+  only once the shard has answered its last contribution of p (any update of p taken
+  since: the answer to it, a fetch, a re-anchor after a stale drop). A turn that comes
+  while p is unanswered is skipped (`drop reason=unanswered`); its steps go on with the
+  next Δ, which the answer's overwrite cuts short (counters restart). So every piece of
+  local progress is in at most one Δ: each Δ covers the steps from the take of its base
+  (`anchor_step`) to its send, logged as a `contribute` line. A shard the learner has
+  heard nothing from for `starve_cycles` fragment cycles while p waits is `starved`:
+  the learner says so, asks it for its fragments (Hello; again after twice as long) and
+  contributes nothing to it until that fetch re-anchors it.
+  Bug `cumulative_delta`: no gate (the behaviour before: a learner that hears nothing
+  sends its whole drift since the last Θ[p] every turn, and each copy is merged).
 - streaming / sync_diloco, a restarted unit (incarnation ≥ 1): once its first fetch is
   in, its fragment schedule is shifted (`phase`) so that the next fragment due is the
   one the others are waiting on: the lowest version, earliest in the cycle. Every round
@@ -51,6 +63,7 @@ class LearnerConfig:
     mode: str = "decoupled"
     tau: int = 2                # overlap τ: inner steps a fragment may be in flight (streaming)
     alpha: float = 0.0          # mixing α: θ[p] ← α·θ[p] + (1−α)·Θ[p]
+    starve_cycles: int = 4      # fragment cycles of silence from a shard before it is `starved` (0: never)
     bugs: frozenset = frozenset()
 
     def __post_init__(self):
@@ -63,6 +76,8 @@ class LearnerConfig:
             raise ValueError(f"LearnerConfig.owners must name a shard per fragment, got {self.owners}")
         if self.mode == "sync_diloco" and len(self.owners) != 1:
             raise ValueError(f"LearnerConfig: sync_diloco syncs the whole model, P must be 1, got {len(self.owners)}")
+        if self.starve_cycles < 0:
+            raise ValueError(f"LearnerConfig.starve_cycles must be ≥ 0, got {self.starve_cycles}")
         if self.tau < 0 or not 0 <= self.alpha < 1:  # α = 1 would never take Θ
             raise ValueError(f"LearnerConfig needs tau ≥ 0 and 0 ≤ alpha < 1, got {self.tau}, {self.alpha}")
 
@@ -117,6 +132,10 @@ class LearnerState:
     phase: int = 0                                  # fragment p is due at due_fragment(step + phase)
     deferred: frozenset = frozenset()               # streaming: due while awaiting a fetch, sent after it
     phased: bool = False                            # a restarted streaming unit's phase is set
+    anchor_step: tuple = ()                         # per p: the step at which base[p] was taken
+    skipped: frozenset = frozenset()                # decoupled: p's turn came while p was unanswered
+    heard: dict = field(default_factory=dict)       # shard -> step of the last message from it
+    asked: dict = field(default_factory=dict)       # shard -> (step of the last Hello, Hellos unheard)
 
 
 def _put(t: tuple, p: int, value) -> tuple:
@@ -156,7 +175,7 @@ class LearnerCore:
     def init(self, params) -> LearnerState:
         n = len(self.config.owners)
         return LearnerState(params=params, base=tuple(list(self.math.get_fragment(params, p)) for p in range(n)),
-                            base_version=(0,) * n, c_steps=(0,) * n, c_tokens=(0,) * n)
+                            base_version=(0,) * n, c_steps=(0,) * n, c_tokens=(0,) * n, anchor_step=(0,) * n)
 
     @staticmethod
     def params(state: LearnerState):
@@ -174,7 +193,8 @@ class LearnerCore:
     def start(self, state: LearnerState, now: float):
         if state.started:
             raise IllegalTransition(f"{self.config.learner} started twice")
-        state = replace(state, started=True, awaiting=self._to_fetch(range(len(self.config.owners))))
+        state = replace(state, started=True, awaiting=self._to_fetch(range(len(self.config.owners))),
+                        asked={s: (state.step, 0) for s in self.config.shards})
         return state, [Send(s, self._hello()) for s in self.config.shards]
 
     def shard_connected(self, state: LearnerState, now: float, shard: str):
@@ -183,7 +203,8 @@ class LearnerCore:
         if shard not in self.config.owners:
             raise UnknownPeer(f"{shard!r} owns no fragment; shards: {list(self.config.shards)}")
         mine = [p for p, owner in enumerate(self.config.owners) if owner == shard]
-        state = replace(state, awaiting=state.awaiting | self._to_fetch(mine))
+        state = replace(state, awaiting=state.awaiting | self._to_fetch(mine),
+                        asked={**state.asked, shard: (state.step, 0)})
         # what went out on the old connection may be lost with it: a round that needs every
         # unit (dp, streaming, sync_diloco) would wait for it forever, so it goes again (a
         # shard that has it already refuses the copy: at most once per seq)
@@ -231,6 +252,9 @@ class LearnerCore:
         if self.config.mode not in modes:
             raise UnexpectedMessage(f"learner ({self.config.mode}) never receives {type(msg).__name__}")
         self._started(state)
+        if sender in self.config.shards:
+            state = replace(state, heard={**state.heard, sender: state.step},
+                            asked={**state.asked, sender: (state.step, 0)})
         return getattr(self, handler)(state, now, sender, msg)
 
     # --- handlers ---------------------------------------------------------------------------
@@ -277,8 +301,9 @@ class LearnerCore:
             self.math.get_fragment(state.params, p), glob, self.config.alpha)
         state = replace(state, params=self.math.set_fragment(state.params, p, local),
                         base=_put(state.base, p, glob), base_version=_put(state.base_version, p, version),
-                        awaiting=state.awaiting - {p})
-        if fetch:  # local progress on p was overwritten: count afresh
+                        awaiting=state.awaiting - {p}, anchor_step=_put(state.anchor_step, p, state.step))
+        if fetch or p in state.skipped:  # local progress on p was overwritten: count afresh
+            state = replace(state, skipped=state.skipped - {p})
             state = replace(state, c_steps=_put(state.c_steps, p, 0), c_tokens=_put(state.c_tokens, p, 0))
         logs = sent
         if (fetch and not state.awaiting and not state.phased and self.config.incarnation >= 1
@@ -317,14 +342,44 @@ class LearnerCore:
             # (and deadlock the units blocked on it): p goes out the step after its fetch
             return replace(state, deferred=state.deferred | {p}), []
         if p in state.awaiting:  # counters keep running; p goes out on its next turn
-            return state, [Log("drop", {"what": "Contribution", "fragment": p, "reason": "awaiting_fetch"})]
+            state, more = self._starved(state, self.config.owners[p])
+            return state, [Log("drop", {"what": "Contribution", "fragment": p, "reason": "awaiting_fetch"})] + more
+        if (self.config.mode == "decoupled" and p in state.in_flight
+                and "cumulative_delta" not in self.config.bugs):
+            # unanswered: a Δ now would be measured from the same base as the one in flight
+            # and carry that one's progress again; p waits for its answer (or a fetch)
+            state = replace(state, skipped=state.skipped | {p})
+            state, more = self._starved(state, self.config.owners[p])
+            return state, [Log("drop", {"what": "Contribution", "fragment": p, "reason": "unanswered",
+                                        "seq": state.in_flight[p].seq})] + more
         seq = state.seq + 1
         payload = self.math.pseudo_grad_payload(state.base[p], self.math.get_fragment(state.params, p))
         msg = Contribution(self.config.learner, self.config.incarnation, seq, p, state.base_version[p],
                            state.c_steps[p], state.c_tokens[p], state.step_time_s, state.last_sync_s, payload)
         state = replace(state, seq=seq, c_steps=_put(state.c_steps, p, 0), c_tokens=_put(state.c_tokens, p, 0),
                         in_flight={**state.in_flight, p: InFlight(seq, now, state.step, msg)})
-        return state, [Send(self.config.owners[p], msg)]
+        return state, [Log("contribute", {"fragment": p, "seq": seq, "base_version": msg.base_version,
+                                          "from_step": state.anchor_step[p], "to_step": state.step}),
+                       Send(self.config.owners[p], msg)]
+
+    def _starved(self, state: LearnerState, shard: str):
+        """Nothing heard from `shard` for starve_cycles fragment cycles (twice as long after
+        a first Hello went unanswered): say so, ask for its fragments again, and contribute
+        nothing to it until they re-anchor this learner."""
+        if self.config.mode != "decoupled" or not self.config.starve_cycles or "cumulative_delta" in self.config.bugs:
+            return state, []
+        since, tries = state.asked.get(shard, (0, 0))
+        silent = state.step - max(since, state.heard.get(shard, 0))
+        if silent < self.config.starve_cycles * self._period * (2 if tries else 1):
+            return state, []
+        mine = [p for p, owner in enumerate(self.config.owners) if owner == shard]
+        state = replace(state, awaiting=state.awaiting | self._to_fetch(mine),
+                        asked={**state.asked, shard: (state.step, tries + 1)})
+        heard = state.heard.get(shard)
+        return state, [Log("starved", {"shard": shard, "step": state.step, "tries": tries + 1,
+                                       "silent_steps": state.step - (heard or 0), "heard_step": heard,
+                                       "silent_cycles": round((state.step - (heard or 0)) / self._period, 2)}),
+                       Send(shard, self._hello())]
 
     def _check_block(self, state: LearnerState, actions: list):
         wait = self.must_wait(state)

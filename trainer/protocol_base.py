@@ -26,8 +26,15 @@ DP_MODES = ("dp", "elastic_dp")
 
 # Planted bugs, each a one-line deviation guarded by its name, so that the property
 # suites can prove they fail when the protocol is wrong.
-SYNCER_BUGS = frozenset({"merge_twice", "stale_as_fresh", "ignore_quorum"})
-LEARNER_BUGS = frozenset({"rejoin_without_fetch", "rejoin_out_of_phase"})
+# The last three restore the behaviour before bounded staleness (docs/PROTOCOL.md,
+# "Bounded staleness"): cumulative_delta (a learner contributes every turn against the
+# last Θ[p] it received, answered or not: the same progress is merged again and again);
+# relative_discount (no staleness bound: a stale Δ is only discounted relative to its
+# round, at full weight in a round of one); unbounded_outbox (no newest-supersedes on
+# the links: every queued frame goes out, however stale).
+SYNCER_BUGS = frozenset({"merge_twice", "stale_as_fresh", "ignore_quorum", "relative_discount",
+                         "unbounded_outbox"})
+LEARNER_BUGS = frozenset({"rejoin_without_fetch", "rejoin_out_of_phase", "cumulative_delta", "unbounded_outbox"})
 BUGS = SYNCER_BUGS | LEARNER_BUGS
 
 

@@ -21,8 +21,29 @@ def parse_args(argv, what: str) -> argparse.Namespace:
     p.add_argument("--run-dir", required=True, type=Path, help="the run directory (holds run.json)")
     p.add_argument("--id", required=True, help=f"this {what}'s name in the topology")
     p.add_argument("--incarnation", type=int, default=0, help="restart count of this process")
-    p.add_argument("--bugs", default="", help="planted bugs, comma-separated (for the test suites)")
-    return p.parse_args(argv)
+    p.add_argument("--bugs", default=None, help="planted bugs, comma-separated (for the test suites); "
+                   f"default: those of ${BUGS_ENV} that a {what} knows")
+    args = p.parse_args(argv)
+    if args.bugs is None:  # a whole run with planted bugs: each process keeps the ones of its role
+        from trainer.protocol_base import LEARNER_BUGS, SYNCER_BUGS
+        valid = LEARNER_BUGS if what == "learner" else SYNCER_BUGS
+        args.bugs = ",".join(sorted(b for b in planted_bugs() if b in valid))
+    return args
+
+
+BUGS_ENV = "DILOCO_CHAOS_BUGS"
+
+
+def planted_bugs() -> set[str]:
+    """The planted bugs a whole cluster run was started with (`DILOCO_CHAOS_BUGS=a,b`),
+    for showing on real processes what a property suite catches in the simulator."""
+    import os
+
+    from trainer.protocol_base import BUGS
+    bugs = {b for b in os.environ.get(BUGS_ENV, "").split(",") if b}
+    if unknown := bugs - BUGS:
+        raise ValueError(f"${BUGS_ENV}: unknown planted bugs {sorted(unknown)}; valid: {sorted(BUGS)}")
+    return bugs
 
 
 def load_run(run_dir: Path) -> tuple[dict, RunConfig]:

@@ -19,9 +19,10 @@ import numpy as np
 
 from trainer import shell
 from trainer.checkpoint import Checkpointer
+from trainer.outbox import outbox_key
 from trainer.protocol import IllegalTransition, SaveCheckpoint, Send, SetTimer, SyncerCore
 from trainer.tasks import task_for_run
-from trainer.transport import ShardServer, parse_addr
+from trainer.transport import BufferLog, ShardServer, parse_addr
 from trainer.wiring import fragmenter_for, syncer_config, syncer_math
 
 
@@ -43,7 +44,7 @@ class Syncer:
         self.stopper = shell.Stopper()
         params = shell.global_init(task_for_run(self.cfg), self.cfg.seed)  # Θ0
         frag = fragmenter_for(self.cfg, params)
-        bugs = frozenset(b for b in args.bugs.split(",") if b)
+        bugs = self.bugs = frozenset(b for b in args.bugs.split(",") if b)
         self.core = SyncerCore(syncer_config(self.cfg, topo, self.name, bugs), syncer_math(self.cfg, frag))
         self.ckpt = Checkpointer(self.run_dir / "ckpt" / self.name, keep_every_s=KEEP_EVERY_S)
         restored = self.ckpt.restore()
@@ -56,6 +57,7 @@ class Syncer:
         self.timers = shell.Timers()
         host, port = parse_addr(topo["shard_addrs"][self.name])
         self.server = ShardServer(self.name, topo["run_id"], host, port)
+        self.buffer_log = BufferLog()
         self.saved = self.ckpt.latest_step() or 0  # checkpoint step numbers: one per save
         self.in_flight: dict | None = None          # versions of the save being written
         self.dirty = False
@@ -66,7 +68,8 @@ class Syncer:
         shell.log_actions(self.ev, actions)
         for a in actions:
             if isinstance(a, Send):
-                nbytes = self.server.send(a.to, a.msg)
+                key = None if "unbounded_outbox" in self.bugs else outbox_key(a.msg)  # planted: plain FIFO
+                nbytes = self.server.send(a.to, a.msg, key=key)
                 shell.log_msg(self.ev, "send" if nbytes else "drop", a.to, a.msg, nbytes)
             elif isinstance(a, SetTimer):
                 self.timers.set(a.key, a.at)
@@ -107,6 +110,10 @@ class Syncer:
                     except IllegalTransition as e:
                         self.ev.emit("drop", what=type(ev.msg).__name__, reason=f"illegal: {e}", peer=ev.peer)
             self.checkpoint()
+            now = time.monotonic()
+            if self.buffer_log.due(now):  # `link_buffer` lines: at most one a second per link
+                for fields in self.buffer_log.lines(now, self.server.buffers()):
+                    self.ev.emit("link_buffer", **fields)
         # SIGTERM: make the final state durable before leaving
         self.dirty = self.dirty or self.in_flight is not None
         self.ckpt.wait()

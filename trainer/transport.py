@@ -3,26 +3,45 @@ syncer shards. The only networking code in trainer/.
 
 - `ShardServer` (a syncer shard): a single-threaded selector loop. `poll(timeout_s)`
   returns what happened — connections, decoded messages, disconnections — and
-  `send(peer, msg)` queues bytes that later polls flush. The shard process drives
-  its sans-IO core from these.
+  `send(peer, msg, key)` queues a frame that later polls flush. The shard process
+  drives its sans-IO core from these.
 - `ShardLink` (a learner unit's link to one shard): a background thread that
   connects to the address it was given (the harness puts a Toxiproxy proxy there),
   reconnects with exponential backoff, and hands what it reads to an inbox queue.
-  `send` never blocks the learner: frames go to an outbox a writer thread drains.
-  A link going down is not a learner dying: the learner keeps stepping.
+  `send(msg, key)` never blocks the learner: frames go to an outbox a writer thread
+  drains. A link going down is not a learner dying: the learner keeps stepping.
+
+Bounded buffers: both ends queue frames in an `Outbox` (trainer/outbox.py), where a
+frame with a key (`outbox_key`: a whole Θ[p], a Hello) replaces a waiting one with
+the same key; a frame is taken from it only once the previous one is fully written,
+so only the frame being written and the kernel's send buffer (`SNDBUF_BYTES`) are
+beyond reach. `unsent_bytes()` = bytes waiting in the outbox + the rest of the frame
+being written + the kernel's unsent bytes on the socket (SIOCOUTQ).
 
 Bytes are counted per link and direction, at the socket, as `LinkStats`.
 """
 from __future__ import annotations
 
+import fcntl
 import queue
 import selectors
 import socket
+import struct
+import termios
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from trainer.codec import FrameDecoder, ProtocolError, encode_frame
+from trainer.outbox import Outbox
+
+# The kernel send buffer of every link socket, set on both ends (Linux doubles it for
+# its bookkeeping). Fixed, so that the kernel cannot hide a large backlog on a slow
+# link where the outbox could still supersede it; docs/PROTOCOL.md "Bounded buffers"
+# has the measurement that chose it. None: the kernel's default (autotuned).
+SNDBUF_BYTES: int | None = 64 * 1024
+
+_TIOCOUTQ = getattr(termios, "TIOCOUTQ", None)  # = SIOCOUTQ on a TCP socket (Linux)
 
 
 @dataclass
@@ -32,6 +51,18 @@ class LinkStats:
     frames_sent: int = 0
     frames_recv: int = 0
     connects: int = 0
+    unsent_max: int = 0  # high-water mark of unsent_bytes, sampled on each send and flush
+    superseded: int = 0  # frames replaced in the outbox by a newer one with the same key
+
+
+@dataclass(frozen=True)
+class BufferState:
+    """What waits on one link: unsent bytes (outbox + partial frame + kernel), frames
+    waiting in the outbox, frames superseded so far."""
+
+    unsent_bytes: int
+    frames: int
+    superseded: int
 
 
 @dataclass(frozen=True)
@@ -49,12 +80,31 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return host, int(port)
 
 
-@dataclass
+def kernel_unsent(sock: socket.socket | None) -> int:
+    """Bytes in the socket's kernel send queue (not yet acknowledged); 0 without a socket."""
+    if sock is None or _TIOCOUTQ is None:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), _TIOCOUTQ, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):
+        return 0
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if SNDBUF_BYTES is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF_BYTES)
+
+
 class _Conn:
-    sock: socket.socket
-    decoder: FrameDecoder
-    peer: str | None = None
-    out: bytearray = field(default_factory=bytearray)
+    __slots__ = ("sock", "decoder", "peer", "outbox", "partial", "writing")
+
+    def __init__(self, sock: socket.socket, decoder: FrameDecoder):
+        self.sock, self.decoder = sock, decoder
+        self.peer: str | None = None
+        self.outbox = Outbox()
+        self.partial: memoryview | None = None  # the rest of the frame being written; never replaced
+        self.writing = False  # registered for EVENT_WRITE
 
 
 class ShardServer:
@@ -69,10 +119,11 @@ class ShardServer:
         self.sel.register(self.listener, selectors.EVENT_READ, None)
         self.by_peer: dict[str, _Conn] = {}
         self.stats: dict[str, LinkStats] = {}
+        self._pending: list[NetEvent] = []  # a disconnection found while sending, for the next poll
 
     def poll(self, timeout_s: float) -> list[NetEvent]:
-        events: list[NetEvent] = []
-        for key, mask in self.sel.select(timeout=max(0.0, timeout_s)):
+        events, self._pending = self._pending, []
+        for key, mask in self.sel.select(timeout=0.0 if events else max(0.0, timeout_s)):
             if key.data is None:
                 self._accept()
                 continue
@@ -83,19 +134,35 @@ class ShardServer:
                 self._flush(conn, events)
         return events
 
-    def send(self, peer: str, msg) -> int:
-        """Queues `msg` for `peer`; returns the frame size, 0 if the peer is not connected."""
+    def send(self, peer: str, msg, key=None) -> int:
+        """Queues `msg` for `peer`, superseding a waiting frame with the same key (None: never);
+        returns the frame size, 0 if the peer is not connected."""
         conn = self.by_peer.get(peer)
         if conn is None:
             return 0
         frame = encode_frame(msg, run_id=self.run_id, sender=self.name)
-        conn.out += frame
-        self.stats[peer].frames_sent += 1
-        self._flush(conn, [])
+        if conn.outbox.put(frame, key):
+            self.stats[peer].superseded += 1
+        self._flush(conn, self._pending)
         return len(frame)
 
     def connected(self) -> list[str]:
         return sorted(self.by_peer)
+
+    def unsent_bytes(self, peer: str) -> int:
+        conn = self.by_peer.get(peer)
+        if conn is None:
+            return 0
+        return conn.outbox.unsent_bytes + (len(conn.partial) if conn.partial is not None else 0) \
+            + kernel_unsent(conn.sock)
+
+    def buffers(self) -> dict[str, BufferState]:
+        """Every peer ever connected: what waits on its link now."""
+        out = {}
+        for peer, stats in self.stats.items():
+            conn = self.by_peer.get(peer)
+            out[peer] = BufferState(self.unsent_bytes(peer), conn.outbox.frames if conn else 0, stats.superseded)
+        return out
 
     def close(self) -> None:
         for conn in list(self.by_peer.values()):
@@ -111,7 +178,7 @@ class ShardServer:
         except BlockingIOError:
             return
         sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _tune(sock)
         conn = _Conn(sock, FrameDecoder(expected_run_id=self.run_id))
         self.sel.register(sock, selectors.EVENT_READ, conn)
 
@@ -150,17 +217,30 @@ class ShardServer:
         events.append(NetEvent("connected", peer))
 
     def _flush(self, conn: _Conn, events: list[NetEvent]) -> None:
+        """Writes what the socket takes: the partial frame first; the next frame leaves the
+        outbox only once the previous one is fully written (until then it can be superseded)."""
+        stats = self.stats[conn.peer]
         try:
-            while conn.out:
-                n = conn.sock.send(conn.out)
-                self.stats[conn.peer].bytes_sent += n
-                del conn.out[:n]
+            while True:
+                if conn.partial is None:
+                    frame = conn.outbox.take()
+                    if frame is None:
+                        break
+                    conn.partial = memoryview(frame)
+                    stats.frames_sent += 1
+                n = conn.sock.send(conn.partial)
+                stats.bytes_sent += n
+                conn.partial = conn.partial[n:] if n < len(conn.partial) else None
         except BlockingIOError:
             pass
         except OSError:
             self._drop(conn, events)
             return
-        self.sel.modify(conn.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0), conn)
+        stats.unsent_max = max(stats.unsent_max, self.unsent_bytes(conn.peer))
+        writing = conn.partial is not None or bool(conn.outbox)
+        if writing != conn.writing:
+            conn.writing = writing
+            self.sel.modify(conn.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if writing else 0), conn)
 
     def _drop(self, conn: _Conn, events: list[NetEvent]) -> None:
         try:
@@ -168,6 +248,8 @@ class ShardServer:
         except (KeyError, ValueError):
             pass
         conn.sock.close()
+        conn.outbox.clear()
+        conn.partial = None
         if conn.peer and self.by_peer.get(conn.peer) is conn:
             del self.by_peer[conn.peer]
             events.append(NetEvent("disconnected", conn.peer))
@@ -182,11 +264,14 @@ class ShardLink:
         self.inbox = inbox
         self.backoff_s = backoff_s
         self.stats = LinkStats()
-        self.outbox: "queue.Queue[bytes | None]" = queue.Queue()
+        # Guarded by _cv: the outbox, _sock, and _up's transitions to down. A frame in the
+        # outbox always belongs to the current connection (it is emptied on each change).
+        self._outbox = Outbox()
+        self._cv = threading.Condition()
         self._sock: socket.socket | None = None
+        self._partial = 0  # bytes of the frame being written not yet handed to the kernel
         self._up = threading.Event()
         self._closed = threading.Event()
-        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"link-{shard}", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name=f"write-{shard}", daemon=True)
 
@@ -199,18 +284,33 @@ class ShardLink:
     def up(self) -> bool:
         return self._up.is_set()
 
-    def send(self, msg) -> int:
-        """Queues `msg`; returns the frame size, or 0 (dropped) while the link is down."""
+    def send(self, msg, key=None) -> int:
+        """Queues `msg`, superseding a waiting frame with the same key (None: never); returns
+        the frame size, or 0 (dropped) while the link is down."""
         if not self._up.is_set():
             return 0
         frame = encode_frame(msg, run_id=self.run_id, sender=self.name)
-        self.outbox.put(frame)
+        with self._cv:
+            if self._sock is None or not self._up.is_set():
+                return 0
+            if self._outbox.put(frame, key):
+                self.stats.superseded += 1
+            self._cv.notify()
+            self.stats.unsent_max = max(self.stats.unsent_max, self._unsent_locked())
         return len(frame)
+
+    def unsent_bytes(self) -> int:
+        with self._cv:
+            return self._unsent_locked()
+
+    def buffer(self) -> BufferState:
+        with self._cv:
+            return BufferState(self._unsent_locked(), self._outbox.frames, self.stats.superseded)
 
     def close(self) -> None:
         self._closed.set()
-        self.outbox.put(None)
-        with self._lock:
+        with self._cv:
+            self._cv.notify_all()
             if self._sock is not None:
                 try:
                     self._sock.shutdown(socket.SHUT_RDWR)
@@ -218,6 +318,9 @@ class ShardLink:
                     pass
         self._thread.join(timeout=2)
         self._writer.join(timeout=2)
+
+    def _unsent_locked(self) -> int:
+        return self._outbox.unsent_bytes + self._partial + kernel_unsent(self._sock)
 
     def _run(self) -> None:
         delay = self.backoff_s[0]
@@ -229,18 +332,23 @@ class ShardLink:
                 delay = min(delay * 2, self.backoff_s[1])
                 continue
             sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _tune(sock)
             connected_at = time.monotonic()
-            with self._lock:
+            with self._cv:
                 self._sock = sock
+                self._outbox.clear()  # nothing from a previous connection leaks into this one
             self.stats.connects += 1
-            self._drain_outbox()  # nothing from a previous connection leaks into this one
             self._up.set()
             self.inbox.put(NetEvent("connected", self.shard))
             self._read_loop(sock)
-            self._up.clear()
-            with self._lock:
+            with self._cv:
+                self._up.clear()
                 self._sock = None
+                self._outbox.clear()
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a writer blocked on this socket
+            except OSError:
+                pass
             sock.close()
             self.inbox.put(NetEvent("disconnected", self.shard))
             # Through a proxy, connect succeeds even when the shard behind it is down
@@ -271,22 +379,24 @@ class ShardLink:
             except ProtocolError:
                 return
 
-    def _drain_outbox(self) -> None:
-        try:
-            while True:
-                self.outbox.get_nowait()
-        except queue.Empty:
-            pass
-
     def _write_loop(self) -> None:
-        while (frame := self.outbox.get()) is not None:
-            with self._lock:
-                sock = self._sock
-            if sock is None:
-                continue  # the link went down after send() queued it: the frame is lost
+        """One frame at a time: the next leaves the outbox only once this one is written."""
+        while True:
+            with self._cv:
+                while not self._outbox and not self._closed.is_set():
+                    self._cv.wait()
+                if self._closed.is_set():
+                    return
+                frame, sock = self._outbox.take(), self._sock
+                self._partial = len(frame)
+            view = memoryview(frame)
             try:
-                sock.sendall(frame)
+                while view:
+                    n = sock.send(view)
+                    view = view[n:]
+                    self._partial = len(view)
             except OSError:
+                self._partial = 0
                 try:
                     sock.shutdown(socket.SHUT_RDWR)  # wakes the reader, which reconnects
                 except OSError:
@@ -294,6 +404,36 @@ class ShardLink:
                 continue
             self.stats.bytes_sent += len(frame)
             self.stats.frames_sent += 1
+
+
+class BufferLog:
+    """When a process writes `link_buffer` lines: on a time check (`due`, one clock read
+    per loop), each link at most once per `interval_s` while something is unsent on it,
+    and once more when it empties."""
+
+    def __init__(self, interval_s: float = 1.0):
+        self.interval_s = interval_s
+        self._next = 0.0
+        self._reported: set[str] = set()  # peers whose last line said something was unsent
+
+    def due(self, now: float) -> bool:
+        return now >= self._next
+
+    def lines(self, now: float, buffers: dict[str, BufferState]) -> list[dict]:
+        """The fields of each `link_buffer` line to write now."""
+        self._next = now + self.interval_s
+        out = []
+        for peer in sorted(set(buffers) | self._reported):
+            b = buffers.get(peer, BufferState(0, 0, 0))
+            if b.unsent_bytes > 0:
+                self._reported.add(peer)
+            elif peer in self._reported:
+                self._reported.discard(peer)
+            else:
+                continue
+            out.append({"peer": peer, "unsent_bytes": b.unsent_bytes, "frames": b.frames,
+                        "superseded": b.superseded})
+        return out
 
 
 def wait_until(pred, timeout_s: float, interval_s: float = 0.01) -> bool:

@@ -63,8 +63,11 @@ def syncer_math(cfg: RunConfig, frag: Fragmenter) -> SyncerMath:
     def broadcast_delta(theta, held):
         return compression.broadcast_delta(theta, held, d.broadcast_compression)
 
+    def combine(a, b):  # two Δs of one learner with disjoint steps: their sum, kept in fp32
+        return compression.encode([x + y for x, y in zip(compression.decode(a), compression.decode(b))], "fp32")
+
     return SyncerMath(merge_and_step=merge_and_step, weight=weight, decode=compression.decode,
-                      outer_init=opt.init, average=average,
+                      outer_init=opt.init, average=average, combine=combine,
                       broadcast_delta=None if d.broadcast_compression == "fp32" else broadcast_delta)
 
 
@@ -83,11 +86,11 @@ def learner_config(cfg: RunConfig, topology: dict, learner: str, incarnation: in
     own = owners(topology)
     return LearnerConfig(learner=learner, incarnation=incarnation,
                          owners=[own[p] for p in range(cfg.n_fragments)],
-                         mode=d.mode, tau=d.overlap, alpha=d.mixing, bugs=bugs)
+                         mode=d.mode, tau=d.overlap, alpha=d.mixing, starve_cycles=d.starve_cycles, bugs=bugs)
 
 
 def syncer_config(cfg: RunConfig, topology: dict, shard: str, bugs: frozenset = frozenset()) -> SyncerConfig:
     d = cfg.diloco
     return SyncerConfig(shard=shard, fragments=tuple(topology["shards"][shard]),
                         learners=tuple(topology["learners"]), mode=d.mode, quorum=d.quorum,
-                        tau=d.overlap, grace_gamma=d.grace_factor, bugs=bugs)
+                        tau=d.overlap, grace_gamma=d.grace_factor, max_staleness=d.max_staleness, bugs=bugs)

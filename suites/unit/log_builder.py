@@ -43,6 +43,24 @@ class LogBuilder:
                         incarnation=inc, seq=seq, fragment=fragment, base_version=base_version,
                         c_steps=c_steps, c_tokens=100 * c_steps)
 
+    def contribute(self, t, unit, seq, from_step, to_step, fragment=0, base_version=0):
+        """The learner's `contribute` line (written just before its send): the Δ holds the
+        incarnation's inner steps from_step + 1 … to_step."""
+        return self.add(t, unit, "contribute", fragment=fragment, seq=seq, base_version=base_version,
+                        from_step=from_step, to_step=to_step)
+
+    def shard_drop(self, t, learner, seq, reason, fragment=0, inc=0, shard="syncer-0", **fields):
+        """A shard's drop of a contribution: `stale` (staleness, max_staleness), `combined` /
+        `superseded` (by_seq), ..."""
+        what = "Contribution" if reason == "stale" else "contribution"
+        return self.add(t, shard, "drop", what=what, fragment=fragment, learner=learner, incarnation=inc,
+                        seq=seq, reason=reason, **fields)
+
+    def global_eval(self, t, loss, snapshot=True, step=None):
+        """The harness's eval of the global model: along the run (snapshot) or the final one."""
+        extra = {"snapshot": True} if snapshot else {}
+        return self.add(t, "harness", "eval", loss=loss, step=step, **{"global": True}, **extra)
+
     def merge(self, t, learner, seq, c_steps, fragment=0, inc=0, staleness=0, shard="syncer-0", version=None):
         """A merge line and its round_commit, the version counted up per (shard, fragment)."""
         v = self.version[(shard, fragment)] = (version if version is not None

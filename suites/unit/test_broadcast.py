@@ -54,12 +54,12 @@ def test_error_feedback_keeps_the_copy_within_one_steps_quantisation_error(kind)
     assert worst < drift, (worst, drift)
 
 
-def shard_and_learners(learners=("A", "B"), kind="int8") -> MemNet:
+def shard_and_learners(learners=("A", "B"), kind="int8", bugs=frozenset()) -> MemNet:
     net = MemNet(latency_s=0.1)
     math = syncer_math()
     math = type(math)(**{**math.__dict__, "decode": compression.decode,
                          "broadcast_delta": lambda t, h: compression.broadcast_delta(t, h, kind)})
-    core = SyncerCore(SyncerConfig("s0", (0,), learners), math)
+    core = SyncerCore(SyncerConfig("s0", (0,), learners, bugs=bugs), math)
     net.add("s0", core, core.init({0: [np.array([0.3, -0.7, 0.1], np.float32)]}))
     lmath = learner_math(H, P)
     lmath = type(lmath)(**{**lmath.__dict__, "apply_delta": compression.apply_delta,
@@ -90,6 +90,21 @@ def test_learners_take_compressed_deltas_and_hold_what_the_shard_thinks_they_hol
         assert np.abs(learner.base[0][0] - s.theta[0][0]).max() < 0.05  # int8 of one step's move
     # int8 deltas are ~4x smaller than fp32 fragments (3 floats: 12 bytes vs 3 + scale)
     assert all(sum(t.nbytes for t in m.payload) == 3 for m in deltas)
+
+
+def test_an_answer_lost_with_the_link_starves_the_learner_which_fetches_afresh():
+    net = shard_and_learners()
+    net.stepper("B", 1.0, until=40.0)           # A is idle: no other commit reaches B
+    net.at(5.05, lambda: net.cut.add("B"))      # B's contribution or its answer is lost
+    net.at(7.05, lambda: net.cut.discard("B"))
+    net.run(45)
+    starved = net.log("starved", "B")
+    assert starved and starved[0]["shard"] == "s0" and starved[0]["silent_cycles"] >= 4
+    hellos = [t for t, s, to, m in net.sent if s == "B" and type(m).__name__ == "Hello"]
+    assert len(hellos) == 2 and hellos[1] > 7.05
+    s, b = net.states["s0"], net.states["B"]
+    assert b.base_version[0] == s.held[("B", 0)][0] and b.base[0][0].tobytes() == s.held[("B", 0)][1][0].tobytes()
+    assert max(t for t, _, k, f in net.logs if k == "merge" and f["learner"] == "B") > starved[0]["step"]  # again
 
 
 def test_a_delta_lost_with_the_link_is_dropped_as_a_base_mismatch_and_fetched_afresh():

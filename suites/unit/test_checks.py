@@ -53,6 +53,158 @@ def test_merged_again_across_a_shard_restart():
     assert kept.valid is False
 
 
+# --- progress_merged_once ------------------------------------------------------------------------
+
+
+def _contributions(spans, merged=None, learners=1, **kw):
+    """learner-0 sends one Contribution per (from_step, to_step) in `spans` (seq 1, 2, …) at
+    t = 1, 2, …: its contribute line, then its send; the seqs in `merged` (default: all) are
+    merged right after, each in its own round (version 1, 2, …)."""
+    b = LogBuilder(learners=learners, **kw).up(0, "syncer-0").up(0, "learner-0")
+    for seq, (a, z) in enumerate(spans, 1):
+        b.contribute(seq, "learner-0", seq, a, z).send(seq, "learner-0", seq, z - a)
+        if merged is None or seq in merged:
+            b.merge(seq + 0.5, "learner-0", seq, z - a, staleness=0)
+    return b
+
+
+def test_progress_merged_once_old_behaviour_fails():
+    # The old learner: no update between two sends, both Δs against the same base. Seq 1
+    # holds steps 1-6, seq 2 steps 1-12; both merged: steps 1-6 reached Θ twice.
+    r = checks.progress_merged_once(_contributions([(0, 6), (0, 12)]).log())
+    assert (r.valid, r.value, r.bound) == (False, 1, 0)
+    assert r.details["overlap_steps"] == 6
+    assert r.details["violations"] == [{"learner": "learner-0", "incarnation": 0, "fragment": 0, "seqs": [1, 2],
+                                        "steps": [1, 6], "overlap_steps": 6, "t": 2}]
+
+
+def test_progress_merged_once_new_behaviour_passes():
+    # re-anchored after seq 1's answer: seq 2 holds steps 7-12
+    r = checks.progress_merged_once(_contributions([(0, 6), (6, 12)]).log())
+    assert (r.valid, r.value) == (True, 0)
+    assert r.details["contributions"] == 2 and r.details["merges"] == 2
+    # a third Δ re-measured from step 3 (overlapping both): two pairs, 4 + 3 steps
+    bad = checks.progress_merged_once(_contributions([(0, 6), (6, 12), (2, 9)]).log())
+    assert (bad.valid, bad.value, bad.details["overlap_steps"]) == (False, 2, 7)
+    assert {(tuple(v["seqs"]), tuple(v["steps"])) for v in bad.details["violations"]} == {
+        ((1, 3), (3, 6)), ((2, 3), (7, 9))}
+
+
+def test_progress_merged_once_combined_and_superseded():
+    # seq 1 (steps 1-6) is summed into seq 2 (7-12), which is merged: both reached Θ once
+    ok = _contributions([(0, 6), (6, 12)], merged={2})
+    ok.shard_drop(1.8, "learner-0", 1, "combined", by_seq=2)
+    r = checks.progress_merged_once(ok.log())
+    assert (r.valid, r.value) == (True, 0)
+    # summed, but seq 2 re-measured from step 0: steps 1-6 are in the sum twice
+    twice = _contributions([(0, 6), (0, 12)], merged={2})
+    twice.shard_drop(1.8, "learner-0", 1, "combined", by_seq=2)
+    r = checks.progress_merged_once(twice.log())
+    assert (r.valid, r.value, r.details["overlap_steps"]) == (False, 1, 6)
+    # combined into a contribution that was itself merged earlier: transitively, seq 1 → 2 → 3
+    chain = _contributions([(0, 4), (4, 8), (0, 12)], merged={3})
+    chain.shard_drop(1.8, "learner-0", 1, "combined", by_seq=2).shard_drop(2.8, "learner-0", 2, "combined", by_seq=3)
+    r = checks.progress_merged_once(chain.log())
+    assert (r.valid, r.value, r.details["overlap_steps"]) == (False, 2, 8)  # seq 3 with 1 (1-4) and 2 (5-8)
+    # superseded = replaced: the newer Δ against the same base stands for the older's steps
+    rep = _contributions([(0, 6), (0, 12)], merged={2})
+    rep.shard_drop(1.8, "learner-0", 1, "superseded", by_seq=2)
+    r = checks.progress_merged_once(rep.log())
+    assert (r.valid, r.details["replaced"]) == (True, 1)
+
+
+def test_progress_merged_once_what_did_not_reach_the_model():
+    # seq 1 dropped as stale (never merged), seq 2 re-measured from step 0 and merged: once
+    stale = _contributions([(0, 6), (0, 12)], merged={2})
+    stale.shard_drop(1.2, "learner-0", 1, "stale", staleness=5, max_staleness=4)
+    assert checks.progress_merged_once(stale.log()).valid is True
+    # seq 1's round was lost in a shard crash (restored version 0 < 1): its steps left Θ
+    crash = _contributions([(0, 6)])
+    crash.down(1.7, "syncer-0").respawn(1.8, "syncer-0")
+    crash.add(1.85, "syncer-0", "checkpoint_restored", step=0, versions={"0": 0}).up(1.9, "syncer-0", inc=1)
+    crash.version[("syncer-0", 0)] = 0
+    crash.contribute(2, "learner-0", 2, 0, 12).send(2, "learner-0", 2, 12).merge(2.5, "learner-0", 2, 12)
+    r = checks.progress_merged_once(crash.log())
+    assert (r.valid, r.details["lost_in_crash"]) == (True, 1)
+    # a new incarnation counts its steps from 0 again: 1-6 of incarnation 1 are other steps
+    b = _contributions([(0, 6)])
+    b.down(3, "learner-0").respawn(4, "learner-0").up(4.5, "learner-0", inc=1)
+    b.contribute(5, "learner-0", 1, 0, 6).send(5, "learner-0", 1, 6, inc=1).merge(5.5, "learner-0", 1, 6, inc=1)
+    assert checks.progress_merged_once(b.log()).valid is True
+
+
+def test_progress_merged_once_unknown_and_not_applicable():
+    old = rounds(LogBuilder(learners=1).up(0, "syncer-0"), (1, 2))  # merges, no contribute line
+    r = checks.progress_merged_once(old.log())
+    assert r.valid is None and "contribute" in r.details["why"]
+    assert checks.progress_merged_once(LogBuilder(learners=1).log()).valid is True  # nothing merged
+    dp = rounds(LogBuilder(mode="dp", learners=1).up(0, "syncer-0"), (1, 2))
+    assert checks.progress_merged_once(dp.log()).valid is True
+
+
+# --- global_loss_regression ---------------------------------------------------------------------
+
+
+def _curve(losses, final=True, t_end=100.0):
+    """Snapshot global evals at t = 10, 30, 50, … of a [0, t_end] run; the last loss is the
+    final eval (written after the run, at t_end + 1) when `final`."""
+    b = LogBuilder(learners=1, t_end=t_end)
+    *snaps, last = losses
+    for i, loss in enumerate(snaps):
+        b.global_eval(10.0 + 20.0 * i, loss)
+    b.global_eval(t_end + 1.0, last, snapshot=not final)
+    return b
+
+
+def test_global_loss_regression_damaged_model_fails():
+    # 4.0 2.5 1.9 1.75 1.72, final 3.2: the final rises 3.2 − 1.72 = 1.48 above the best so
+    # far (> 0.25) and ends 1.48 above the best (> 0.1)
+    r = checks.global_loss_regression(_curve([4.0, 2.5, 1.9, 1.75, 1.72, 3.2]).log())
+    assert (r.valid, r.value, r.bound) == (False, pytest.approx(1.48), 0.25)
+    d = r.details
+    assert d["worst"] == {"at_s": 101.0, "loss": 3.2, "best_so_far": 1.72, "rise": pytest.approx(1.48),
+                          "final": True}
+    assert (d["final"], d["best"], d["end_excess"], d["points"]) == (3.2, 1.72, pytest.approx(1.48), 6)
+    assert [v.get("end", False) for v in d["violations"]] == [False, True]
+
+
+def test_global_loss_regression_healthy_model_passes():
+    r = checks.global_loss_regression(_curve([4.0, 2.5, 1.9, 1.75, 1.73, 1.72]).log())
+    assert (r.valid, r.value) == (True, 0.0)                 # it only fell
+    assert (r.details["end_excess"], r.details["best"]) == (0.0, 1.72)
+    # a fault-free bump as measured on docker: 1.72 → 1.81 between snapshots, final 1.75
+    bump = checks.global_loss_regression(_curve([4.0, 2.5, 1.72, 1.81, 1.75]).log())
+    assert (bump.valid, bump.value, bump.details["end_excess"]) == (True, pytest.approx(0.09), pytest.approx(0.03))
+
+
+def test_global_loss_regression_warmup_end_and_bounds():
+    # 4.0 at 5 s, 4.5 at 15 s: a rise of 0.5 inside the first 20 % of the 100 s window, not
+    # judged; then 2.0 and a final 1.9: nothing judged rose
+    b = LogBuilder(learners=1, t_end=100.0)
+    b.global_eval(5.0, 4.0).global_eval(15.0, 4.5).global_eval(50.0, 2.0).global_eval(101.0, 1.9, snapshot=False)
+    r = checks.global_loss_regression(b.log())
+    assert (r.valid, r.details["warmup_until_s"]) == (True, 20.0)
+    assert r.value == 0.0
+    # rises 0.2 (within 0.25) but ends 0.2 above its best (over 0.1): fails on the end
+    end = checks.global_loss_regression(_curve([4.0, 2.0, 1.7, 1.9]).log())
+    assert (end.valid, end.value) == (False, pytest.approx(0.2))
+    assert end.details["violations"] == [{"end": True, "final": 1.9, "best": 1.7, "end_excess": pytest.approx(0.2),
+                                          "end_max": 0.1}]
+    assert checks.global_loss_regression(_curve([4.0, 2.0, 1.7, 1.9]).log(), end_max=0.3).valid is True
+    # a diverged model (non-finite loss) is an infinite rise
+    assert checks.global_loss_regression(_curve([4.0, 2.0, math.nan, 1.9]).log()).valid is False
+    # without a final eval the last snapshot stands for the end
+    nofinal = checks.global_loss_regression(_curve([4.0, 2.0, 1.7, 1.72], final=False).log())
+    assert (nofinal.valid, nofinal.details["final_from"]) == (True, "snapshot")
+
+
+def test_global_loss_regression_unknown_with_few_points():
+    b = LogBuilder(learners=1).global_eval(5, 2.0).global_eval(11, 1.9, snapshot=False)
+    r = checks.global_loss_regression(b.log())
+    assert (r.valid, r.details["points"]) == (None, 2)
+    assert checks.global_loss_regression(LogBuilder(learners=1).log()).valid is None
+
+
 # --- versions_monotonic -------------------------------------------------------------------------
 
 
@@ -207,9 +359,15 @@ def test_staleness_bounded():
 def test_safety_checks_list():
     log = rounds(LogBuilder(learners=1, t_end=4.0).up(0, "syncer-0"), (1, 2, 3)).log()
     names = [r.name for r in checks.safety_checks(log)]
-    assert names == ["merged_at_most_once", "versions_monotonic", "no_nan", "durable_rounds_kept",
-                     "no_global_downtime"]
+    assert names == ["merged_at_most_once", "progress_merged_once", "versions_monotonic", "no_nan",
+                     "durable_rounds_kept", "no_global_downtime", "global_loss_regression"]
     assert [r.name for r in checks.safety_checks(log, max_staleness=4)][-1] == "staleness_bounded"
+    # global_loss_regression's bounds go through
+    damaged = _curve([4.0, 2.5, 1.9, 1.75, 1.72, 3.2]).log()
+    by = {r.name: r for r in checks.safety_checks(damaged)}
+    assert (by["global_loss_regression"].valid, by["global_loss_regression"].bound) == (False, 0.25)
+    by = {r.name: r for r in checks.safety_checks(damaged, rise_max=1.5, end_max=1.5)}
+    assert (by["global_loss_regression"].valid, by["global_loss_regression"].bound) == (True, 1.5)
 
 
 # --- expectations and compose --------------------------------------------------------------------

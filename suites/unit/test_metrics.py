@@ -77,6 +77,58 @@ def test_superseded_contribution_counted_by_merge_c_steps():
     assert m.dropped == {"superseded": 1}
 
 
+def _stale_run(max_staleness):
+    # 1 learner, P = 1, 6 s, steps 1..6 (lines at 1..6). seq 1 (steps 1-2) merged fresh;
+    # seq 2 (steps 3-4) dropped by the shard as stale (3 versions behind, bound 2); seq 3
+    # (steps 5-6) merged 3 versions behind.
+    b = LogBuilder(learners=1, t_end=6.0).up(0, "syncer-0").up(0, "learner-0")
+    if max_staleness is not None:
+        b.header["config"]["diloco"]["max_staleness"] = max_staleness
+    for k in range(1, 7):
+        if k == 2:
+            b.send(k, "learner-0", 1, 2).merge(k, "learner-0", 1, 2)
+        if k == 4:
+            b.send(k, "learner-0", 2, 2).shard_drop(k, "learner-0", 2, "stale", staleness=3, max_staleness=2)
+        if k == 6:
+            b.send(k, "learner-0", 3, 2).merge(k, "learner-0", 3, 2, staleness=3)
+        b.step(k, "learner-0", k)
+    return compute(b.log())
+
+
+def test_stale_contributions_are_stale_badput():
+    # bound 2: seq 2 dropped stale and seq 3 merged past the bound -> steps 3-6 stale (4 s),
+    # only steps 1-2 productive (2 s), nothing lost
+    m = _stale_run(2)
+    assert m.productive_s == approx(2.0) and m.goodput == approx(2 / 6)
+    assert m.badput_s["stale"] == approx(4.0) and m.badput_s["lost"] == approx(0.0)
+    assert m.badput["stale"] == approx(4 / 6)
+    assert total(m) == approx(1.0)
+    assert m.dropped == {"stale": 1}
+    assert list(m.to_dict()["badput"]) == list(BADPUT) and "stale" in m.to_dict()["badput_s"]
+    assert BADPUT.index("stale") == BADPUT.index("lost") + 1
+    # no bound (0): a merge is never stale, the dropped seq 2 still is (the shard said so)
+    m0 = _stale_run(0)
+    assert (m0.productive_s, m0.badput_s["stale"], m0.badput_s["lost"]) == (approx(4.0), approx(2.0), approx(0.0))
+    assert _stale_run(None).badput_s["stale"] == approx(2.0)
+    assert total(m0) == approx(1.0)
+
+
+def test_stale_steps_inside_a_recovery_window():
+    # test_recovery_after_restart's run, where the restarted incarnation's seq 1 (steps 5-6,
+    # sent at 12, inside the recovery window [10, 14]) is dropped as stale: those 2 s go to
+    # stale, out of recovery (4 − 2 productive − 2 stale = 0); the rest as before
+    b = LogBuilder(learners=1, t_end=20.0).up(0, "learner-0")
+    b.train("learner-0", 4, merged={1, 2})
+    b.down(5, "learner-0").respawn(8, "learner-0")
+    b.add(8.9, "learner-0", "checkpoint_restored", step=4).up(9, "learner-0", inc=1, step=4)
+    b.train("learner-0", 10, inc=1, start=4, t0=10.0, merged={2, 3, 4})
+    b.shard_drop(12.5, "learner-0", 1, "stale", inc=1, staleness=5, max_staleness=4)
+    m = compute(b.log())
+    assert m.badput_s == {**dict.fromkeys(BADPUT, approx(0.0)), "dead": approx(3.0), "startup": approx(2.0),
+                          "stale": approx(2.0), "lost": approx(2.0), "other": approx(1.0)}
+    assert m.productive_s == approx(10.0) and total(m) == approx(1.0)
+
+
 def _lagged(b: LogBuilder, unit, n, merged, dt=1.0):
     """The same training as LogBuilder.train, written the way trainer/learner.py writes it:
     step k's line comes after step k+1 ran (metrics reach the host one step late), so the
@@ -347,5 +399,9 @@ def test_real_fault_free_sample():
     assert 0 <= m.staleness_max <= 10 and m.final_loss_from == "learners" and math.isfinite(m.final_loss)
     json.dumps(m.to_dict())                            # JSON-ready
     results = checks.safety_checks(log, m)
-    assert {r.name: r.valid for r in results} == dict.fromkeys(
-        ["merged_at_most_once", "versions_monotonic", "no_nan", "durable_rounds_kept", "no_global_downtime"], True)
+    assert {r.name: r.valid for r in results} == {
+        **dict.fromkeys(["merged_at_most_once", "versions_monotonic", "no_nan", "durable_rounds_kept",
+                         "no_global_downtime"], True),
+        # recorded before contribute lines and snapshot global evals: the log cannot tell
+        "progress_merged_once": None, "global_loss_regression": None}
+    assert m.badput_s["stale"] == 0

@@ -55,7 +55,13 @@ def test_decoupled_never_blocks_streaming_blocks_after_tau(mode):
     if mode == "decoupled":
         assert blocks(net, "A") == [] and net.states["A"].step == 30
         due = [s for s in range(1, 31) if due_fragment(s, H, P) is not None]
-        assert len(net.sent_msgs(Contribution, src="A")) == len(due)  # it kept sending into the void
+        assert len(due) == 15
+        # one contribution per fragment, then nothing into the void: each waits for its answer
+        assert [m.fragment for m in net.sent_msgs(Contribution, src="A")] == [1, 0]
+        # after starve_cycles = 4 cycles (16 steps) of silence it says so and asks again
+        assert {f["shard"]: f["step"] for f in net.log("starved", "A")} == {"s0": 16, "s1": 18}
+        hellos = [(t, to) for t, src, to, m in net.sent if src == "A" and type(m).__name__ == "Hello"]
+        assert [to for t, to in hellos if t > 1] == ["s0", "s1"]
     else:  # fragment 1 goes out at step 2 (offset (1·4)//2 = 2); τ = 2 steps later the learner waits
         assert blocks(net, "A") == [(4.0, "Block")] and net.states["A"].step == 4
 
@@ -92,8 +98,9 @@ def test_sync_diloco_with_tau_0_blocks_at_the_sync_step():
         state, actions = core.after_inner_step(state, step, [arr(step, step)], 10, 1.0)
         assert actions == []
     state, actions = core.after_inner_step(state, 3.0, [arr(3, 3)], 10, 1.0)
-    assert [type(a).__name__ for a in actions] == ["Send", "Block", "Log"]
-    assert actions[0].msg.payload[0].tolist() == [-3, -3] and actions[0].msg.c_tokens == 30
+    assert [type(a).__name__ for a in actions] == ["Log", "Send", "Block", "Log"]
+    assert actions[0].fields == {"fragment": 0, "seq": 1, "base_version": 0, "from_step": 0, "to_step": 3}
+    assert actions[1].msg.payload[0].tolist() == [-3, -3] and actions[1].msg.c_tokens == 30
     state, actions = core.receive(state, 3.5, "s0", FragmentUpdate(0, 1, False, [arr(2, 2)]))
     assert isinstance(actions[0], Unblock) and state.last_sync_s == 0.5 and state.params[0].tolist() == [2, 2]
 

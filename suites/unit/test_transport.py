@@ -1,0 +1,426 @@
+"""Bounded buffers on the TCP transport: the Outbox (newest supersedes), a ShardServer and
+a ShardLink through a throttling relay, reconnect backoff, and nothing from an old
+connection leaking into the next. Real sockets on 127.0.0.1 only; every wait is on a
+predicate with a one-sided time bound; every socket and thread is closed."""
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from harness.sim_net import Net
+from harness.sim_world import Clock
+from harness.toxiproxy_client import toxic_spec
+from trainer import transport
+from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, SliceControl
+from trainer.outbox import Outbox, outbox_key
+from trainer.transport import BufferLog, BufferState, ShardLink, ShardServer, wait_until
+
+RUN = "run-transport"
+N = 8192  # float32 values per fragment: frames of ~32 KB
+
+
+class Relay:
+    """A TCP relay on 127.0.0.1 between a ShardLink and a ShardServer. Each direction is
+    forwarded at `rate` bytes/s (None: as fast as it comes; 0: not at all), in slices of
+    50 ms; its sockets have a small SO_RCVBUF, so a slow direction backs up into the
+    sender's socket and buffers, as behind a thin link."""
+
+    SLICE_S = 0.05
+
+    def __init__(self, target: str, *, up: float | None = None, down: float | None = None, rcvbuf: int = 4096):
+        self.target, self.rcvbuf = transport.parse_addr(target), rcvbuf
+        self.rate = {"up": up, "down": down}
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # inherited by accepted sockets
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen()
+        self.listener.settimeout(0.05)
+        self.addr = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.closed = threading.Event()
+        self.lock = threading.Lock()
+        self.socks: list[socket.socket] = []
+        self.threads = [threading.Thread(target=self._accept_loop, daemon=True)]
+        self.threads[0].start()
+
+    def set_rate(self, way: str, rate: float | None) -> None:
+        self.rate[way] = rate
+
+    def drop_connections(self) -> None:
+        """Cuts every relayed connection (both ends see it); new ones are still accepted."""
+        with self.lock:
+            for s in self.socks:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.closed.set()
+        self.drop_connections()
+        for t in self.threads:
+            t.join(timeout=5)
+        with self.lock:
+            for s in self.socks:
+                s.close()
+        self.listener.close()
+        assert not any(t.is_alive() for t in self.threads)
+
+    def _accept_loop(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
+            try:
+                server.connect(self.target)
+            except OSError:
+                client.close()
+                server.close()
+                continue
+            with self.lock:
+                self.socks += [client, server]
+                pumps = [threading.Thread(target=self._pump, args=(client, server, "up"), daemon=True),
+                         threading.Thread(target=self._pump, args=(server, client, "down"), daemon=True)]
+                self.threads += pumps
+            for t in pumps:
+                t.start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, way: str) -> None:
+        try:
+            while not self.closed.is_set():
+                rate = self.rate[way]
+                if rate is not None:
+                    n = int(rate * self.SLICE_S)
+                    if n == 0:
+                        self.closed.wait(self.SLICE_S)
+                        continue
+                data = src.recv(n if rate is not None else 1 << 16)
+                if not data:
+                    break
+                dst.sendall(data)
+                if rate is not None:
+                    self.closed.wait(self.SLICE_S)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def update(version: int, fragment: int = 0) -> FragmentUpdate:
+    return FragmentUpdate(fragment, version, False, [np.full(N, version, np.float32)])
+
+
+def drain(q: queue.Queue) -> list:
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
+
+
+@pytest.fixture
+def closing():
+    """Closes what a test opened, in reverse order, whatever happens."""
+    opened = []
+    yield opened.append
+    for thing in reversed(opened):
+        thing.close()
+
+
+# --- (a) the Outbox ---------------------------------------------------------------------------
+
+def test_a_keyed_frame_supersedes_the_waiting_one_in_place():
+    box = Outbox()
+    assert box.put(b"a1", ("frag", 0)) is False
+    assert box.put(b"b", None) is False
+    assert box.put(b"c1", ("frag", 1)) is False
+    assert box.put(b"a2-longer", ("frag", 0)) is True     # replaces a1 where a1 was
+    assert (box.frames, box.unsent_bytes) == (3, len(b"a2-longer") + 1 + 2)
+    assert (box.superseded, box.superseded_bytes) == (1, 2)
+    assert [box.take() for _ in range(4)] == [b"a2-longer", b"b", b"c1", None]
+    assert (box.frames, box.unsent_bytes) == (0, 0)
+
+
+def test_a_frame_without_a_key_is_never_superseded():
+    box = Outbox()
+    for i in range(5):
+        assert box.put(b"x%d" % i) is False
+    assert box.frames == 5 and box.superseded == 0
+    assert [box.take() for _ in range(5)] == [b"x%d" % i for i in range(5)]
+
+
+def test_a_taken_frame_is_no_longer_superseded():
+    box = Outbox()
+    box.put(b"v1", ("frag", 0))
+    assert box.take() == b"v1"                            # being written now
+    assert box.put(b"v2", ("frag", 0)) is False           # queued behind it, not replacing it
+    assert box.put(b"v3", ("frag", 0)) is True
+    assert box.take() == b"v3" and box.take() is None
+    assert box.superseded == 1
+
+
+def test_clear_drops_every_waiting_frame_and_keeps_the_counters():
+    box = Outbox()
+    box.put(b"a", ("hello",))
+    box.put(b"bb", ("hello",))
+    box.put(b"c")
+    assert box.clear() == 2
+    assert (box.frames, box.unsent_bytes, box.superseded) == (0, 0, 1)
+    assert box.put(b"d", ("hello",)) is False             # the old key is gone with its frame
+
+
+def test_outbox_keys_follow_the_message_kind():
+    theta = [np.zeros(3, np.float32)]
+    assert outbox_key(FragmentUpdate(2, 5, False, theta)) == ("frag", 2)
+    assert outbox_key(FragmentUpdate(2, 6, True, theta)) == ("frag", 2)
+    assert outbox_key(Hello("learner-0", 1)) == ("hello",)
+    for msg in [Contribution("learner-0", 0, 1, 2, 0, 1, 8, 0.1, None, theta), FragmentDelta(2, 6, 5, theta),
+                GradStep("learner-0", 0, 1, 2, 3, 8, theta), GradMean(2, 3, 1, 2, theta), SliceControl(1)]:
+        assert outbox_key(msg) is None
+
+
+def test_buffer_log_reports_while_unsent_then_once_when_empty():
+    log = BufferLog(interval_s=1.0)
+    assert log.due(0.0)
+    assert log.lines(0.0, {"a": BufferState(0, 0, 0)}) == []
+    assert not log.due(0.5) and log.due(1.0)
+    assert log.lines(1.0, {"a": BufferState(70, 1, 3)}) == [
+        {"peer": "a", "unsent_bytes": 70, "frames": 1, "superseded": 3}]
+    assert log.lines(2.0, {"a": BufferState(10, 0, 3)})[0]["unsent_bytes"] == 10
+    assert log.lines(3.0, {}) == [{"peer": "a", "unsent_bytes": 0, "frames": 0, "superseded": 0}]
+    assert log.lines(4.0, {"a": BufferState(0, 0, 3)}) == []
+
+
+# --- (b) a shard and a learner through a slow link ------------------------------------------
+
+def connect_pair(closing, relay_kw: dict):
+    server = ShardServer("syncer-0", RUN)
+    closing(server)
+    relay = Relay(server.addr, **relay_kw)
+    closing(relay)
+    inbox: queue.Queue = queue.Queue()
+    link = ShardLink("learner-0", "syncer-0", relay.addr, RUN, inbox, backoff_s=(0.02, 0.2)).start()
+    closing(link)
+    assert wait_until(lambda: link.up, 5)
+    assert link.send(Hello("learner-0", 0)) > 0
+    got = []
+    assert wait_until(lambda: got.extend(server.poll(0.01)) or "learner-0" in server.connected(), 5)
+    return server, relay, link, inbox
+
+
+def kernel_bound(sndbuf: int) -> int:
+    """The most a socket's send queue holds: Linux queues while what it holds is below the
+    buffer size (the doubled SO_SNDBUF), and one segment of up to 64 KiB may cross it."""
+    return sndbuf + 65536
+
+
+def send_slowly(server: ShardServer, key_of, n: int = 50) -> int:
+    """Sends versions 1..n of Θ[0] over ~1 s while the link is slow; returns the peak of
+    unsent_bytes seen after each send."""
+    peak = 0
+    for v in range(1, n + 1):
+        assert server.send("learner-0", update(v), key=key_of(update(v))) > 0
+        server.poll(0.02)
+        peak = max(peak, server.unsent_bytes("learner-0"))
+    return peak
+
+
+def received_versions(server: ShardServer, inbox: queue.Queue, last: int, timeout_s: float = 20) -> list[int]:
+    versions: list[int] = []
+
+    def got_last():
+        server.poll(0.01)
+        versions.extend(ev.msg.version for ev in drain(inbox) if ev.kind == "message")
+        return bool(versions) and versions[-1] == last
+
+    assert wait_until(got_last, timeout_s), versions
+    return versions
+
+
+def test_on_a_slow_link_the_shard_keeps_only_the_newest_fragment(closing):
+    server, relay, link, inbox = connect_pair(closing, {"down": 2000})
+    frame = server.send("learner-0", update(0), key=("frag", 0))
+    sndbuf = server.by_peer["learner-0"].sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    peak = send_slowly(server, outbox_key)
+    # at most one frame waiting, one being written, and what the kernel holds
+    assert peak <= 2 * frame + kernel_bound(sndbuf), (peak, frame, sndbuf)
+    assert server.stats["learner-0"].superseded >= 40
+    assert server.stats["learner-0"].unsent_max >= peak
+    relay.set_rate("down", None)
+    versions = received_versions(server, inbox, last=50)
+    assert versions[-1] == 50 and versions == sorted(versions)
+    assert len(versions) < 20, versions
+    assert wait_until(lambda: server.unsent_bytes("learner-0") == 0, 5)
+
+
+def test_without_keys_every_stale_fragment_is_delivered(closing):
+    """The planted bug `unbounded_outbox` sends with key=None: all 50 wait and all arrive."""
+    server, relay, link, inbox = connect_pair(closing, {"down": 2000})
+    frame = server.send("learner-0", update(0), key=None)
+    peak = send_slowly(server, lambda msg: None)
+    assert peak >= 30 * frame                             # the backlog grows with every commit
+    assert server.stats["learner-0"].superseded == 0
+    relay.set_rate("down", None)
+    assert received_versions(server, inbox, last=50) == list(range(0, 51))
+
+
+def test_on_a_slow_link_the_learner_keeps_only_the_newest_keyed_frame(closing):
+    server, relay, link, inbox = connect_pair(closing, {"up": 2000})
+    got: list = []
+    sndbuf = link._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    frame = link.send(update(0), key=("frag", 0))
+    peak = 0
+    for v in range(1, 51):
+        assert link.send(update(v), key=("frag", 0)) > 0
+        got.extend(server.poll(0.02))
+        peak = max(peak, link.unsent_bytes())
+    assert peak <= 2 * frame + kernel_bound(sndbuf), (peak, frame, sndbuf)
+    assert link.stats.superseded >= 40 and link.stats.unsent_max >= peak
+    relay.set_rate("up", None)
+    assert wait_until(lambda: got.extend(server.poll(0.01)) or
+                      any(e.kind == "message" and getattr(e.msg, "version", -1) == 50 for e in got), 20)
+    versions = [e.msg.version for e in got if e.kind == "message"]
+    assert versions == sorted(versions) and len(versions) < 20, versions
+    assert wait_until(lambda: link.unsent_bytes() == 0, 5)
+
+
+# --- (c) reconnects ---------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_link_keeps_retrying_within_its_backoff_cap_and_drops_sends_while_down(closing):
+    port, cap = free_port(), 0.2
+    inbox: queue.Queue = queue.Queue()
+    link = ShardLink("learner-0", "syncer-0", f"127.0.0.1:{port}", RUN, inbox, backoff_s=(0.01, cap)).start()
+    closing(link)
+    assert link.send(Hello("learner-0", 0)) == 0          # down: dropped, nothing queued
+    assert link.unsent_bytes() == 0
+    time.sleep(3 * cap)                                   # let the backoff reach its cap (not an assertion)
+    assert not link.up and link.stats.connects == 0
+    t0 = time.monotonic()
+    server = ShardServer("syncer-0", RUN, port=port)
+    closing(server)
+    assert wait_until(lambda: link.up, 5)
+    assert time.monotonic() - t0 < cap + 1.0              # one backoff, plus the connect, at most
+    assert inbox.get(timeout=1).kind == "connected"
+    assert link.send(Hello("learner-0", 0)) > 0
+    assert wait_until(lambda: "learner-0" in [e.peer for e in server.poll(0.01) if e.kind == "connected"], 5)
+
+
+def test_frames_waiting_when_a_link_drops_are_not_sent_on_the_next_connection(closing):
+    server = ShardServer("syncer-0", RUN)
+    closing(server)
+    relay = Relay(server.addr, up=0)                      # nothing reaches the shard for now
+    closing(relay)
+    inbox: queue.Queue = queue.Queue()
+    link = ShardLink("learner-0", "syncer-0", relay.addr, RUN, inbox, backoff_s=(0.02, 0.2)).start()
+    closing(link)
+    assert wait_until(lambda: link.up, 5)
+    for v in range(1, 21):
+        assert link.send(update(v)) > 0
+    assert wait_until(lambda: link.buffer().frames > 0, 5)  # the kernel is full, frames wait in the outbox
+    relay.set_rate("up", None)
+    relay.drop_connections()
+    assert wait_until(lambda: link.stats.connects == 2 and link.up, 5)
+    assert link.buffer().frames == 0
+    assert link.send(update(999)) > 0
+    got: list = []
+    assert wait_until(lambda: got.extend(server.poll(0.01)) or
+                      any(e.kind == "message" for e in got), 5)
+    got.extend(server.poll(0.2))  # anything else the new connection carried would be in by now
+    got.extend(server.poll(0.05))
+    assert [e.msg.version for e in got if e.kind == "message"] == [999]
+
+
+# --- the simulator's links follow the same rule -------------------------------------------
+
+class SimWorld:
+    """What harness/sim_net.Net needs from the simulated world: a clock, an rng, the
+    units' ends (recorded), and the planted bugs."""
+
+    def __init__(self, bugs=frozenset()):
+        self.clock = Clock()
+        self.rng = np.random.default_rng(0)
+        self.learner_bugs = self.syncer_bugs = frozenset(bugs)
+        self.got: list = []  # (t, who, kind, msg)
+
+    @property
+    def now(self) -> float:
+        return self.clock.now
+
+    def learner_link_event(self, learner, kind, shard, msg=None, nbytes=0):
+        self.got.append((self.now, learner, kind, msg))
+
+    def shard_listening(self, shard):
+        return True
+
+    def shard_event(self, shard, kind, learner, msg=None, nbytes=0):
+        self.got.append((self.now, shard, kind, msg))
+
+
+def sim_link(bugs=frozenset()):
+    """One simulated learner↔shard link, up, with the shard's end at 1 KB/s; nothing is
+    held beyond the outbox but the frame being serialised."""
+    world = SimWorld(bugs)
+    net = Net(world, ["learner-0"], ["syncer-0"], RUN, loopback_s=0.0002)
+    net.held_bytes = 0
+    net.learner_started("learner-0")
+    world.clock.run_until(0.01)
+    assert net.learner_send("learner-0", "syncer-0", Hello("learner-0", 0)) > 0
+    world.clock.run_until(0.02)
+    net.proxies.add_toxic("learner-0~syncer-0", toxic_spec("bandwidth", "downstream", rate=1))
+    return world, net
+
+
+def small_update(version: int) -> FragmentUpdate:
+    return FragmentUpdate(0, version, False, [np.full(200, version, np.float32)])  # ~1 KB: ~1 s a frame
+
+
+def sim_send_20(world, net) -> None:
+    for v in range(1, 21):
+        assert net.shard_send("syncer-0", "learner-0", small_update(v)) > 0
+        world.clock.run_until(world.now + 0.1)
+
+
+def sim_versions(world) -> list[int]:
+    return [msg.version for _, who, kind, msg in world.got if who == "learner-0" and kind == "message"]
+
+
+def test_simulated_links_supersede_a_waiting_fragment_with_the_newest():
+    world, net = sim_link()
+    sim_send_20(world, net)
+    world.clock.run_until(60)
+    assert sim_versions(world) == [1, 11, 20]             # v1 on the wire at once; then the newest waiting
+    link = net.link("learner-0", "syncer-0")
+    assert link.shard_stats.superseded == 17 and link.stats.superseded == 0
+    assert 1000 < link.shard_stats.unsent_max < 3000      # one frame on the wire, one waiting
+
+
+def test_simulated_links_keep_every_frame_with_the_planted_bug_and_recover_when_the_rate_does():
+    world, net = sim_link({"unbounded_outbox"})
+    sim_send_20(world, net)
+    t_lift = world.now + 1
+    world.clock.run_until(t_lift)
+    assert sim_versions(world) == [1, 2]                  # ~1 s a frame: a backlog of 18
+    assert net.link("learner-0", "syncer-0").shard_stats.unsent_max > 15_000
+    net.proxies.remove_toxic("learner-0~syncer-0", "bandwidth_downstream")
+    world.clock.run_until(t_lift + 0.01)                  # the rest lands at once (the stale backlog)
+    assert sim_versions(world) == list(range(1, 21))
+    assert net.link("learner-0", "syncer-0").shard_stats.superseded == 0

@@ -1,0 +1,99 @@
+"""Bounded send queues: the newest Θ[p] supersedes an unsent older one.
+
+A learner needs the newest global fragment Θ[p], not every version of it. On a thin
+link (8-16 kbit/s) a shard commits faster than the link carries a fragment; a FIFO
+queue then grows without bound, and when the link recovers the backlog of stale
+versions lands at once. `Outbox` is the queue both ends of a link use
+(trainer/transport.py) and the simulator models (harness/sim_net.py): a frame put
+with a key replaces, in place, a waiting frame with the same key, so at most one
+unsent frame per key waits, and the bytes waiting on a link stay bounded by a few
+fragments whatever its speed. A frame already taken for writing is never replaced
+(the transport keeps its partial write apart).
+
+Which messages may be superseded is `outbox_key(msg)`: a whole `FragmentUpdate`
+(the newest Θ[p] makes an older one useless; the queue is per connection, so the
+key is per learner) and a `Hello` (a second Hello asks for the same thing). Every
+other message keeps FIFO order and is never dropped: a `Contribution` carries
+progress that must not be lost, a `FragmentDelta` builds on the previous one, and
+the data-parallel `GradStep` / `GradMean` each answer one step.
+
+Pure: no I/O, no threads, no clock; the caller does the locking.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Hashable
+
+from trainer.messages import FragmentUpdate, Hello
+
+
+def outbox_key(msg) -> Hashable | None:
+    """The key under which `msg` supersedes an unsent older message on the same link, or None."""
+    if isinstance(msg, FragmentUpdate):
+        return ("frag", msg.fragment)
+    if isinstance(msg, Hello):
+        return ("hello",)
+    return None
+
+
+class _Entry:
+    __slots__ = ("key", "frame")
+
+    def __init__(self, key, frame: bytes):
+        self.key, self.frame = key, frame
+
+
+class Outbox:
+    """An ordered queue of encoded frames, each with an optional key.
+
+    `put(frame, key)` replaces a waiting frame with the same non-None key in place (it
+    keeps its position in the queue) and returns True, else appends and returns False.
+    `take()` pops the oldest frame; a taken frame can no longer be superseded.
+    Counters: `unsent_bytes` and `frames` (waiting now), `superseded` and
+    `superseded_bytes` (frames replaced so far, and the bytes that saved).
+    """
+
+    def __init__(self):
+        self._q: deque[_Entry] = deque()
+        self._by_key: dict = {}
+        self.unsent_bytes = 0
+        self.superseded = 0
+        self.superseded_bytes = 0
+
+    @property
+    def frames(self) -> int:
+        return len(self._q)
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def put(self, frame: bytes, key: Hashable | None = None) -> bool:
+        if key is not None and (old := self._by_key.get(key)) is not None:
+            self.unsent_bytes += len(frame) - len(old.frame)
+            self.superseded += 1
+            self.superseded_bytes += len(old.frame)
+            old.frame = frame
+            return True
+        entry = _Entry(key, frame)
+        self._q.append(entry)
+        if key is not None:
+            self._by_key[key] = entry
+        self.unsent_bytes += len(frame)
+        return False
+
+    def take(self) -> bytes | None:
+        if not self._q:
+            return None
+        entry = self._q.popleft()
+        if entry.key is not None:
+            del self._by_key[entry.key]
+        self.unsent_bytes -= len(entry.frame)
+        return entry.frame
+
+    def clear(self) -> int:
+        """Drops every waiting frame; returns how many there were."""
+        n = len(self._q)
+        self._q.clear()
+        self._by_key.clear()
+        self.unsent_bytes = 0
+        return n
