@@ -125,6 +125,14 @@ def _why_failed(name: str, d: dict, t_start: float | None) -> tuple[str, list | 
     return text, None
 
 
+def _short(x) -> str:
+    """A violation's field for the failure sentence: numbers rounded, lists and text cut short."""
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    text = str(x)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _fault_rows(tl) -> list[dict]:
     return [{k: f[k] for k in ("label", "params", "t0", "t1", "kind", "target")} for f in tl.faults]
 

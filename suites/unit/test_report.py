@@ -301,3 +301,12 @@ def test_recovery_splits_into_boot_and_rejoin_on_the_real_run():
     chk, = page.check_rows(summary["checks"])
     assert (chk["status"], chk["value"], chk["bound"]) == ("fail", "0.33 cycles", "0.25 cycles")
     assert "first had a contribution merged after 2 inner steps (0.33 cycles of H = 6)" in chk["why"]
+
+
+def test_a_failed_check_without_a_time_is_told_field_by_field():
+    # progress_merged_once's violations carry no time: the sentence lists their fields
+    # (this path raised NameError before, so such a run got no report at all)
+    d = {"violations": [{"learner": "learner-2", "fragment": 0, "seqs": [99, 102], "overlap_steps": 5,
+                         "weight": 0.123456789}]}
+    text, span = page._why_failed("progress_merged_once", d, None)
+    assert text == "learner=learner-2, fragment=0, seqs=[99, 102], overlap_steps=5, weight=0.1235" and span is None
