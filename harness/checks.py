@@ -420,6 +420,44 @@ def staleness_bounded(log: EventLog, max_staleness: int) -> Result:
     return Result("staleness_bounded", not bad, worst, max_staleness, {"violations": bad[:SHOW]})
 
 
+HELD_BYTES = 352 * 1024  # a thin link's kernel send queue + Toxiproxy, measured at 16 kbit/s (docs/PROTOCOL.md)
+
+
+def link_buffers_bounded(log: EventLog, held_bytes: int | None = None) -> Result:
+    """What waits unsent on any link (each end's `done` line `links.*.unsent_max`, and its
+    `link_buffer` lines) stays within a few fragments whatever the link's speed: what the
+    kernel and the proxy hold (`held_bytes`; the sim's own figure from its header) plus one
+    whole frame per key that can wait on that link (each fragment of the shard, a Hello)
+    and the frame being written. The frame size is the largest `send` line's `bytes`.
+    Unknown when the log has no buffer counters (an older log)."""
+    if held_bytes is None:
+        sim = log.header.get("sim") or {}
+        held_bytes = round(sim["held_kib"] * 1024) if "held_kib" in sim else HELD_BYTES
+    shards = (log.header.get("topology") or {}).get("shards") or {}
+    frame = max((int(e.get("bytes") or 0) for e in log.of("send")), default=0)
+    peak: dict = {}
+    for e in log.of("done"):
+        for peer, st in (e.get("links") or {}).items():
+            if isinstance(st, dict) and "unsent_max" in st:
+                key = (e["src"], peer)
+                peak[key] = max(peak.get(key, 0), int(st["unsent_max"]))
+    for e in log.of("link_buffer"):
+        key = (e["src"], e["peer"])
+        peak[key] = max(peak.get(key, 0), int(e.get("unsent_bytes") or 0))
+    if not peak:
+        return Result("link_buffers_bounded", None, None, None, {"why": "no link buffer counters in the log"})
+    bad, worst, bounds = [], max(peak.values()), {}
+    for (src, peer), most in sorted(peak.items()):
+        shard = src if src in shards else peer
+        bound = held_bytes + (len(shards.get(shard, ())) + 2) * frame
+        bounds[f"{src}~{peer}"] = bound
+        if most > bound:
+            bad.append({"src": src, "peer": peer, "unsent_max": most, "bound": bound})
+    r = _judge("link_buffers_bounded", bad, max(bounds.values()), held_bytes=held_bytes, frame_bytes=frame,
+               peaks={f"{a}~{b}": v for (a, b), v in sorted(peak.items())})
+    return Result(r.name, r.valid, worst, r.bound, r.details)
+
+
 def safety_checks(log: EventLog, metrics: Metrics | None = None, *, max_staleness: int | None = None,
                   downtime_bound_s: float | None = None, rise_max: float | None = None,
                   end_max: float | None = None) -> list[Result]:
@@ -428,7 +466,8 @@ def safety_checks(log: EventLog, metrics: Metrics | None = None, *, max_stalenes
     out = [merged_at_most_once(log), progress_merged_once(log), versions_monotonic(log), no_nan(log),
            durable_rounds_kept(log), no_global_downtime(log, downtime_bound_s),
            global_loss_regression(log, RISE_MAX if rise_max is None else rise_max,
-                                  END_MAX if end_max is None else end_max)]
+                                  END_MAX if end_max is None else end_max),
+           link_buffers_bounded(log)]
     if max_staleness is not None:
         out.append(staleness_bounded(log, max_staleness))
     return out

@@ -22,7 +22,7 @@ import numpy as np
 from trainer.learner import CKPT_EVERY, DRAIN_S, EVAL_EVERY, FETCH_WAIT_S
 from trainer.messages import SliceControl, describe
 from trainer.protocol import ApplyGrads, IllegalTransition, LearnerCore, Log, Send, SetSlices
-from trainer.wiring import learner_config
+from trainer.wiring import learner_config, logged_combiner
 
 
 class LearnerProc:
@@ -219,7 +219,8 @@ class LearnerProc:
                 self.emit(a.kind, **a.fields)
         for a in actions:
             if isinstance(a, Send):
-                nbytes = self.world.net.learner_send(self.unit.name, a.to, a.msg)
+                nbytes = self.world.net.learner_send(self.unit.name, a.to, a.msg,
+                                                     combine=logged_combiner(self.world.cfg, self.emit))
                 self.emit("send" if nbytes else "drop", peer=a.to, bytes=nbytes, **describe(a.msg),
                           at_step=self.state.step)
             elif isinstance(a, ApplyGrads):

@@ -160,7 +160,8 @@ class Net:
         # newest supersedes, per end; the planted bug `unbounded_outbox` keeps that end FIFO
         self.coalesce = {"up": "unbounded_outbox" not in getattr(world, "learner_bugs", ()),
                          "down": "unbounded_outbox" not in getattr(world, "syncer_bugs", ())}
-        self.held_bytes = HELD_BYTES  # a test may shrink it, to see superseding with small frames
+        # SimParams.held_kib; a property shrinks it to see superseding with the quadratic's small frames
+        self.held_bytes = round(getattr(getattr(world, "params", None), "held_kib", HELD_BYTES / 1024) * 1024)
 
     def link(self, learner: str, shard: str) -> Link:
         return self.links[f"{learner}~{shard}"]
@@ -181,13 +182,19 @@ class Net:
             if link.conn is not None:
                 self._close(link.conn, learner_alive=False)
 
-    def learner_send(self, learner: str, shard: str, msg) -> int:
-        """ShardLink.send: the frame size, or 0 while the link is down."""
+    def learner_send(self, learner: str, shard: str, msg, combine=None) -> int:
+        """ShardLink.send: the frame size, or 0 while the link is down; `combine(old, new)`
+        merges two unsent Contributions of one fragment (trainer/outbox.py)."""
         link = self.link(learner, shard)
         if link.conn is None:
             return 0
         nbytes = len(encode_frame(msg, run_id=self.run_id, sender=learner))
-        self._send(link.conn, "up", msg, nbytes)
+
+        def merged(old, new):
+            m = combine(old, new)
+            return m, Frame(m, len(encode_frame(m, run_id=self.run_id, sender=learner)))
+
+        self._send(link.conn, "up", msg, nbytes, None if combine is None else merged)
         return nbytes
 
     def _connect_at(self, link: Link, t: float) -> None:
@@ -246,7 +253,7 @@ class Net:
                 self._close(link.conn)
 
     # --- the outboxes ----------------------------------------------------------------------
-    def _send(self, conn: Conn, way: str, msg, nbytes: int) -> None:
+    def _send(self, conn: Conn, way: str, msg, nbytes: int, combine=None) -> None:
         """A frame from a unit: handed over if nothing waits in its outbox and at most
         `held_bytes` are handed over and not yet serialised, else into the outbox
         (superseding a waiting frame with the same key)."""
@@ -255,7 +262,7 @@ class Net:
         if not self.coalesce[way] or (not w.outbox and w.unserialised(now) <= self.held_bytes):
             self._hand_over(conn, way, Frame(msg, nbytes))
         else:
-            if w.outbox.put(Frame(msg, nbytes), outbox_key(msg)):
+            if w.outbox.put(Frame(msg, nbytes), outbox_key(msg), msg=msg, combine=combine):
                 stats.superseded += 1
             if w.wake is None:
                 self._wake_at(conn, way)

@@ -139,6 +139,9 @@ class SyncerProc:
             self.unit.durable = (self.core.snapshot(self.state), self.unit.saved)
         self.do("durable", dict(self.state.version))
         self.kill()
+        for learner, s in self.stats.items():  # the shard end's buffer counters live on the links
+            held = self.world.net.link(learner, self.unit.name).shard_stats
+            s.unsent_max, s.superseded = held.unsent_max, held.superseded
         self.emit("done", links={p: vars(s) for p, s in self.stats.items()},
                   versions={str(p): v for p, v in self.state.version.items()})
 

@@ -74,6 +74,9 @@ class SimParams:
     syncer_startup_s: float = 1.0
     ckpt_save_s: float = 0.2  # a checkpoint save until it is durable
     loopback_ms: float = 0.2  # one-way delay of a link with no latency toxic
+    # what a link's kernel send queue and proxy hold beyond the sender's outbox (KiB):
+    # measured 352 through a 16 kbit/s Toxiproxy bandwidth toxic (harness/sim_net.py)
+    held_kib: float = 352.0
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():

@@ -24,7 +24,7 @@ from trainer.outbox import outbox_key
 from trainer.protocol import ApplyGrads, IllegalTransition, LearnerCore, Send, SetSlices
 from trainer.tasks import task_for_run
 from trainer.transport import BufferLog, ShardLink
-from trainer.wiring import fragmenter_for, learner_config, learner_math
+from trainer.wiring import fragmenter_for, learner_config, learner_math, logged_combiner
 
 EVAL_EVERY = 100       # inner steps between held-out evaluations of the local θ
 CKPT_EVERY = 50        # inner steps between learner checkpoints
@@ -64,6 +64,7 @@ class Learner:
         self.links = {shard: ShardLink(self.name, shard, addr, topo["run_id"], self.inbox)
                       for shard, addr in topo["links"][self.name].items()}
         self.buffer_log = BufferLog()
+        self.combine = logged_combiner(self.cfg, self.ev.emit)  # two unsent Δs of p waiting on a link
 
     # --- driving the core -------------------------------------------------------------------
     def do(self, event: str, *args) -> None:
@@ -72,7 +73,7 @@ class Learner:
         for a in actions:
             if isinstance(a, Send):
                 key = None if "unbounded_outbox" in self.bugs else outbox_key(a.msg)  # planted: plain FIFO
-                nbytes = self.links[a.to].send(a.msg, key=key)
+                nbytes = self.links[a.to].send(a.msg, key=key, combine=self.combine)
                 shell.log_msg(self.ev, "send" if nbytes else "drop", a.to, a.msg, nbytes, at_step=self.state.step)
             elif isinstance(a, ApplyGrads):
                 params, self.opt_state = self.inner.apply_grads(self.core.params(self.state), self.opt_state,

@@ -12,10 +12,13 @@ fragments whatever its speed. A frame already taken for writing is never replace
 
 Which messages may be superseded is `outbox_key(msg)`: a whole `FragmentUpdate`
 (the newest Θ[p] makes an older one useless; the queue is per connection, so the
-key is per learner) and a `Hello` (a second Hello asks for the same thing). Every
-other message keeps FIFO order and is never dropped: a `Contribution` carries
-progress that must not be lost, a `FragmentDelta` builds on the previous one, and
-the data-parallel `GradStep` / `GradMean` each answer one step.
+key is per learner) and a `Hello` (a second Hello asks for the same thing). A
+`Contribution` of p waiting unsent is not replaced but *combined* with the newer one
+(`combine`, given with the put: the sum of the two Δs, counters added, the older
+base_version; the two hold disjoint steps, see docs/PROTOCOL.md), so at most one
+unsent contribution per (learner, fragment) waits and no progress is lost. Every
+other message keeps FIFO order and is never dropped: a `FragmentDelta` builds on the
+previous one, and the data-parallel `GradStep` / `GradMean` each answer one step.
 
 Pure: no I/O, no threads, no clock; the caller does the locking.
 """
@@ -24,23 +27,28 @@ from __future__ import annotations
 from collections import deque
 from typing import Hashable
 
-from trainer.messages import FragmentUpdate, Hello
+from trainer.messages import Contribution, FragmentUpdate, Hello
+
+COMBINED = "contrib"  # keys of this kind are combined, never replaced: put() needs `combine`
 
 
 def outbox_key(msg) -> Hashable | None:
-    """The key under which `msg` supersedes an unsent older message on the same link, or None."""
+    """The key under which `msg` supersedes (or, a Contribution, is combined with) an unsent
+    older message on the same link, or None."""
     if isinstance(msg, FragmentUpdate):
         return ("frag", msg.fragment)
     if isinstance(msg, Hello):
         return ("hello",)
+    if isinstance(msg, Contribution):
+        return (COMBINED, msg.fragment)
     return None
 
 
 class _Entry:
-    __slots__ = ("key", "frame")
+    __slots__ = ("key", "frame", "msg")
 
-    def __init__(self, key, frame: bytes):
-        self.key, self.frame = key, frame
+    def __init__(self, key, frame, msg=None):
+        self.key, self.frame, self.msg = key, frame, msg
 
 
 class Outbox:
@@ -67,14 +75,19 @@ class Outbox:
     def __len__(self) -> int:
         return len(self._q)
 
-    def put(self, frame: bytes, key: Hashable | None = None) -> bool:
+    def put(self, frame, key: Hashable | None = None, *, msg=None, combine=None) -> bool:
+        """`combine(old_msg, msg) -> (msg, frame)`: for COMBINED keys, what replaces the two."""
         if key is not None and (old := self._by_key.get(key)) is not None:
+            if key[0] == COMBINED:
+                if combine is None or old.msg is None or msg is None:
+                    raise ValueError(f"outbox key {key!r} is combined, not replaced: put() needs msg and combine")
+                msg, frame = combine(old.msg, msg)
             self.unsent_bytes += len(frame) - len(old.frame)
             self.superseded += 1
             self.superseded_bytes += len(old.frame)
-            old.frame = frame
+            old.frame, old.msg = frame, msg
             return True
-        entry = _Entry(key, frame)
+        entry = _Entry(key, frame, msg)
         self._q.append(entry)
         if key is not None:
             self._by_key[key] = entry

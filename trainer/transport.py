@@ -284,16 +284,22 @@ class ShardLink:
     def up(self) -> bool:
         return self._up.is_set()
 
-    def send(self, msg, key=None) -> int:
-        """Queues `msg`, superseding a waiting frame with the same key (None: never); returns
-        the frame size, or 0 (dropped) while the link is down."""
+    def send(self, msg, key=None, combine=None) -> int:
+        """Queues `msg`, superseding a waiting frame with the same key (None: never; a
+        Contribution's key: combined with it by `combine(old, new) -> msg`); returns the
+        frame size, or 0 (dropped) while the link is down."""
         if not self._up.is_set():
             return 0
         frame = encode_frame(msg, run_id=self.run_id, sender=self.name)
+
+        def merged(old, new):
+            m = combine(old, new)
+            return m, encode_frame(m, run_id=self.run_id, sender=self.name)
+
         with self._cv:
             if self._sock is None or not self._up.is_set():
                 return 0
-            if self._outbox.put(frame, key):
+            if self._outbox.put(frame, key, msg=msg, combine=None if combine is None else merged):
                 self.stats.superseded += 1
             self._cv.notify()
             self.stats.unsent_max = max(self.stats.unsent_max, self._unsent_locked())

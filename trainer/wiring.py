@@ -6,6 +6,8 @@ simulator alike. It also builds the cores' configs from the run's topology.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from trainer import compression, outer
@@ -36,6 +38,32 @@ def learner_math(cfg: RunConfig, frag: Fragmenter) -> LearnerMath:
         grad_payload=lambda arrays: compression.encode([np.asarray(a, np.float32) for a in arrays], "fp32"),
         apply_delta=compression.apply_delta,
     )
+
+
+def contribution_combiner(cfg: RunConfig):
+    """(old, new) -> one Contribution: two unsent Δs of one learner and fragment, waiting on a
+    slow link, go out as their sum (they hold disjoint steps: docs/PROTOCOL.md), compressed
+    as the run compresses pseudo-gradients; counters add up, staleness is the older's."""
+    kind = cfg.diloco.compression
+
+    def combine(old, new):
+        total = [a + b for a, b in zip(compression.decode(old.payload), compression.decode(new.payload))]
+        return dataclasses.replace(new, base_version=min(old.base_version, new.base_version),
+                                   c_steps=old.c_steps + new.c_steps, c_tokens=old.c_tokens + new.c_tokens,
+                                   payload=compression.encode(total, kind))
+    return combine
+
+
+def logged_combiner(cfg: RunConfig, emit):
+    """contribution_combiner that also says so: `drop reason=combined` of the older seq,
+    by_seq the newer (what the shards' own combining logs), through `emit(kind, **fields)`."""
+    combine = contribution_combiner(cfg)
+
+    def logged(old, new):
+        emit("drop", what="contribution", fragment=old.fragment, learner=old.learner, incarnation=old.incarnation,
+             seq=old.seq, reason="combined", by_seq=new.seq, where="outbox")
+        return combine(old, new)
+    return logged
 
 
 def syncer_math(cfg: RunConfig, frag: Fragmenter) -> SyncerMath:

@@ -12,12 +12,15 @@ global model is not poisoned:
 The base case converges: the quadratic task for 300 inner steps (the fault-free run
 ends at 0.155, 2.3× its floor of 0.068, where 60 steps ended at 12×), ~32 s of
 simulated time, so a 24-cycle fault is ~15 s. Each planted bug that restores the
-behaviour before (cumulative_delta, relative_discount) is caught on a schedule
-Hypothesis finds, by the check named, and that schedule passes without it.
+behaviour before (cumulative_delta, relative_discount, unbounded_outbox) is caught on a
+schedule Hypothesis finds, by the check named, and that schedule passes without it.
+What waits on a link is bounded too (`link_buffers_bounded`), with the simulator's
+kernel-and-proxy share scaled to the quadratic's small frames (LINK_SIM).
 """
 from __future__ import annotations
 
 import dataclasses
+from functools import lru_cache
 
 import pytest
 from hypothesis import Phase, find, given, settings
@@ -26,18 +29,32 @@ from faults.schedule import RunShape
 from faults.strategies import link_faults
 from harness import checks, metrics
 from harness.scenario import scenario_from_dict
+from harness.sim import SimParams, simulate
 from harness.sim_bench import PROPERTY_BASE
-from sim_cases import examples, reported, simulate_case
+from sim_cases import Case, RejoinProbe, examples, reported
 
 LINK_BASE = scenario_from_dict({**PROPERTY_BASE, "name": "prop-links",
                                 "train": {**PROPERTY_BASE["train"], "steps": 300, "duration": "120s"}})
 LINK_WINDOW = RunShape(learners=3, run_s=25.0, slices=2, shards=2)
 CYCLE_S = 0.64  # one fragment cycle (H = 6 inner steps at ~9.4 steps/s in the simulator)
 LOSS_EXCESS = 2.0  # measured: a 10 s downstream cut of one learner costs ≤ 1.6× (its share is lost)
+# A link's kernel queue and proxy hold ~2 of the Markov model's 181 KB fragments (352 KiB);
+# the same ratio for the quadratic's ~300-byte frames, so that buffers fill as they do there.
+LINK_SIM = SimParams(held_kib=0.6)
 
 
 def link_scenario(schedule=()):
     return dataclasses.replace(LINK_BASE, faults=tuple(schedule))
+
+
+def link_case(schedule=(), bugs=frozenset()) -> Case:
+    s, probe = link_scenario(schedule), RejoinProbe()
+    return Case(s, simulate(s, params=LINK_SIM, bugs=frozenset(bugs), probe=probe), frozenset(bugs), probe)
+
+
+@lru_cache(maxsize=1)
+def fault_free() -> Case:
+    return link_case()
 
 
 def excess(case) -> float:
@@ -48,7 +65,8 @@ def excess(case) -> float:
 def bounded_staleness(case) -> None:
     case.check(checks.progress_merged_once(case.log))
     case.check(checks.staleness_bounded(case.log, case.scenario.run_config().diloco.max_staleness))
-    ref = excess(simulate_case(link_scenario()) if case.scenario.faults else case)
+    case.check(checks.link_buffers_bounded(case.log))
+    ref = excess(fault_free())
     got = excess(case)
     assert got <= LOSS_EXCESS * ref, (f"final_loss_excess: {got:.4f} over the floor, more than {LOSS_EXCESS}× "
                                       f"the fault-free run's {ref:.4f}")
@@ -57,7 +75,7 @@ def bounded_staleness(case) -> None:
 @examples(16)
 @given(link_faults(LINK_WINDOW, CYCLE_S))
 def test_a_single_link_fault_does_not_poison_the_global_model(schedule):
-    case = simulate_case(link_scenario(schedule))
+    case = link_case(schedule)
     with reported(case, "bounded_staleness"):
         bounded_staleness(case)
 
@@ -65,10 +83,8 @@ def test_a_single_link_fault_does_not_poison_the_global_model(schedule):
 BUGS = {  # planted bug -> what its failure names
     "cumulative_delta": "progress_merged_once",
     "relative_discount": "staleness_bounded",
+    "unbounded_outbox": "link_buffers_bounded",
 }
-# unbounded_outbox (no newest-supersedes on the links) is not caught here: on the
-# quadratic's ~300-byte messages the backlog it leaves is too small to move the loss.
-# suites/unit/test_transport.py catches it on real sockets (every queued Θ[p] arrives).
 
 
 def failure(case) -> str | None:
@@ -82,7 +98,7 @@ def failure(case) -> str | None:
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_a_planted_staleness_bug_is_caught(bug):
     found = find(link_faults(LINK_WINDOW, CYCLE_S),
-                 lambda sch: BUGS[bug] in (failure(simulate_case(link_scenario(sch), bugs={bug})) or ""),
+                 lambda sch: BUGS[bug] in (failure(link_case(sch, bugs={bug})) or ""),
                  settings=settings(max_examples=40, database=None, derandomize=True, phases=[Phase.generate]))
-    assert BUGS[bug] in failure(simulate_case(link_scenario(found), bugs={bug}))
-    assert failure(simulate_case(link_scenario(found))) is None
+    assert BUGS[bug] in failure(link_case(found, bugs={bug}))
+    assert failure(link_case(found)) is None

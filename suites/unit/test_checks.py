@@ -360,7 +360,7 @@ def test_safety_checks_list():
     log = rounds(LogBuilder(learners=1, t_end=4.0).up(0, "syncer-0"), (1, 2, 3)).log()
     names = [r.name for r in checks.safety_checks(log)]
     assert names == ["merged_at_most_once", "progress_merged_once", "versions_monotonic", "no_nan",
-                     "durable_rounds_kept", "no_global_downtime", "global_loss_regression"]
+                     "durable_rounds_kept", "no_global_downtime", "global_loss_regression", "link_buffers_bounded"]
     assert [r.name for r in checks.safety_checks(log, max_staleness=4)][-1] == "staleness_bounded"
     # global_loss_regression's bounds go through
     damaged = _curve([4.0, 2.5, 1.9, 1.75, 1.72, 3.2]).log()
@@ -460,3 +460,32 @@ def test_a_run_that_ended_before_its_faults_says_so():
     assert note.startswith("only 1 of the 3 scheduled faults happened: the run ended after 23 s")
     assert checks.faults_note({**seen, "faults_applied": 3}) is None
     assert checks.faults_note({}) is None  # a summary from before these keys
+
+
+def _buffers(unsent_by_end: dict, frame: int = 1000, link_buffer=()):
+    """A log whose `done` lines carry the buffer counters: {(src, peer): unsent_max}."""
+    b = LogBuilder(learners=2, t_end=4.0)
+    log = b.log()
+    events = [{"t": 1.0, "src": "learner-0", "kind": "send", "peer": "syncer-0", "bytes": frame, "msg": "Contribution"}]
+    for (src, peer), most in unsent_by_end.items():
+        events.append({"t": 3.0, "src": src, "kind": "done", "links": {peer: {"unsent_max": most, "superseded": 0}}})
+    events += [{"t": 2.0, "src": s, "kind": "link_buffer", "peer": p, "unsent_bytes": n} for s, p, n in link_buffer]
+    header = {**log.header, "topology": {"learners": ["learner-0", "learner-1"], "shards": {"syncer-0": [0, 1, 2]}}}
+    return type(log)(header, sorted(log.events + events, key=lambda e: e["t"]))
+
+
+def test_link_buffers_bounded_allows_the_held_bytes_and_a_frame_per_key():
+    # bound = held 10,000 + (3 fragments of syncer-0 + a Hello + the frame being written) × 1,000 = 15,000
+    ok = checks.link_buffers_bounded(_buffers({("syncer-0", "learner-0"): 15_000, ("learner-0", "syncer-0"): 900}),
+                                     held_bytes=10_000)
+    assert (ok.valid, ok.value, ok.bound) == (True, 15_000, 15_000)
+    # a backlog of every commit (the unbounded_outbox behaviour): 40 frames waiting
+    bad = checks.link_buffers_bounded(_buffers({("syncer-0", "learner-1"): 900},
+                                               link_buffer=[("syncer-0", "learner-1", 50_000)]), held_bytes=10_000)
+    assert (bad.valid, bad.value) == (False, 50_000)
+    assert bad.details["violations"] == [{"src": "syncer-0", "peer": "learner-1", "unsent_max": 50_000, "bound": 15_000}]
+
+
+def test_link_buffers_bounded_is_unknown_without_counters():
+    log = rounds(LogBuilder(learners=1, t_end=4.0).up(0, "syncer-0"), (1, 2, 3)).log()
+    assert checks.link_buffers_bounded(log).valid is None

@@ -403,5 +403,6 @@ def test_real_fault_free_sample():
         **dict.fromkeys(["merged_at_most_once", "versions_monotonic", "no_nan", "durable_rounds_kept",
                          "no_global_downtime"], True),
         # recorded before contribute lines and snapshot global evals: the log cannot tell
-        "progress_merged_once": None, "global_loss_regression": None}
+        "progress_merged_once": None, "global_loss_regression": None,
+        "link_buffers_bounded": None}  # and before the links counted what waits unsent
     assert m.badput_s["stale"] == 0

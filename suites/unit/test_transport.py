@@ -187,9 +187,31 @@ def test_outbox_keys_follow_the_message_kind():
     assert outbox_key(FragmentUpdate(2, 5, False, theta)) == ("frag", 2)
     assert outbox_key(FragmentUpdate(2, 6, True, theta)) == ("frag", 2)
     assert outbox_key(Hello("learner-0", 1)) == ("hello",)
-    for msg in [Contribution("learner-0", 0, 1, 2, 0, 1, 8, 0.1, None, theta), FragmentDelta(2, 6, 5, theta),
-                GradStep("learner-0", 0, 1, 2, 3, 8, theta), GradMean(2, 3, 1, 2, theta), SliceControl(1)]:
+    assert outbox_key(Contribution("learner-0", 0, 1, 2, 0, 1, 8, 0.1, None, theta)) == ("contrib", 2)
+    for msg in [FragmentDelta(2, 6, 5, theta), GradStep("learner-0", 0, 1, 2, 3, 8, theta),
+                GradMean(2, 3, 1, 2, theta), SliceControl(1)]:
         assert outbox_key(msg) is None
+
+
+def test_two_unsent_contributions_of_a_fragment_are_combined_into_one():
+    """A Δ of p waiting unsent is summed with the newer one (their steps are disjoint), never
+    replaced: the sum of the payloads, counters added, the older base_version, the newer seq."""
+    from trainer.config import RunConfig
+    from trainer.wiring import contribution_combiner
+    from trainer import compression
+    combine = contribution_combiner(RunConfig())  # fp32 pseudo-gradients
+    one = Contribution("learner-0", 0, 1, 2, 4, 6, 48, 0.1, None, compression.encode([np.full(3, 1.0)], "fp32"))
+    two = Contribution("learner-0", 0, 3, 2, 7, 5, 40, 0.2, 0.5, compression.encode([np.full(3, 0.5)], "fp32"))
+    box = Outbox()
+    box.put(b"x" * 10, outbox_key(one), msg=one, combine=lambda o, n: (combine(o, n), b"y" * 12))
+    assert box.put(b"z" * 10, outbox_key(two), msg=two, combine=lambda o, n: (combine(o, n), b"y" * 12)) is True
+    assert (box.frames, box.unsent_bytes, box.take()) == (1, 12, b"y" * 12)
+    got = combine(one, two)
+    assert (got.seq, got.base_version, got.c_steps, got.c_tokens, got.last_sync_s) == (3, 4, 11, 88, 0.5)
+    assert compression.decode(got.payload)[0].tolist() == [1.5, 1.5, 1.5]
+    with pytest.raises(ValueError, match="combined, not replaced"):
+        box.put(b"a", ("contrib", 2), msg=one)
+        box.put(b"b", ("contrib", 2), msg=two)  # no combine: would lose the first Δ's progress
 
 
 def test_buffer_log_reports_while_unsent_then_once_when_empty():
