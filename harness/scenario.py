@@ -100,6 +100,8 @@ class TrainSpec:
     compression: str | None = None
     broadcast_compression: str | None = None
     merge: str | None = None
+    max_staleness: int | None = None  # versions; 0 = no bound (docs/PROTOCOL.md "Bounded staleness")
+    starve_cycles: int | None = None
     batch_size: int | None = None
     seq_len: int | None = None
     lr: float | None = None  # inner AdamW peak learning rate
@@ -141,7 +143,7 @@ _TRAINER_KEYS = {"DilocoConfig.learners": "cluster.learners", "DilocoConfig.slic
                  "InnerOptConfig.lr": "train.lr", "TaskConfig.kind": "train.task",
                  **{f"DilocoConfig.{k}": f"train.{k}" for k in ("fragments", "sync_every", "quorum", "overlap",
                                                                  "mixing", "compression", "broadcast_compression",
-                                                                 "merge", "mode")},
+                                                                 "merge", "mode", "max_staleness", "starve_cycles")},
                  "TaskConfig.batch_size": "train.batch_size", "TaskConfig.seq_len": "train.seq_len"}
 
 
@@ -209,7 +211,7 @@ class Scenario:
             "name": self.name, "seed": self.seed, "steps": t.steps,
             "diloco": {"learners": c.learners, "slices": c.slices, "mode": t.mode,
                        **set_(("fragments", "sync_every", "quorum", "overlap", "mixing", "compression",
-                               "broadcast_compression", "merge"))},
+                               "broadcast_compression", "merge", "max_staleness", "starve_cycles"))},
             "task": {"kind": t.task, **set_(("batch_size", "seq_len"))},
             "inner": {"total_steps": t.steps, "warmup_steps": warmup, **set_(("lr",))},
         })

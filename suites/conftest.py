@@ -7,7 +7,7 @@ root, `scripts/dockerd.sh start` starts a private one under /tmp/diloco-dockerd,
 DOCKER_HOST points at it, and at the end of the session — after a failure or Ctrl-C
 too (pytest tears session fixtures down on KeyboardInterrupt; an atexit hook is the
 backstop) — every diloco-chaos container is removed and that engine is stopped (by
-its pid). Only when no engine can be reached or started do the tests skip, saying why.
+its pid). Only when no engine can be reached or started do the tests skip, saying why (under CI=true they fail: `unavailable_here`).
 """
 from __future__ import annotations
 
@@ -43,6 +43,20 @@ def _stop_private_engine() -> None:
     subprocess.run(["bash", str(DOCKERD_SH), "stop"], capture_output=True, timeout=120)
 
 
+def unavailable_here(why: str):
+    """A suite that cannot run here skips, saying why; under CI=true it fails instead, so a
+    CI machine without a Docker engine or Chromium cannot pass by running nothing."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true: this suite must run, but {why}", pytrace=False)
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def unavailable():
+    """unavailable_here, for fixtures in the suites' own conftests."""
+    return unavailable_here
+
+
 @pytest.fixture(scope="session")
 def docker_engine():
     """A `docker.DockerClient` for a reachable engine (started here if need be)."""
@@ -56,7 +70,7 @@ def docker_engine():
         except (OSError, subprocess.SubprocessError) as e:
             host, why_not, running = None, repr(e), None
         if host is None and running is None:
-            pytest.skip(f"{why}; and none could be started: {why_not}")
+            unavailable_here(f"{why}; and none could be started: {why_not}")
         os.environ["DOCKER_HOST"] = host or running
         if host is not None:
             started = True

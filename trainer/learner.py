@@ -64,6 +64,7 @@ class Learner:
         self.links = {shard: ShardLink(self.name, shard, addr, topo["run_id"], self.inbox)
                       for shard, addr in topo["links"][self.name].items()}
         self.buffer_log = BufferLog()
+        self.resources = shell.ResourceLog(self.ev)
         self.combine = logged_combiner(self.cfg, self.ev.emit)  # two unsent Δs of p waiting on a link
 
     # --- driving the core -------------------------------------------------------------------
@@ -109,6 +110,7 @@ class Learner:
         """`link_buffer` lines (at most one a second per link, while bytes wait on it); one
         clock read per call otherwise."""
         now = time.monotonic()
+        self.resources.maybe(now)
         if self.buffer_log.due(now):
             for fields in self.buffer_log.lines(now, {s: link.buffer() for s, link in self.links.items()}):
                 self.ev.emit("link_buffer", **fields)

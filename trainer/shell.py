@@ -79,6 +79,29 @@ def log_msg(ev: EventWriter, kind: str, peer: str, msg, nbytes: int, **extra) ->
     ev.emit(kind, peer=peer, bytes=nbytes, **describe(msg), **extra)
 
 
+def rss_kb() -> int | None:
+    """This process's resident set size in KiB (Linux /proc), None where it cannot be read."""
+    import os
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class ResourceLog:
+    """A `resources` line {rss_kb} every `interval_s`: a process's memory along the run, so a
+    reader can see it stay flat while a link is starved (one clock read per call)."""
+
+    def __init__(self, ev: EventWriter, interval_s: float = 5.0):
+        self.ev, self.interval_s, self._next = ev, interval_s, 0.0
+
+    def maybe(self, now: float) -> None:
+        if now >= self._next:
+            self._next = now + self.interval_s
+            self.ev.emit("resources", rss_kb=rss_kb())
+
+
 class Timers:
     """The cores' SetTimer actions: key -> due time (monotonic); a later set replaces."""
 

@@ -58,6 +58,7 @@ class Syncer:
         host, port = parse_addr(topo["shard_addrs"][self.name])
         self.server = ShardServer(self.name, topo["run_id"], host, port)
         self.buffer_log = BufferLog()
+        self.resources = shell.ResourceLog(self.ev)
         self.saved = self.ckpt.latest_step() or 0  # checkpoint step numbers: one per save
         self.in_flight: dict | None = None          # versions of the save being written
         self.dirty = False
@@ -111,6 +112,7 @@ class Syncer:
                         self.ev.emit("drop", what=type(ev.msg).__name__, reason=f"illegal: {e}", peer=ev.peer)
             self.checkpoint()
             now = time.monotonic()
+            self.resources.maybe(now)
             if self.buffer_log.due(now):  # `link_buffer` lines: at most one a second per link
                 for fields in self.buffer_log.lines(now, self.server.buffers()):
                     self.ev.emit("link_buffer", **fields)

@@ -11,11 +11,11 @@ from reports import browser
 
 
 @pytest.fixture(scope="module")
-def browser_context():
+def browser_context(unavailable):
     """A persistent context on a fresh user-data dir; closed (browser reaped) after the module,
     so Playwright's event loop never outlives the browser tests."""
     if browser.find() is None:
-        pytest.skip(f"no Chromium on PATH (looked for {', '.join(browser.BROWSERS)}); "
+        unavailable(f"no Chromium on PATH (looked for {', '.join(browser.BROWSERS)}); "
                     "install one with scripts/install-browser.sh")
     with browser.chromium() as ctx:
         yield ctx
