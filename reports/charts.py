@@ -26,6 +26,8 @@ STATE_COLORS = {  # one scale for every lane of the timeline
     "partitioned": "#67000d",
     "no commit yet": "#f0f0f0", "advancing": "#31a354", "stalled": "#fc9272", "downtime": "#a50f15",
 }
+STARVED_COLOR = "#252525"
+BOUND_COLOR = "#a50f15"
 WHO_COLORS = {"run": "#08519c", "reference": "#737373", "dp": "#e6550d"}
 FAULT_COLORS = {"kill_unit": "#a50f15", "kill_slice": "#fd8d3c", "pause_unit": "#756bb1", "slow_unit": "#d9a01e",
                 "kill_syncer": "#67000d", "wan": "#f16913", "partition": "#54278f", "reset": "#e7298a",
@@ -110,12 +112,23 @@ def timeline(tl, lane_order: list[str], fault_rows: list[dict]) -> dict:
                                                                   clip=True).encode(
             x=_x("t", dom), y=y, tooltip=[alt.Tooltip("lane:N", title="commit on"), alt.Tooltip("fragment:O"),
                                      alt.Tooltip("version:Q"), alt.Tooltip("t:Q", format=".2f")]))
+    if tl.starved:  # a learner silent from a shard for several fragment cycles: it re-fetched
+        layers.append(alt.Chart(alt.Data(name="starved")).mark_point(
+            shape="triangle-down", size=110, filled=True, color=STARVED_COLOR, stroke="#fff", strokeWidth=0.8,
+            opacity=1, clip=True).encode(
+            x=_x("t", dom), y=y,
+            tooltip=[alt.Tooltip("lane:N", title="starved learner"), alt.Tooltip("shard:N", title="silent shard"),
+                     alt.Tooltip("silent_cycles:Q", title="silent fragment cycles", format=".2f"),
+                     alt.Tooltip("silent_steps:Q", title="silent inner steps"),
+                     alt.Tooltip("heard_step:Q", title="last heard at step"),
+                     alt.Tooltip("tries:Q", title="re-fetch #"), alt.Tooltip("t:Q", title="at s", format=".2f")]))
     layers.append(alt.Chart(alt.Data(name="window")).mark_rule(strokeDash=[4, 3], color="#444", clip=True).encode(
         x=_x("t", dom), tooltip=[alt.Tooltip("what:N")]))
     parts.append(alt.layer(*layers).properties(width=WIDTH, height=max(60, 22 * len(lane_order))))
     chart = alt.vconcat(*parts, spacing=4).add_params(_zoom_param()).resolve_scale(color="independent")
+    extra = {"starved": tl.starved} if tl.starved else {}
     return _spec(chart, {
-        "segments": tl.segments, "ticks": tl.ticks, "faults": fault_rows,
+        "segments": tl.segments, "ticks": tl.ticks, "faults": fault_rows, **extra,
         "span": [{"t": lo}, {"t": hi}],
         "window": [{"t": 0.0, "what": "measurement window opens (every learner stepped)"},
                    {"t": tl.t_end, "what": "measurement window closes"}],
@@ -275,3 +288,91 @@ def bars(rows: list[dict], field: str, title: str, fmt: str = ",.0f") -> dict:
         base.mark_text(align="left", dx=4).encode(text=alt.Text(f"{field}:Q", format=fmt)),
     ).properties(width=WIDTH - 300, height=34 * max(1, len(whos)))
     return _spec(chart, {"b": rows})
+
+
+def _symlog_axis(top: float, constant: float, fmt: str) -> tuple:
+    """A symlog y scale from 0 to top (a runaway value and the ordinary ones both read) and
+    its axis: 0 and the powers of ten up to top."""
+    ticks = [0] + [10 ** k for k in range(0, 16) if constant <= 10 ** k <= top * 1.5]
+    scale = alt.Scale(type="symlog", constant=constant, domain=[0, top * 1.4], nice=False)
+    axis = alt.Axis(values=ticks, labelExpr=f"datum.value == 0 ? '0' : format(datum.value, '{fmt}')")
+    return scale, axis
+
+
+def link_buffers(rows: list[dict], bound: dict | None, fault_rows: list[dict], dom: tuple, symlog: bool) -> dict:
+    """What waits unsent on each link direction over time (one step line per src → peer, a
+    break where the lines stopped), the link_buffers_bounded bound as a dashed rule."""
+    names = sorted({r["link"] for r in rows})
+    top = max([r["unsent_bytes"] for r in rows] + [bound["bytes"] if bound else 0] + [1])
+    if symlog:
+        scale, axis = _symlog_axis(top, 1000, ".0s")
+        title = "unsent bytes (symlog)"
+    else:
+        scale, axis = alt.Scale(domain=[0, top * 1.05], nice=False), alt.Axis(labelExpr="format(datum.value, '~s')")
+        title = "unsent bytes"
+    y = alt.Y("unsent_bytes:Q", title=title, scale=scale, axis=axis)
+    layers, data = [], {"buffers": rows}
+    if fault_rows:
+        layers.append(fault_bands(dom))
+        data["faults"] = fault_rows
+    layers.append(alt.Chart(alt.Data(name="buffers")).mark_line(
+        interpolate="step-after", strokeWidth=1.5, clip=True, point=alt.OverlayMarkDef(size=10, opacity=0.6)).encode(
+        x=_x("t", dom), y=y, detail="seg:N", order="i:Q",
+        color=alt.Color("link:N", sort=names, legend=alt.Legend(orient="top", title=None, columns=4, labelLimit=260)),
+        tooltip=[alt.Tooltip("link:N"), alt.Tooltip("t:Q", title="at s", format=".1f"),
+                 alt.Tooltip("unsent_bytes:Q", title="unsent bytes", format=",d"),
+                 alt.Tooltip("frames:Q", title="whole frames waiting"),
+                 alt.Tooltip("superseded:Q", title="frames superseded so far")]))
+    if bound:
+        layers.append(alt.Chart(alt.Data(name="bound")).mark_rule(color=BOUND_COLOR, strokeDash=[6, 3], size=2)
+                      .encode(y=alt.Y("bytes:Q", scale=scale),
+                              tooltip=[alt.Tooltip("what:N", title="rule"),
+                                       alt.Tooltip("bytes:Q", title="bytes", format=",d"),
+                                       alt.Tooltip("held_bytes:Q", title="kernel + proxy hold", format=",d"),
+                                       alt.Tooltip("frame_bytes:Q", title="largest frame", format=",d")]))
+        data["bound"] = [bound]
+    chart = alt.layer(*layers).properties(width=WIDTH, height=220).add_params(_zoom_param())
+    return _spec(chart, data)
+
+
+def staleness_time(rows: list[dict], drops: list[dict], bound: int | None, fault_rows: list[dict], dom: tuple,
+                   symlog: bool) -> dict:
+    """Each merge's staleness over time (a point per merge, coloured by learner), the run's
+    max_staleness as a dashed rule, the shards' stale drops as crosses at their staleness."""
+    learners = sorted({r["learner"] for r in rows} | {d["learner"] for d in drops}, key=str)
+    top = max([r["staleness"] for r in rows] + [d["staleness"] for d in drops] + [bound or 0, 1])
+    if symlog:
+        scale, axis = _symlog_axis(top, 1, "d")
+        title = "staleness (outer rounds; symlog)"
+    else:
+        scale, axis = alt.Scale(domain=[0, top + 0.5], nice=False), alt.Axis(tickMinStep=1, format="d")
+        title = "staleness (outer rounds)"
+    y = alt.Y("staleness:Q", title=title, scale=scale, axis=axis)
+    color = alt.Color("learner:N", sort=learners, legend=alt.Legend(orient="top", title=None))
+    layers, data = [], {}
+    if fault_rows:
+        layers.append(fault_bands(dom))
+        data["faults"] = fault_rows
+    if rows:
+        layers.append(alt.Chart(alt.Data(name="merges")).mark_circle(size=16, opacity=0.55, clip=True).encode(
+            x=_x("t", dom), y=y, color=color,
+            tooltip=[alt.Tooltip("learner:N"), alt.Tooltip("staleness:Q"), alt.Tooltip("fragment:O")]
+            + ([alt.Tooltip("shard:N")] if "shard" in rows[0] else [])
+            + [alt.Tooltip("seq:Q"), alt.Tooltip("t:Q", title="at s", format=".2f")]
+            + ([alt.Tooltip("n:Q", title="merges in this point (the stalest shown)")] if "n" in rows[0] else [])))
+        data["merges"] = rows
+    if drops:
+        layers.append(alt.Chart(alt.Data(name="stale_drops")).mark_point(
+            shape="cross", size=120, filled=True, color=BOUND_COLOR, opacity=0.9, clip=True).encode(
+            x=_x("t", dom), y=y,
+            tooltip=[alt.Tooltip("learner:N", title="dropped as stale: learner"), alt.Tooltip("staleness:Q"),
+                     alt.Tooltip("max_staleness:Q", title="bound"), alt.Tooltip("fragment:O"), alt.Tooltip("seq:Q"),
+                     alt.Tooltip("shard:N"), alt.Tooltip("t:Q", title="at s", format=".2f")]))
+        data["stale_drops"] = drops
+    if bound:
+        layers.append(alt.Chart(alt.Data(name="max_staleness")).mark_rule(color=BOUND_COLOR, strokeDash=[6, 3], size=2)
+                      .encode(y=alt.Y("staleness:Q", scale=scale),
+                              tooltip=[alt.Tooltip("staleness:Q", title="max_staleness (config)")]))
+        data["max_staleness"] = [{"staleness": bound}]
+    chart = alt.layer(*layers).properties(width=WIDTH, height=200).add_params(_zoom_param())
+    return _spec(chart, data)

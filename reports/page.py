@@ -33,16 +33,31 @@ CHECKS = {
     "recovery_max_s": ("every restarted unit is merged again within the bound", "s", "recovery"),
     "rejoin_cycles_max": ("every restarted unit's first merged contribution went out within the bound, "
                           "in fragment cycles of H inner steps from its first step", "cycles", "recovery"),
+    "link_buffers_bounded": ("what waits unsent on each link stays within what the kernel and the proxy hold "
+                             "plus a whole frame per fragment of the shard, a Hello and the frame being written",
+                             "bytes", "buffers"),
     "no_crash": ("no process crashed by itself", "count", "timeline"),
 }
 UNKNOWN_WHY = {
     "loss_parity_max": "no fault-free reference run (or no loss) to compare with",
     "recovery_max_s": "no restart in this run, or a restart too close to the end to tell (censored)",
     "rejoin_cycles_max": "no restart in this run, or a restart too close to the end to tell (censored)",
+    "link_buffers_bounded": "no link buffer counters in the log (a log from before they were written)",
 }
 SECTIONS = [("verdict", "Verdict"), ("run", "Run"), ("timeline", "Timeline"), ("loss", "Loss"),
             ("goodput", "Goodput"), ("recovery", "Recovery"), ("staleness", "Staleness"),
-            ("bandwidth", "Bandwidth")]
+            ("bandwidth", "Bandwidth"), ("buffers", "Link buffers")]
+# what a `drop` line's reason means, for the staleness section's counts
+DROP_WHY = {
+    "stale": "a shard dropped a contribution staler than max_staleness",
+    "unanswered": "a learner skipped its turn: its last contribution of that fragment was not answered yet",
+    "combined": "two contributions that waited unsent were summed into one",
+    "superseded": "a contribution that waited unsent was replaced by a newer one",
+    "awaiting_fetch": "a learner's turn came while it waited for the fragment's fetch",
+    "old_version": "a learner ignored an update older than the version it had",
+}
+SYMLOG_AT = 4.0  # a chart's y axis turns symlog when its top is this many times its ordinary values
+STARVED_ROWS = 30  # the link buffers section lists the first this many `starved` lines
 
 
 def fmt(v, kind: str) -> str:
@@ -98,6 +113,11 @@ def _why_failed(name: str, d: dict, t_start: float | None) -> tuple[str, list | 
     if "from_s" in first:  # no_global_downtime
         return (f"no commit from {first['from_s']:.2f} s to {first['to_s']:.2f} s although a quorum was reachable "
                 f"for {first.get('reachable_s', 0):.2f} s of it{more}", [first["from_s"] - 2, first["to_s"] + 2])
+    if name == "link_buffers_bounded" and "unsent_max" in first:  # the worst link, not the first
+        w = max((x for x in v if isinstance(x, dict) and "unsent_max" in x), key=lambda x: x["unsent_max"])
+        links = f" ({len(v)}{'+' if len(v) >= 10 else ''} links over)" if len(v) > 1 else ""
+        return (f"{w.get('src')} → {w.get('peer')} had up to {_bytes(w['unsent_max'])} waiting unsent "
+                f"(bound {_bytes(w.get('bound') or 0)}){links}", None)
     if name == "global_loss_regression":
         if first.get("end"):
             return (f"the final model's loss {first['final']:.3f} is {first['end_excess']:.3f} nats above the best "
@@ -164,11 +184,32 @@ def key_figures(run: Run) -> list[dict]:
          bpt_ratio and f"dp sends {bpt_ratio:,.1f}× more", "bandwidth"),
         ("max staleness", fmt(s.get("staleness_max"), "int"), f"mean {fmt(s.get('staleness_mean'), 'float')}",
          "staleness"),
+        *_buffer_figure(run),
         ("faults", str(len(tlmod.faults_of(run.log, 0.0))) if run.log else "–",
          (f"of {s['faults_scheduled']} scheduled; " if (s.get("faults_scheduled") or 0) > (s.get("faults_applied") or 0)
           else "") + _plural(s.get("restarts") or 0, "restart") + ", shards included", "timeline"),
     ]
     return [{"label": a, "value": b, "sub": c or "", "section": d} for a, b, c, d in figs]
+
+
+def _buffer_figure(run: Run) -> list[tuple]:
+    """`most unsent`: the largest backlog any link had (the check's value, else the log's
+    counters) and its bound; absent for a log without link buffer counters."""
+    chk = _check(run.summary, "link_buffers_bounded")
+    most = chk.get("value")
+    if most is None and run.log is not None:
+        most = max([r["unsent_bytes"] for r in series.link_buffer_rows(run.log)]
+                   + [r["unsent_max"] for r in series.link_counters(run.log)], default=None)
+    if most is None:
+        return []
+    starved = len(run.log.of("starved")) if run.log is not None else 0
+    sub = "; ".join(x for x in (f"bound {fmt(chk['bound'], 'bytes')}" if chk.get("bound") is not None else "",
+                                "starved " + _plural(starved, "time") if starved else "") if x)
+    return [("most unsent", fmt(most, "bytes"), sub, "buffers")]
+
+
+def _check(summary: dict, name: str) -> dict:
+    return next((c for c in summary.get("checks") or [] if c.get("name") == name), {})
 
 
 def _plural(n: int, word: str) -> str:
@@ -319,6 +360,15 @@ def chart_specs(run: Run, tl) -> tuple[dict[str, dict], float]:
         specs["staleness"] = charts.histogram(hist, "staleness", "staleness (outer rounds since its base version)",
                                               st_chk.get("bound"), discrete=True)
 
+    merges, thinned = series.staleness_rows(log)
+    drops = series.stale_drop_rows(log)
+    bound = staleness_bound(log)
+    if merges or drops:
+        ordinary = max([r["staleness"] for r in merges] + [bound or 0, 2])
+        top = max([r["staleness"] for r in merges] + [d["staleness"] for d in drops] + [bound or 0])
+        specs["staleness_time"] = charts.staleness_time(merges, drops, bound, faults, tl.x_domain,
+                                                        top > SYMLOG_AT * (bound or ordinary))
+
     link_names = tl.lane_names("link")
     rates, bucket = series.link_rates(log, max(lo, 0.0), hi)
     limits = series.link_limits(log, link_names, tlmod.faults_of(log, hi + s.get("t_start", 0.0)), max(lo, 0.0), hi)
@@ -328,7 +378,39 @@ def chart_specs(run: Run, tl) -> tuple[dict[str, dict], float]:
            if r.summary.get("bytes_per_token") is not None]
     if bpt:
         specs["bpt"] = charts.bars(bpt, "bytes_per_token", "bytes sent and received per trained token")
+
+    buf = series.link_buffer_rows(log)
+    if buf:
+        rule = buffer_bound(s)
+        specs["buffers"] = charts.link_buffers(buf, rule, faults, tl.x_domain, _buffers_symlog(buf, rule))
     return specs, bucket
+
+
+def staleness_bound(log) -> int | None:
+    """The run's `diloco.max_staleness` where a shard applies it (decoupled mode; 0: none)."""
+    d = log.config.get("diloco") or {}
+    return (int(d.get("max_staleness") or 0) or None) if d.get("mode", "decoupled") == "decoupled" else None
+
+
+def buffer_bound(s: dict) -> dict | None:
+    """The link_buffers_bounded check's bound as the buffer chart's rule (None: no such check
+    in the summary, or it could not be decided)."""
+    c = _check(s, "link_buffers_bounded")
+    if c.get("bound") is None:
+        return None
+    d = c.get("details") or {}
+    return {"bytes": c["bound"], "what": "link_buffers_bounded bound", "held_bytes": d.get("held_bytes"),
+            "frame_bytes": d.get("frame_bytes")}
+
+
+def _buffers_symlog(rows: list[dict], rule: dict | None) -> bool:
+    """Symlog when the largest backlog dwarfs the bound (or, without one, the median link's peak)."""
+    peaks: dict = {}
+    for r in rows:
+        peaks[r["link"]] = max(peaks.get(r["link"], 0), r["unsent_bytes"])
+    ps = sorted(peaks.values())
+    ref = rule["bytes"] if rule else ps[len(ps) // 2]
+    return max(ps) > SYMLOG_AT * max(ref, 1)
 
 
 def context(run: Run, test: dict | None = None) -> dict:
@@ -353,8 +435,52 @@ def context(run: Run, test: dict | None = None) -> dict:
                   for l in s.get("links") or []],
         "bucket_s": bucket, "n": numbers(s), "test": test, "run_dir": str(run.run_dir),
         "companions": _companions(run), "crashes": run.header.get("crashes") or [],
-        "dropped": s.get("dropped") or {},
+        "dropped": s.get("dropped") or {}, "drop_why": DROP_WHY,
+        "buffers": buffer_context(run, s), "stal": staleness_context(run, specs),
         "faults_note": faults_note(s),
+    }
+
+
+def staleness_context(run: Run, specs: dict) -> dict:
+    """The staleness-over-time chart's legend: the bound it draws, how many stale drops,
+    whether a long run's merges were thinned (and to what bucket)."""
+    spec = specs.get("staleness_time") or {}
+    data = spec.get("datasets") or {}
+    bound = (data.get("max_staleness") or [{}])[0].get("staleness")
+    thinned = any("n" in r for r in data.get("merges") or [])
+    w = series.staleness_rows(run.log)[1] if thinned and run.log is not None else None
+    return {"max_staleness": bound, "stale_drops": len(data.get("stale_drops") or []),
+            "thinned": fmt(w, "s") if w else None}
+
+
+def buffer_context(run: Run, s: dict) -> dict:
+    """The link buffers section: each link direction's counters from the `done` lines, the
+    `starved` lines, and the check's bound and what it is made of."""
+    log = run.log
+    chk = _check(s, "link_buffers_bounded")
+    d = chk.get("details") or {}
+    over = {(v.get("src"), v.get("peer")) for v in d.get("violations") or [] if isinstance(v, dict)}
+    peaks = d.get("peaks") or {}
+    counters = series.link_counters(log) if log is not None else []
+    t0 = s.get("t_start") or 0.0
+    starved = [{"learner": e["src"], "shard": e.get("shard"), "t": fmt(e["t"] - t0, "s"),
+                "cycles": f"{e['silent_cycles']:.2f}" if isinstance(e.get("silent_cycles"), (int, float)) else "–",
+                "steps": e.get("silent_steps", "–"), "heard": e.get("heard_step", "–"),
+                "step": e.get("step", "–"),
+                "tries": e.get("tries", "–"), "z0": e["t"] - t0 - 5, "z1": e["t"] - t0 + 5}
+               for e in (log.of("starved") if log is not None else [])]
+    return {
+        "rows": [{"link": r["link"], "unsent_max": fmt(r["unsent_max"], "bytes"),
+                  "peak": fmt(peaks.get(f"{r['src']}~{r['peer']}"), "bytes"),
+                  "superseded": f"{r['superseded']:,}", "connects": f"{r['connects']:,}",
+                  "frames_sent": f"{r['frames_sent']:,}", "over": (r["src"], r["peer"]) in over}
+                 for r in counters],
+        "lines": len(log.of("link_buffer")) if log is not None else 0,
+        "bound": fmt(chk.get("bound"), "bytes") if chk.get("bound") is not None else None,
+        "held": fmt(d.get("held_bytes"), "bytes") if d.get("held_bytes") is not None else None,
+        "frame": fmt(d.get("frame_bytes"), "bytes") if d.get("frame_bytes") is not None else None,
+        "status": STATUS.get(chk.get("valid")) if chk else None,
+        "starved": starved[:STARVED_ROWS], "starved_n": len(starved),
     }
 
 

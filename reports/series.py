@@ -1,6 +1,8 @@
 """Time series a page plots, cut from event logs (times in seconds from each run's t_start):
-held-out loss over time, bytes per link over time and each link's bandwidth limit.
-Only counting and bucketing here; every judgement is in harness.checks."""
+held-out loss over time, bytes per link over time and each link's bandwidth limit, what
+waits unsent on each link direction (`link_buffer` lines, the `done` lines' counters) and
+each merge's staleness (with the shards' stale drops). Only counting and bucketing here;
+every judgement is in harness.checks."""
 from __future__ import annotations
 
 import math
@@ -98,3 +100,117 @@ def link_limits(log: EventLog, links: list[str], faults: list[dict], lo: float, 
             if limit is not None and b > a:
                 rows += [{"link": link, "seg": i, "t": round(x, 3), "limit_Bps": limit} for x in (a, b)]
     return rows
+
+
+# --- what waits on the links, staleness over time ------------------------------------------------
+
+BUFFER_GAP_S = 3.0   # link_buffer lines come about once a second while bytes wait; a longer silence
+                     # after a non-empty line is a break (the process stopped, was paused or killed)
+MAX_MERGE_POINTS = 3000  # staleness over time: beyond this, one point per learner and time bucket
+MAX_BUFFER_POINTS = 3000  # link buffers: beyond this, each link's highest and lowest line per time bucket
+
+
+def link_name(src: str, peer: str) -> str:
+    """A link direction as the page names it: the writing end first (`learner-1 → syncer-0`:
+    what waits in learner-1's outbox for syncer-0)."""
+    return f"{src} → {peer}"
+
+
+def link_buffer_rows(log: EventLog) -> list[dict]:
+    """What waits unsent on each link direction over time, from the `link_buffer` lines (one
+    about every second while something waits, one more when it empties): {link, t,
+    unsent_bytes, frames, superseded, seg, i}. Only links that ever had something waiting.
+    `seg` numbers the stretches of one link: a new one starts after a silence of more than
+    BUFFER_GAP_S following a non-empty line (no line said it emptied); `i` keeps the order.
+    A long run (more than MAX_BUFFER_POINTS lines) keeps, per link, stretch and time bucket
+    (`bucket_s`), the line with the most waiting and the one with the least, in time order:
+    peaks and emptyings both stay."""
+    t0, _ = metrics.window(log)
+    by: dict = defaultdict(list)
+    for e in log.of("link_buffer"):
+        if e.get("peer"):
+            by[(e["src"], e["peer"])].append(e)
+    rows = []
+    for (src, peer), es in sorted(by.items()):
+        if not any(int(e.get("unsent_bytes") or 0) > 0 for e in es):
+            continue
+        seg, prev = 0, None
+        for e in es:
+            b = int(e.get("unsent_bytes") or 0)
+            if prev is not None and e["t"] - prev["t"] > BUFFER_GAP_S and int(prev.get("unsent_bytes") or 0) > 0:
+                seg += 1
+            rows.append({"link": link_name(src, peer), "t": round(e["t"] - t0, 3),
+                         "unsent_bytes": b, "frames": int(e.get("frames") or 0),
+                         "superseded": int(e.get("superseded") or 0), "seg": seg, "i": len(rows)})
+            prev = e
+    if len(rows) > MAX_BUFFER_POINTS:
+        lo = min(r["t"] for r in rows)
+        w = bucket_s(max(r["t"] for r in rows) - lo or 1.0)
+        keep: dict = {}
+        for r in rows:
+            k = (r["link"], r["seg"], int((r["t"] - lo) // w))
+            hi_, lo_ = keep.get(k, (r, r))
+            keep[k] = (r if r["unsent_bytes"] > hi_["unsent_bytes"] else hi_,
+                       r if r["unsent_bytes"] < lo_["unsent_bytes"] else lo_)
+        kept = sorted({id(x): x for pair in keep.values() for x in pair}.values(), key=lambda r: r["i"])
+        rows = [{**r, "i": i} for i, r in enumerate(kept)]
+    return rows
+
+
+def link_counters(log: EventLog) -> list[dict]:
+    """Each link direction's counters from its writer's `done` lines (`links.<peer>`): the
+    most that waited unsent (`unsent_max`), whole frames replaced by a newer one before they
+    went out (`superseded`), connects and traffic; several incarnations: the max of
+    unsent_max, the sum of the rest. Only links whose counters include unsent_max or
+    superseded (an older log's `done` lines have neither: no rows)."""
+    acc: dict = {}
+    for e in log.of("done"):
+        for peer, st in (e.get("links") or {}).items():
+            if not isinstance(st, dict) or not ({"unsent_max", "superseded"} & set(st)):
+                continue
+            r = acc.setdefault((e["src"], peer), {"link": link_name(e["src"], peer), "src": e["src"], "peer": peer,
+                                                  "unsent_max": 0, "superseded": 0, "connects": 0,
+                                                  "bytes_sent": 0, "frames_sent": 0, "done_lines": 0})
+            r["unsent_max"] = max(r["unsent_max"], int(st.get("unsent_max") or 0))
+            for k in ("superseded", "connects", "bytes_sent", "frames_sent"):
+                r[k] += int(st.get(k) or 0)
+            r["done_lines"] += 1
+    return [acc[k] for k in sorted(acc)]
+
+
+def staleness_rows(log: EventLog) -> tuple[list[dict], float | None]:
+    """Every merge's staleness over time: {t, learner, staleness, fragment, seq, shard (when
+    there are several)}, and the bucket (s) when a long run was thinned to one point per
+    learner and bucket (the stalest merge in it, with n: the merges in the bucket), else None."""
+    t0, _ = metrics.window(log)
+    rows = [{"t": round(e["t"] - t0, 3), "learner": e.get("learner"), "staleness": int(e["staleness"]),
+             "fragment": e.get("fragment"), "shard": e["src"], "seq": e.get("seq")}
+            for e in log.of("merge") if isinstance(e.get("staleness"), (int, float))]
+    if len({r["shard"] for r in rows}) == 1:  # one shard: no need to say which on every point
+        for r in rows:
+            del r["shard"]
+    if len(rows) <= MAX_MERGE_POINTS:
+        return rows, None
+    lo = min(r["t"] for r in rows)
+    w = bucket_s(max(r["t"] for r in rows) - lo or 1.0)
+    best: dict = {}
+    for r in rows:
+        k = (r["learner"], int((r["t"] - lo) // w))
+        if k not in best:
+            best[k] = {**r, "n": 1}
+        else:
+            n = best[k]["n"] + 1
+            if r["staleness"] > best[k]["staleness"]:
+                best[k] = {**r, "n": n}
+            best[k]["n"] = n
+    return sorted(best.values(), key=lambda r: r["t"]), w
+
+
+def stale_drop_rows(log: EventLog) -> list[dict]:
+    """Contributions a shard dropped as too stale (`drop` reason stale): {t, learner,
+    staleness, max_staleness, fragment, seq, shard}."""
+    t0, _ = metrics.window(log)
+    return [{"t": round(e["t"] - t0, 3), "learner": e.get("learner"), "staleness": e.get("staleness"),
+             "max_staleness": e.get("max_staleness"), "fragment": e.get("fragment"), "seq": e.get("seq"),
+             "shard": e["src"]}
+            for e in log.of("drop") if e.get("reason") == "stale" and isinstance(e.get("staleness"), (int, float))]

@@ -15,6 +15,9 @@ Lane states:
                    throttled (bandwidth), reset, truncated, partitioned
   global model     advancing, no commit yet, stalled (a commit gap above the bound),
                    downtime (the no_global_downtime check's violations)
+
+Marks on a learner's lane: its `starved` lines (it heard nothing from a shard for
+starve_cycles fragment cycles and re-fetched).
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ class Timeline:
     segments: list[dict] = field(default_factory=list)  # {lane, state, t0, t1, detail}
     ticks: list[dict] = field(default_factory=list)     # {lane, t, fragment, version}
     faults: list[dict] = field(default_factory=list)    # {id, kind, target, t0, t1, label, params, via}
+    starved: list[dict] = field(default_factory=list)   # {lane, t, shard, step, tries, silent_steps, ...}
     x_domain: tuple = (0.0, 1.0)
     t_end: float = 0.0
 
@@ -201,11 +205,22 @@ def build(log: EventLog, summary: dict) -> Timeline:
     for e in log.of("round_commit"):
         tl.ticks.append({"lane": e["src"], "t": round(e["t"] - t0, 4), "fragment": e.get("fragment"),
                          "version": e.get("version")})
+    tl.starved = starved_marks(log, learners, t0)
     tl.faults = [{"id": f["id"], "kind": f["kind"], "target": f["target"], "t0": round(f["a"] - t0, 4),
                   "t1": round(f["b"] - t0, 4), "label": fault_label(f),
                   "params": _params_text(f["params"]), "open": f["open"], "via": f.get("via") or "–"}
                  for f in faults]
     return tl
+
+
+def starved_marks(log: EventLog, learners: list[str], t0: float) -> list[dict]:
+    """A learner's `starved` lines (silent from `shard` for `silent_cycles` fragment cycles,
+    re-fetching for the `tries`-th time), placed on its lane."""
+    names = set(learners)
+    return [{"lane": e["src"], "t": round(e["t"] - t0, 4), "shard": e.get("shard"), "step": e.get("step"),
+             "tries": e.get("tries"), "silent_steps": e.get("silent_steps"), "heard_step": e.get("heard_step"),
+             "silent_cycles": e.get("silent_cycles")}
+            for e in log.of("starved") if e["src"] in names]
 
 
 def _link_layers(log: EventLog, learner: str, shard: str, faults: list[dict], lo: float, hi: float):

@@ -5,6 +5,7 @@ runs/screenshots/ for people to look at; how long the page took to draw is print
 (`diloco-chaos bench report` records it; it is not asserted here)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -69,8 +70,10 @@ def test_run_page_renders_offline_with_every_section(visit, run_page):
     charts = v.page.eval_on_selector_all(".chart", """els => els.map(e => {
         const svg = e.querySelector('svg'); const r = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
         return [e.id, e.dataset.rendered || '', r.width, r.height]; })""")
-    assert {c[0] for c in charts} == {f"chart-{k}" for k in
-                                      ("timeline", "loss", "badput", "learner_goodput", "recovery", "staleness", "links", "bpt")}
+    assert {c[0] for c in charts} == {f"chart-{k}" for k in  # no link_buffer line in the fixture: no "buffers"
+                                      ("timeline", "loss", "badput", "learner_goodput", "recovery", "staleness",
+                                       "staleness_time", "links", "bpt")}
+    assert "no link buffer lines in this log" in v.page.inner_text("#buffers")
     for cid, rendered, w, h in charts:
         assert rendered == "1" and w > 100 and h > 30, cid
     assert axis_labels(v, "timeline", "Y") == expected_lanes(run_page.parent)
@@ -80,6 +83,40 @@ def test_run_page_renders_offline_with_every_section(visit, run_page):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     v.page.screenshot(path=str(SCREENSHOTS / "report-unit-faults.png"), full_page=True)
     print(f"report page drawn in {drawn_s:.2f} s; screenshot {SCREENSHOTS / 'report-unit-faults.png'}")
+
+
+def _unit_data():
+    """suites/unit/test_report.py, for its `add_link_lines` (the fixture as a newer run logs it)."""
+    path = Path(__file__).resolve().parents[1] / "unit" / "test_report.py"
+    spec = importlib.util.spec_from_file_location("report_unit_data", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("runaway", [False, True], ids=["bounded", "runaway"])
+def test_link_buffers_starved_marks_and_staleness_over_time_are_drawn(visit, tmp_path, runaway):
+    """The fixture with link_buffer, starved and stale-drop lines (a runaway backlog: a symlog
+    axis): the new charts draw with no complaint, one ▼ per starved line on the timeline."""
+    run = tmp_path / "starved"
+    shutil.copytree(FIXTURE, run)
+    _unit_data().add_link_lines(run, runaway=runaway)
+    v = visit(render_run(run))
+    assert v.complaints() == [] and v.foreign_requests() == []
+    for key in ("buffers", "staleness_time", "timeline"):
+        assert v.page.get_attribute(f"#chart-{key}", "data-rendered") == "1", key
+    lines = v.page.eval_on_selector_all("#chart-buffers g.mark-line path", "ps => ps.map(p => p.getAttribute('d') || '')")
+    assert len(lines) == 3 and all(len(d) > 20 and "NaN" not in d for d in lines), "2 links, one with a break"
+    points = """ps => ps.filter(p => p.getAttribute('aria-roledescription') === 'point')
+                           .map(p => p.getAttribute('aria-label'))"""
+    marks = v.page.eval_on_selector_all("#chart-timeline g.mark-symbol.role-mark path", points)
+    assert len(marks) == 2 and all("starved learner: learner-1; silent shard: syncer-0" in m for m in marks)
+    crosses = v.page.eval_on_selector_all("#chart-staleness_time g.mark-symbol.role-mark path", points)
+    assert len(crosses) == 1 and "staleness: 30" in crosses[0]  # the merges are circles, the stale drop a point
+    assert v.page.eval_on_selector_all("svg path", "ps => ps.filter(p => (p.getAttribute('d') || '').includes('NaN')).length") == 0
+    assert v.page.locator("#buffers table.starved tr").count() == 1 + 2
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    v.page.locator("#buffers").screenshot(path=str(SCREENSHOTS / f"report-link-buffers-{'runaway' if runaway else 'bounded'}.png"))
 
 
 def test_brushing_the_overview_zooms_every_time_chart(visit, run_page):
