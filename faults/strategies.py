@@ -175,8 +175,9 @@ def failure_processes(draw, shape: RunShape, *, min_mtbi_s: float = 60.0, max_mt
 
 
 @st.composite
-def link_faults(draw, shape: RunShape, cycle_s: float, *, min_cycles: int = 4, max_cycles: int = 24,
-                max_latency_cycles: int = 8, tick_s: float = 0.1) -> Schedule:
+def link_faults(draw, shape: RunShape, cycle_s: float, *, kinds: Sequence[str] = ("wan", "partition"),
+                min_cycles: int = 4, max_cycles: int = 24, max_latency_cycles: int = 8,
+                tick_s: float = 0.1) -> Schedule:
     """One fault on one learner's links, sized in fragment cycles (`cycle_s` seconds: H
     inner steps), the regime where staleness shows: a one-way or two-way partition, or a
     starved link (latency up to `max_latency_cycles` cycles each way, bandwidth down to
@@ -187,7 +188,7 @@ def link_faults(draw, shape: RunShape, cycle_s: float, *, min_cycles: int = 4, m
     length = _seconds(round(draw(st.integers(min_cycles, max_cycles)) * cycle_s / tick_s), tick_s)
     latest = max(0.0, shape.run_s - length)
     at = _seconds(round(draw(st.floats(0.0, 1.0)) * latest / tick_s), tick_s)
-    if draw(st.sampled_from(("wan", "partition"))) == "partition":
+    if draw(st.sampled_from(tuple(kinds))) == "partition":
         return Schedule((Partition(target, at, duration_s=length, direction=draw(st.sampled_from(DIRECTIONS))),))
     latency_ms = float(round(draw(st.integers(0, max_latency_cycles)) * cycle_s * 1000 / 2))
     per_cycle = draw(st.sampled_from((None, 1 << 16, 4096, 1024, 256, 64)))  # bytes per cycle, None: no cap

@@ -1,5 +1,5 @@
 """Bounded staleness on real processes and Toxiproxy: the built-in `one-way-cut`,
-shortened (the cut from 8 s for 15 s, about 24 fragment cycles; ~45 s in all), judged
+shortened (the cut from 5 s for 7 s, about 18 fragment cycles; ~30 s in all), judged
 by its own checks. The cut learner keeps sending and hears nothing: it must say it is
 starved, its progress must reach the model at most once, nothing staler than the bound
 may be merged, what waits on its links must stay bounded, and the global model's loss
@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 def test_one_way_cut_is_starved_not_merged_twice(tmp_path):
     s = load_scenario("one-way-cut")
     (cut,) = s.faults
-    s = dataclasses.replace(s, faults=(dataclasses.replace(cut, at_s=8.0, duration_s=15.0),),
-                            train=dataclasses.replace(s.train, steps=550, duration_s=60.0))
+    s = dataclasses.replace(s, faults=(dataclasses.replace(cut, at_s=5.0, duration_s=7.0),),
+                            train=dataclasses.replace(s.train, steps=320, duration_s=40.0))
     result = runner.run_scenario(s, tmp_path, live=False)
     log = eventlog.read(result.run_dir)
     by = {c["name"]: c for c in result.summary["checks"]}

@@ -360,7 +360,8 @@ def test_frames_waiting_when_a_link_drops_are_not_sent_on_the_next_connection(cl
     assert wait_until(lambda: link.buffer().frames > 0, 5)  # the kernel is full, frames wait in the outbox
     relay.set_rate("up", None)
     relay.drop_connections()
-    assert wait_until(lambda: link.stats.connects == 2 and link.up, 5)
+    # one-sided: reconnected at least once (a CI run on 2 loaded cores missed `== 2` within 5 s)
+    assert wait_until(lambda: link.stats.connects >= 2 and link.up, 15), (link.stats, link.up)
     assert link.buffer().frames == 0
     assert link.send(update(999)) > 0
     got: list = []
