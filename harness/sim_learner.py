@@ -36,6 +36,7 @@ class LearnerProc:
         self.timer = None  # (handle, work_left_s, set_at, fn): the one pending own-time wait
         self.control_seen = 0
         self.step_out = None
+        self.combine = logged_combiner(self.world.cfg, self.emit)  # two unsent Δs of p waiting on a link
         self.wait_own(self.world.params.learner_startup_s, self.started)
 
     # --- own time: a paused or slowed process runs its waits slower ----------------------
@@ -219,8 +220,7 @@ class LearnerProc:
                 self.emit(a.kind, **a.fields)
         for a in actions:
             if isinstance(a, Send):
-                nbytes = self.world.net.learner_send(self.unit.name, a.to, a.msg,
-                                                     combine=logged_combiner(self.world.cfg, self.emit))
+                nbytes = self.world.net.learner_send(self.unit.name, a.to, a.msg, combine=self.combine)
                 self.emit("send" if nbytes else "drop", peer=a.to, bytes=nbytes, **describe(a.msg),
                           at_step=self.state.step)
             elif isinstance(a, ApplyGrads):

@@ -113,15 +113,20 @@ def test_stale_contributions_are_stale_badput():
     assert total(m0) == approx(1.0)
 
 
-def test_stale_steps_inside_a_recovery_window():
-    # test_recovery_after_restart's run, where the restarted incarnation's seq 1 (steps 5-6,
-    # sent at 12, inside the recovery window [10, 14]) is dropped as stale: those 2 s go to
-    # stale, out of recovery (4 − 2 productive − 2 stale = 0); the rest as before
+def _restart_run() -> LogBuilder:
+    """test_recovery_after_restart's run (its comment works the figures out)."""
     b = LogBuilder(learners=1, t_end=20.0).up(0, "learner-0")
     b.train("learner-0", 4, merged={1, 2})
     b.down(5, "learner-0").respawn(8, "learner-0")
     b.add(8.9, "learner-0", "checkpoint_restored", step=4).up(9, "learner-0", inc=1, step=4)
-    b.train("learner-0", 10, inc=1, start=4, t0=10.0, merged={2, 3, 4})
+    return b.train("learner-0", 10, inc=1, start=4, t0=10.0, merged={2, 3, 4})
+
+
+def test_stale_steps_inside_a_recovery_window():
+    # test_recovery_after_restart's run, where the restarted incarnation's seq 1 (steps 5-6,
+    # sent at 12, inside the recovery window [10, 14]) is dropped as stale: those 2 s go to
+    # stale, out of recovery (4 − 2 productive − 2 stale = 0); the rest as before
+    b = _restart_run()
     b.shard_drop(12.5, "learner-0", 1, "stale", inc=1, staleness=5, max_staleness=4)
     m = compute(b.log())
     assert m.badput_s == {**dict.fromkeys(BADPUT, approx(0.0)), "dead": approx(3.0), "startup": approx(2.0),
@@ -260,11 +265,7 @@ def test_recovery_after_restart():
     #   dead [5, 8] = 3; startup [8, 10] = 2; recovery window [10, 14] = 4 minus the
     #   productive steps 7, 8 inside it = 2; productive 4 + 2 + 4 = 10; lost = 13, 14 = 2;
     #   other = [4, 5] = 1.
-    b = LogBuilder(learners=1, t_end=20.0).up(0, "learner-0")
-    b.train("learner-0", 4, merged={1, 2})
-    b.down(5, "learner-0").respawn(8, "learner-0")
-    b.add(8.9, "learner-0", "checkpoint_restored", step=4).up(9, "learner-0", inc=1, step=4)
-    b.train("learner-0", 10, inc=1, start=4, t0=10.0, merged={2, 3, 4})
+    b = _restart_run()
     m = compute(b.log())
     assert [(r.unit, r.incarnation, r.t_s, r.recovery_s) for r in m.recovery] == [("learner-0", 1, 8.0, 6.0)]
     assert m.recovery_max_s == approx(6.0)
