@@ -58,8 +58,10 @@ def final(run_dir: Path, cfg, topology: dict) -> tuple[float | None, str | None]
         return None, repr(e)
 
 
-def _snapshots(run_dir: Path, shard: str) -> list[tuple[float, dict]]:
-    """(saved_at, {fragment: Θ[p]}) of every checkpoint the shard kept, oldest first."""
+def _snapshots(run_dir: Path, shard: str, errors: list[str]) -> list[tuple[float, dict]]:
+    """(saved_at, {fragment: Θ[p]}) of every checkpoint the shard kept, oldest first. One
+    that cannot be read (a shard killed as orbax finalized it) is skipped and named in
+    `errors`: it must not cost the other points of the curve."""
     from trainer.checkpoint import Checkpointer
     from trainer.shell import from_ckpt
 
@@ -68,10 +70,13 @@ def _snapshots(run_dir: Path, shard: str) -> list[tuple[float, dict]]:
         return out
     with Checkpointer(run_dir / "ckpt" / shard) as ck:
         for step in ck.steps():
-            saved = ck.restore(step)
-            if "saved_at" in saved:  # checkpoints written before the stamp existed have none
-                out.append((float(saved["saved_at"]),
-                            {int(p): f["theta"] for p, f in from_ckpt(saved)["fragments"].items()}))
+            try:
+                saved = ck.restore(step)
+                if "saved_at" in saved:  # checkpoints written before the stamp existed have none
+                    out.append((float(saved["saved_at"]),
+                                {int(p): f["theta"] for p, f in from_ckpt(saved)["fragments"].items()}))
+            except Exception as e:  # noqa: BLE001 - reported, never raised
+                errors.append(f"{shard} checkpoint {step}: {e!r}")
     return sorted(out, key=lambda x: x[0])
 
 
@@ -91,7 +96,8 @@ def over_time(run_dir: Path, cfg, topology: dict, t0: float, t1: float) -> tuple
     try:
         from trainer.syncer import KEEP_EVERY_S
 
-        snaps = {shard: _snapshots(run_dir, shard) for shard in topology["shards"]}
+        errors: list[str] = []
+        snaps = {shard: _snapshots(run_dir, shard, errors) for shard in topology["shards"]}
         # shards keep the first save of each KEEP_EVERY_S of clock time: evaluate once per
         # interval, when every shard's snapshot of it exists (not in between, where one
         # shard's Θ would be up to an interval older than another's)
@@ -101,8 +107,9 @@ def over_time(run_dir: Path, cfg, topology: dict, t0: float, t1: float) -> tuple
                 b = int(at // KEEP_EVERY_S)
                 last[b] = max(last.get(b, at), at)
         times = thin(sorted(t for t in last.values() if t0 <= t <= t1), MAX_POINTS)
+        why = "; ".join(errors) or None
         if not times:
-            return [], None
+            return [], why
         params0, frag, evaluate = _setup(cfg)
         points = []
         for t in times:
@@ -112,6 +119,6 @@ def over_time(run_dir: Path, cfg, topology: dict, t0: float, t1: float) -> tuple
                 for p, theta in (taken[-1] if taken else {}).items():
                     params = frag.set(params, p, theta)
             points.append({"t": t, "loss": evaluate(params)})
-        return points, None
+        return points, why
     except Exception as e:  # noqa: BLE001 - reported, never raised
         return [], repr(e)

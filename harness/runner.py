@@ -199,7 +199,8 @@ def _global_evals(run_dir: Path, cfg: RunConfig, topology: dict, header: dict, e
         events.append({"t": round(time.time(), 6), "src": "harness", "kind": "eval", "loss": final,
                        "step": cfg.steps, "global": True})
     errors = [w for w in (why, why_final) if w]
-    if errors:
+    if errors:  # in the log's header too, where a report or a failed test can show it
+        header["global_eval_errors"] = errors
         (run_dir / "global_eval_error.txt").write_text("\n".join(errors) + "\n")
 
 

@@ -211,7 +211,7 @@ def test_global_model_is_evaluated_along_the_run(link_faults):
     log, _ = link_faults
     glob = [e for e in log.of("eval", src="harness") if e.get("global")]
     along, final = [e for e in glob if e.get("snapshot")], glob[-1]
-    assert not final.get("snapshot") and len(along) >= 5, glob
+    assert not final.get("snapshot") and len(along) >= 5, (glob, log.header.get("global_eval_errors"))
     t0, t1 = log.header["t_start"], log.header["t_end"]
     assert all(t0 <= e["t"] <= t1 for e in along) and [e["t"] for e in along] == sorted(e["t"] for e in along)
     assert along[0]["loss"] > along[-1]["loss"], [round(e["loss"], 3) for e in along]
