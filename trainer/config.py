@@ -150,6 +150,12 @@ class DilocoConfig:
     max_staleness: int = 16
     # fragment cycles of silence from a shard before a learner calls it starved and re-fetches
     starve_cycles: int = 4
+    # decoupled: a Θ[p] arriving moves the learner's not-yet-contributed progress onto it
+    # instead of overwriting it (docs/PROTOCOL.md "Keeping local progress")
+    keep_local: bool = True
+    # decoupled: each round's outer step is scaled by its share of the live learners, so Θ
+    # moves by the fleet's average progress, not its sum (docs/PROTOCOL.md "Keeping local progress")
+    fleet_share: bool = True
     compression: str = "fp32"  # the pseudo-gradients, learner → shard
     # Θ[p] shard → learner: fp32 sends it whole; bf16/int8/int4 send a compressed delta
     # against the copy the learner holds, with error feedback (trainer/messages.py, FragmentDelta)
@@ -171,6 +177,8 @@ class DilocoConfig:
         _check_bool(self, "staleness_discount")
         _check_int(self, "max_staleness", 0)
         _check_int(self, "starve_cycles", 0)
+        _check_bool(self, "keep_local")
+        _check_bool(self, "fleet_share")
         _check_choice(self, "compression", COMPRESSIONS)
         _check_choice(self, "broadcast_compression", COMPRESSIONS)
         _check_choice(self, "fragmentation", FRAGMENTATIONS)

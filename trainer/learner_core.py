@@ -64,6 +64,7 @@ class LearnerConfig:
     tau: int = 2                # overlap τ: inner steps a fragment may be in flight (streaming)
     alpha: float = 0.0          # mixing α: θ[p] ← α·θ[p] + (1−α)·Θ[p]
     starve_cycles: int = 4      # fragment cycles of silence from a shard before it is `starved` (0: never)
+    keep_local: bool = False    # decoupled: an update keeps the local progress not yet contributed
     bugs: frozenset = frozenset()
 
     def __post_init__(self):
@@ -135,6 +136,7 @@ class LearnerState:
     anchor_step: tuple = ()                         # per p: the step at which base[p] was taken
     skipped: frozenset = frozenset()                # decoupled: p's turn came while p was unanswered
     heard: dict = field(default_factory=dict)       # shard -> step of the last message from it
+    sent_from: tuple = ()                           # keep_local, per p: θ[p] as last contributed (None: base[p])
     asked: dict = field(default_factory=dict)       # shard -> (step of the last Hello, Hellos unheard)
 
 
@@ -296,13 +298,23 @@ class LearnerCore:
             # the fetch replaces it (stale by version − base_version, which the shard weighs)
             state = replace(state, deferred=state.deferred - {p}, awaiting=state.awaiting - {p})
             state, sent = self._contribute(state, now, p)
-        # α = 0 overwrites: the local fragment is not read (reading it waits for the device)
-        local = glob if fetch or self.config.alpha == 0 else self.math.mix(
-            self.math.get_fragment(state.params, p), glob, self.config.alpha)
+        if self.config.keep_local and not fetch:
+            # the progress made since p was last contributed (or last taken) is in no Δ yet:
+            # it moves onto the new Θ[p] instead of being overwritten
+            mine = self.math.get_fragment(state.params, p)
+            ref = state.sent_from[p] if state.sent_from and state.sent_from[p] is not None else state.base[p]
+            local = [g + (x - r) for g, x, r in zip(glob, mine, ref)]
+        else:  # α = 0 overwrites: the local fragment is not read (reading it waits for the device)
+            local = glob if fetch or self.config.alpha == 0 else self.math.mix(
+                self.math.get_fragment(state.params, p), glob, self.config.alpha)
+        if self.config.keep_local:
+            state = replace(state, sent_from=_put(state.sent_from or (None,) * len(self.config.owners), p, None))
         state = replace(state, params=self.math.set_fragment(state.params, p, local),
                         base=_put(state.base, p, glob), base_version=_put(state.base_version, p, version),
-                        awaiting=state.awaiting - {p}, anchor_step=_put(state.anchor_step, p, state.step))
-        if fetch or p in state.skipped:  # local progress on p was overwritten: count afresh
+                        awaiting=state.awaiting - {p})
+        if fetch or not self.config.keep_local:  # kept local progress still counts from the last send
+            state = replace(state, anchor_step=_put(state.anchor_step, p, state.step))
+        if fetch or (p in state.skipped and not self.config.keep_local):  # local progress overwritten: count afresh
             state = replace(state, skipped=state.skipped - {p})
             state = replace(state, c_steps=_put(state.c_steps, p, 0), c_tokens=_put(state.c_tokens, p, 0))
         logs = sent
@@ -353,14 +365,21 @@ class LearnerCore:
             return state, [Log("drop", {"what": "Contribution", "fragment": p, "reason": "unanswered",
                                         "seq": state.in_flight[p].seq})] + more
         seq = state.seq + 1
-        payload = self.math.pseudo_grad_payload(state.base[p], self.math.get_fragment(state.params, p))
+        mine = self.math.get_fragment(state.params, p)
+        payload = self.math.pseudo_grad_payload(state.base[p], mine)
+        if self.config.keep_local and self.config.mode == "decoupled":
+            state = replace(state, sent_from=_put(state.sent_from or (None,) * len(self.config.owners), p, list(mine)))
         msg = Contribution(self.config.learner, self.config.incarnation, seq, p, state.base_version[p],
                            state.c_steps[p], state.c_tokens[p], state.step_time_s, state.last_sync_s, payload)
         state = replace(state, seq=seq, c_steps=_put(state.c_steps, p, 0), c_tokens=_put(state.c_tokens, p, 0),
                         in_flight={**state.in_flight, p: InFlight(seq, now, state.step, msg)})
-        return state, [Log("contribute", {"fragment": p, "seq": seq, "base_version": msg.base_version,
-                                          "from_step": state.anchor_step[p], "to_step": state.step}),
-                       Send(self.config.owners[p], msg)]
+        logs = [Log("contribute", {"fragment": p, "seq": seq, "base_version": msg.base_version,
+                                   "from_step": state.anchor_step[p], "to_step": state.step}),
+                Send(self.config.owners[p], msg)]
+        if self.config.keep_local and "cumulative_delta" not in self.config.bugs:
+            # what follows this send is the next Δ's (the bug measures every Δ from base[p])
+            state = replace(state, anchor_step=_put(state.anchor_step, p, state.step))
+        return state, logs
 
     def _starved(self, state: LearnerState, shard: str):
         """Nothing heard from `shard` for starve_cycles fragment cycles (twice as long after

@@ -56,6 +56,7 @@ class SyncerConfig:
     grace_gamma: float = 0.5    # γ < 1
     ema_weight: float = 0.25    # weight of a new observation in ξ
     max_staleness: int = 0      # decoupled: contributions staler than this are dropped (0: no bound)
+    fleet_share: bool = False   # decoupled: a round's outer step × its share of the live learners
     bugs: frozenset = frozenset()
 
     def __post_init__(self):
@@ -84,14 +85,15 @@ class SyncerConfig:
 
 @dataclass(frozen=True)
 class SyncerMath:
-    """merge_and_step(Θ[p], outer_p, deltas, weights) -> (Θ[p], outer_p): merge + outer step;
+    """merge_and_step(Θ[p], outer_p, deltas, weights, scale) -> (Θ[p], outer_p): merge, times
+    `scale`, then the outer step;
     weight(c_tokens, c_steps, staleness) -> float; decode(payload) -> fp32 arrays;
     outer_init(Θ[p]) -> outer_p; average(grads, weights) -> arrays (dp modes only);
     broadcast_delta(Θ[p], learner's copy) -> (payload, learner's new copy): compressed
     broadcasts (FragmentDelta); None sends every commit whole (FragmentUpdate, fp32);
     combine(payload, payload) -> payload: the sum of two Δs (None: the newer replaces)."""
 
-    merge_and_step: Callable[[list, Any, list, list], tuple[list, Any]]
+    merge_and_step: Callable[[list, Any, list, list, float], tuple[list, Any]]
     weight: Callable[[int, int, int], float]
     decode: Callable[[list], list]
     outer_init: Callable[[list], Any]
@@ -349,11 +351,22 @@ class SyncerCore:
                 Log("drop", {"what": "contribution", "fragment": p, "learner": learner, "seq": pc.seq,
                              "incarnation": pc.incarnation, "reason": "zero_weight"}) for learner, pc in merged] + answer
         theta, outer = self.math.merge_and_step(state.theta[p], state.outer[p],
-                                                [self.math.decode(pc.payload) for _, pc in merged], weights)
+                                                [self.math.decode(pc.payload) for _, pc in merged], weights,
+                                                self._share(state, merged))
         state, actions = self._close(replace(state, theta={**state.theta, p: list(theta)},
                                              outer={**state.outer, p: outer}), now, p, weights, stale)
         state, sends = self._answer(state, p, sorted(state.live))
         return state, actions + sends + [SaveCheckpoint(dict(state.version))]
+
+    def _share(self, state: SyncerState, merged: list) -> float:
+        """fleet_share: 1 / (live learners): the round's merged Δ counts as one learner's
+        share of the fleet, so the outer lr is in units of the fleet's average, as in DiLoCo's
+        synchronous outer step (lr 1: Θ moves by the mean Δ). Without it, a learner's Δ alone
+        in a round (most rounds at K = 1) moves Θ by all of it, and M learners' progress
+        adds up to an M times too long step (docs/PROTOCOL.md "Keeping local progress")."""
+        if not self.config.fleet_share or self.config.mode != "decoupled":
+            return 1.0
+        return 1.0 / max(len(state.live | {learner for learner, _ in merged}), 1)
 
     def _answer(self, state: SyncerState, p: int, learners: list, whole: bool = False):
         """Θ[p] at its current version to `learners`: whole, or (compressed broadcasts)

@@ -75,11 +75,13 @@ def syncer_math(cfg: RunConfig, frag: Fragmenter) -> SyncerMath:
     # by its exact list of leaf shapes.
     mean_sigs = {_signature(frag, p) for p in range(cfg.n_fragments) if frag.is_embedding(p)}
 
-    def merge_and_step(theta, outer_state, deltas, weights):
+    def merge_and_step(theta, outer_state, deltas, weights, scale=1.0):
         kind = d.merge
         if kind == "rda" and tuple(tuple(np.shape(a)) for a in theta) in mean_sigs:
             kind = "mean"
         merged = outer.merge(deltas, weights, kind)
+        if scale != 1.0:
+            merged = [np.float32(scale) * x for x in merged]
         return opt.step(theta, outer_state, merged)
 
     def weight(c_tokens, c_steps, staleness):
@@ -114,11 +116,13 @@ def learner_config(cfg: RunConfig, topology: dict, learner: str, incarnation: in
     own = owners(topology)
     return LearnerConfig(learner=learner, incarnation=incarnation,
                          owners=[own[p] for p in range(cfg.n_fragments)],
-                         mode=d.mode, tau=d.overlap, alpha=d.mixing, starve_cycles=d.starve_cycles, bugs=bugs)
+                         mode=d.mode, tau=d.overlap, alpha=d.mixing, starve_cycles=d.starve_cycles,
+                         keep_local=d.keep_local and d.mode == "decoupled", bugs=bugs)
 
 
 def syncer_config(cfg: RunConfig, topology: dict, shard: str, bugs: frozenset = frozenset()) -> SyncerConfig:
     d = cfg.diloco
     return SyncerConfig(shard=shard, fragments=tuple(topology["shards"][shard]),
                         learners=tuple(topology["learners"]), mode=d.mode, quorum=d.quorum,
-                        tau=d.overlap, grace_gamma=d.grace_factor, max_staleness=d.max_staleness, bugs=bugs)
+                        tau=d.overlap, grace_gamma=d.grace_factor, max_staleness=d.max_staleness,
+                        fleet_share=d.fleet_share, bugs=bugs)

@@ -1,0 +1,79 @@
+"""Keeping local progress (learner, `keep_local`) and the fleet share of an outer step
+(syncer, `fleet_share`), by hand: one fragment of one number, values checked on paper."""
+from __future__ import annotations
+
+import pytest
+from protocol_link import MemNet, arr, learner_math, syncer_math
+
+from trainer.messages import Contribution, FragmentUpdate
+from trainer.protocol import LearnerConfig, LearnerCore, Log, Send, SyncerConfig, SyncerCore
+
+
+def _learner(keep_local: bool, bugs=frozenset()):
+    """H = 2, P = 1: fragment 0 is due every 2nd step; Θ0 = 0, fetched at version 0."""
+    core = LearnerCore(LearnerConfig("A", 0, ("s0",), keep_local=keep_local, bugs=bugs), learner_math(2, 1))
+    state, _ = core.start(core.init([arr(0.0)]), 0.0)
+    state, _ = core.receive(state, 0.0, "s0", FragmentUpdate(0, 0, True, [arr(0.0)]))
+    return core, state
+
+
+def _step(core, state, x: float):
+    """An inner step that leaves θ = x; returns (state, the Δ sent if any, contribute logs)."""
+    state, acts = core.after_inner_step(state, 0.0, [arr(x)], 10, 1.0)
+    sent = [a.msg for a in acts if isinstance(a, Send) and isinstance(a.msg, Contribution)]
+    logs = [a.fields for a in acts if isinstance(a, Log) and a.kind == "contribute"]
+    return state, (float(sent[0].payload[0][0]) if sent else None), logs
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_an_update_keeps_the_progress_no_delta_holds_yet(keep):
+    core, s = _learner(keep)
+    s, d, _ = _step(core, s, 1.0)          # step 1: θ = 1
+    s, d, _ = _step(core, s, 2.0)          # step 2: due, Δ = Θ − θ = 0 − 2 = −2 sent from θ = 2
+    assert d == -2.0
+    s, _, _ = _step(core, s, 3.0)          # step 3: θ = 3, one step past the send
+    # another learner's commit (or the answer): Θ = 10
+    s, _ = core.receive(s, 0.0, "s0", FragmentUpdate(0, 1, False, [arr(10.0)]))
+    # keep: θ = Θ + (θ − θ at the send) = 10 + (3 − 2) = 11; without: θ = Θ = 10
+    assert float(s.params[0][0]) == (11.0 if keep else 10.0)
+    s, d, logs = _step(core, s, float(s.params[0][0]) + 1)   # step 4: one more step, due again
+    # keep: Δ = 10 − 12 = −2, the two steps since the send; without: −1, step 3 was lost
+    assert d == (-2.0 if keep else -1.0)
+    assert logs[0]["from_step"] == (2 if keep else 3) and logs[0]["to_step"] == 4
+    assert s.c_steps[0] == 0
+
+
+def test_keep_local_counts_the_steps_of_a_skipped_turn():
+    """A turn skipped while the Δ is unanswered: its steps stay in θ and in the next Δ."""
+    core, s = _learner(True)
+    s, _, _ = _step(core, s, 1.0)
+    s, d, _ = _step(core, s, 2.0)          # sent −2 at step 2
+    s, _, _ = _step(core, s, 3.0)
+    s, d, _ = _step(core, s, 4.0)          # step 4 due, unanswered: skipped
+    assert d is None and s.c_steps[0] == 2
+    s, _ = core.receive(s, 0.0, "s0", FragmentUpdate(0, 1, False, [arr(-2.0)]))   # the answer: Θ = −2
+    assert float(s.params[0][0]) == -2.0 + (4.0 - 2.0)   # steps 3 and 4 kept
+    s, _, _ = _step(core, s, 1.0)
+    s, d, logs = _step(core, s, 2.0)       # step 6: Δ = −2 − 2 = −4 covers steps 2..6
+    assert d == -4.0 and (logs[0]["from_step"], logs[0]["to_step"]) == (2, 6) and s.c_steps[0] == 0
+
+
+def _shard(fleet_share: bool, live=("A", "B", "C", "D")) -> MemNet:
+    cfg = SyncerConfig("s0", (0,), ("A", "B", "C", "D"), quorum=1, grace_gamma=0.0, fleet_share=fleet_share)
+    core = SyncerCore(cfg, syncer_math())
+    net = MemNet()
+    net.add("s0", core, core.init({0: [arr(0.0)]}))
+    for learner in live:
+        net.do("s0", "learner_connected", learner)
+    return net
+
+
+@pytest.mark.parametrize("share,live,expect", [(True, "ABCD", -1.0), (True, "AB", -2.0), (False, "ABCD", -4.0)])
+def test_fleet_share_moves_theta_by_one_learners_share(share, live, expect):
+    """A round of one Δ = 4 (Θ ← Θ − lr·share·Δ, lr 1): 4 live learners → a quarter of it,
+    2 → half; without the share, all of it."""
+    net = _shard(share, tuple(live))
+    msg = Contribution("A", 0, 1, 0, 0, 2, 20, 1.0, None, [arr(4.0)])
+    net.at(1.0, lambda: net.do("s0", "receive", "A", msg))
+    net.run(5)
+    assert net.states["s0"].theta[0][0].tolist() == [expect]
