@@ -102,6 +102,8 @@ class TrainSpec:
     merge: str | None = None
     max_staleness: int | None = None  # versions; 0 = no bound (docs/PROTOCOL.md "Bounded staleness")
     starve_cycles: int | None = None
+    keep_local: bool | None = None  # docs/PROTOCOL.md "Keeping local progress"
+    fleet_share: bool | None = None
     batch_size: int | None = None
     seq_len: int | None = None
     lr: float | None = None  # inner AdamW peak learning rate
@@ -143,7 +145,8 @@ _TRAINER_KEYS = {"DilocoConfig.learners": "cluster.learners", "DilocoConfig.slic
                  "InnerOptConfig.lr": "train.lr", "TaskConfig.kind": "train.task",
                  **{f"DilocoConfig.{k}": f"train.{k}" for k in ("fragments", "sync_every", "quorum", "overlap",
                                                                  "mixing", "compression", "broadcast_compression",
-                                                                 "merge", "mode", "max_staleness", "starve_cycles")},
+                                                                 "merge", "mode", "max_staleness", "starve_cycles",
+                                                                 "keep_local", "fleet_share")},
                  "TaskConfig.batch_size": "train.batch_size", "TaskConfig.seq_len": "train.seq_len"}
 
 
@@ -211,7 +214,8 @@ class Scenario:
             "name": self.name, "seed": self.seed, "steps": t.steps,
             "diloco": {"learners": c.learners, "slices": c.slices, "mode": t.mode,
                        **set_(("fragments", "sync_every", "quorum", "overlap", "mixing", "compression",
-                               "broadcast_compression", "merge", "max_staleness", "starve_cycles"))},
+                               "broadcast_compression", "merge", "max_staleness", "starve_cycles",
+                               "keep_local", "fleet_share"))},
             "task": {"kind": t.task, **set_(("batch_size", "seq_len"))},
             "inner": {"total_steps": t.steps, "warmup_steps": warmup, **set_(("lr",))},
         })

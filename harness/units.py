@@ -68,7 +68,8 @@ def _what(f: dataclasses.Field, base: Any) -> str:
         return f"milliseconds, e.g. 40{alt}"
     if f.name.endswith("_kbps"):
         return f'kilobits per second, e.g. 2000 or "2mbps"{alt}'
-    return {int: "a whole number", float: "a number", str: "a string"}.get(base, "see docs/SCENARIOS.md")
+    return {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}.get(
+        base, "see docs/SCENARIOS.md")
 
 
 def _convert(f: dataclasses.Field, hint: Any, value: Any) -> Any:
@@ -90,7 +91,8 @@ def _convert(f: dataclasses.Field, hint: Any, value: Any) -> Any:
     if f.name.endswith("_kbps"):
         return parse_bandwidth_kbps(value)
     ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool), float: _is_number,
-          str: lambda v: isinstance(v, str)}.get(base, lambda v: isinstance(v, (str, dict)))
+          str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool)}.get(
+        base, lambda v: isinstance(v, (str, dict)))
     if not ok(value):
         raise _Bad(f"expected {_what(f, base)}, got {_describe(value)}", _what(f, base))
     return value

@@ -111,7 +111,9 @@ class OuterOptConfig:
     miniature's H = 6 with quorum 1, each learner's Δ is committed on its own every
     couple of steps and momentum 0.9 overshoots (measured: Markov eval loss rising
     from 2.4 to 5.8 over 100 steps with 2 learners; docs/TRAINER_MATH.md). lr 1 without
-    momentum (Θ ← Θ − Δ̄, federated averaging) matches data-parallel's loss here."""
+    momentum (Θ ← Θ − Δ̄, federated averaging) matches data-parallel's loss here. In
+    decoupled mode with `diloco.fleet_share` the merged Δ is first scaled by 1 / (live
+    learners), so lr 1 is the fleet's average there too (docs/PROTOCOL.md)."""
 
     lr: float = 1.0
     momentum: float = 0.0

@@ -168,6 +168,7 @@ MALFORMED = [
      "train.steps: expected a whole number, got a string '400'"),
     (HEAD + CLUSTER + '[train]\nsteps = 1.5\nduration = 60\n', "train.steps: expected a whole number, got a number"),
     (OK + 'faults = "none"\n', "train.faults: unknown key ('faults' belongs above the first [table]); valid: steps"),  # a key below [train]
+    (OK + 'keep_local = "yes"\n', "train.keep_local: expected true or false, got a string 'yes'"),
     (OK + "quorum = 5\n", "train.quorum: quorum 5 is more than the 4 learners (cluster.learners); valid: 1..4"),
     (OK + 'task = "markow"\n', "train.task: 'markow' is not one of the choices (did you mean 'markov'?)"),
     (OK + 'mode = "async"\n', "train.mode: 'async' is not one of the choices; valid: decoupled"),
