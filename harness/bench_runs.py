@@ -129,6 +129,7 @@ class ClusterRun:
     syncer: list[dict]
     cpu: CpuSampler | None = None
     pids: dict[str, int] = field(default_factory=dict)
+    global_loss: float | None = None  # DiLoCo modes: Θ's held-out loss at the end
 
     @property
     def tokens(self) -> int:
@@ -181,9 +182,22 @@ def run_cluster(run_dir: Path, cfg: RunConfig, *, wan: LinkProfile | None = None
     if not finished or any(len(lr.steps) < cfg.steps for lr in learners.values()):
         raise RuntimeError(f"a learner of {run_dir} did not finish {cfg.steps} steps within {timeout_s:.0f} s; "
                            f"its output is in {run_dir / 'stdout'}")
+    glob = _global_loss(run_dir, cfg, names)
     shutil.rmtree(run_dir / "ckpt", ignore_errors=True)  # megabytes nobody reads afterwards
     return ClusterRun(run_dir, cfg, wall, learners, _read_events(run_dir / "logs" / "syncer-0.0.jsonl"),
-                      sampler, pids)
+                      sampler, pids, glob)
+
+
+def _global_loss(run_dir: Path, cfg: RunConfig, names: list[str]) -> float | None:
+    """DiLoCo modes: the held-out loss of Θ from the shard's last checkpoint (the model the
+    run produced); None in dp modes (the learners' evals are the global model's) or if it
+    could not be read."""
+    if cfg.diloco.mode in ("dp", "elastic_dp"):
+        return None
+    from harness.global_eval import final
+
+    loss, _ = final(run_dir, cfg, {"shards": {"syncer-0": list(range(cfg.n_fragments))}, "learners": names})
+    return loss
 
 
 # ------------------------------------------------------------------ rates
