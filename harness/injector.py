@@ -97,8 +97,11 @@ class Injector:
         n = self.ids[id(fault)]
         if self.active.pop(n, None) is None:
             return
-        getattr(self, f"_end_{fault.kind}")(n, fault, final)
+        # stamped as the undo is issued, before it: a paused unit resumed (or a link healed)
+        # acts at once, and what it does must not precede the fault's end in the log (a
+        # step logged 2 ms before a `fault_end` written after SIGCONT returned)
         self.emit("fault_end", "harness", id=n, fault=fault.to_dict(), healed_at_teardown=final)
+        getattr(self, f"_end_{fault.kind}")(n, fault, final)
 
     # units -------------------------------------------------------------------------------
     def _down(self, unit: str, reason: str) -> None:
