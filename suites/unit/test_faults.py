@@ -230,3 +230,25 @@ def test_failure_process_dict_round_trip():
     fp = FailureProcess(mtbi_s=60, chips_per_unit=8, repair_s=5, mix={"kill_unit": 3, "partition": 1}, seed=4)
     assert fp.weights() == {"kill_unit": 0.75, "partition": 0.25}
     assert FailureProcess(**json.loads(json.dumps(fp.to_dict()))) == fp
+
+
+def test_fault_end_is_logged_before_the_undo_acts():
+    """A resumed unit steps at once: its first line must not precede the fault's end (a real
+    run logged a step 2 ms before a `fault_end` written after SIGCONT returned)."""
+    from faults.model import PauseUnit
+    from harness.injector import Injector
+
+    log: list[str] = []
+
+    class Cluster:  # what the injector calls for pause_unit; resuming makes the unit step
+        def pause(self, unit):
+            return None
+
+        def resume(self, unit):
+            log.append(f"step {unit}")
+
+    inj = Injector(Cluster(), RunShape(learners=2, run_s=10), lambda kind, src, **f: log.append(kind))
+    fault = PauseUnit(target="learner-1", at_s=1.0, duration_s=2.0)
+    inj.start(fault)
+    inj.end(fault)
+    assert log == ["fault_start", "unit_down", "fault_end", "step learner-1", "unit_up"]
