@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -97,6 +98,19 @@ class Fragmenter:
         """Fragment p as float32 numpy arrays (copies), in `leaf_paths(p)` order."""
         return [np.array(_lookup(params, path), dtype=np.float32) for path in self._paths[p]]
 
+    def rebase(self, params: dict, p: int, new: Iterable[Any], ref: Iterable[Any]) -> dict:
+        """Fragment p moved onto `new` keeping its drift from `ref`: leaf ← new + (leaf − ref),
+        computed where the leaves live, so the host does not wait for a step in flight
+        (keeping local progress, docs/PROTOCOL.md)."""
+        leaves = [_lookup(params, path) for path in self._paths[p]]
+        # one jitted call per fragment: eager ops, one per leaf and operation, cost more
+        # host time than the inner step they sit between
+        moved = _rebase_leaves([np.asarray(n, np.float32) for n in new], leaves,
+                               [np.asarray(r, np.float32) for r in ref])
+        for path, arr in zip(self._paths[p], moved):
+            params = _replace(params, path, arr)
+        return params
+
     def set(self, params: dict, p: int, arrays: Iterable[Any]) -> dict:
         """A new params tree with fragment p replaced (float32 jax arrays); the other
         leaves are shared, not copied. Shapes must match exactly."""
@@ -110,6 +124,11 @@ class Fragmenter:
                                  f"got {tuple(np.shape(arr))}")
             params = _replace(params, path, jnp.asarray(arr, jnp.float32))
         return params
+
+
+@jax.jit
+def _rebase_leaves(new: list, leaves: list, ref: list) -> list:
+    return [n + (x.astype(jnp.float32) - r) for n, x, r in zip(new, leaves, ref)]
 
 
 def _lookup(tree: dict, path: str) -> Any:

@@ -102,6 +102,9 @@ class LearnerMath:
     due_fragment: Callable[[int], int | None]
     grad_payload: Callable[[list], list] | None = None
     apply_delta: Callable[[list, list], list] | None = None
+    # rebase(params, p, new, ref) -> params with fragment p = new + (θ[p] − ref); None: via
+    # get_fragment / set_fragment (the trainer's leaves stay on the device: no host wait)
+    rebase: Callable[[Any, int, list, list], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -301,15 +304,20 @@ class LearnerCore:
         if self.config.keep_local and not fetch:
             # the progress made since p was last contributed (or last taken) is in no Δ yet:
             # it moves onto the new Θ[p] instead of being overwritten
-            mine = self.math.get_fragment(state.params, p)
             ref = state.sent_from[p] if state.sent_from and state.sent_from[p] is not None else state.base[p]
-            local = [g + (x - r) for g, x, r in zip(glob, mine, ref)]
+            if self.math.rebase is not None:
+                params = self.math.rebase(state.params, p, glob, ref)
+            else:
+                mine = self.math.get_fragment(state.params, p)
+                params = self.math.set_fragment(state.params, p, [g + (x - r) for g, x, r in zip(glob, mine, ref)])
+            state = replace(state, sent_from=_put(state.sent_from or (None,) * len(self.config.owners), p, None))
         else:  # α = 0 overwrites: the local fragment is not read (reading it waits for the device)
             local = glob if fetch or self.config.alpha == 0 else self.math.mix(
                 self.math.get_fragment(state.params, p), glob, self.config.alpha)
-        if self.config.keep_local:
-            state = replace(state, sent_from=_put(state.sent_from or (None,) * len(self.config.owners), p, None))
-        state = replace(state, params=self.math.set_fragment(state.params, p, local),
+            params = self.math.set_fragment(state.params, p, local)
+            if self.config.keep_local:
+                state = replace(state, sent_from=_put(state.sent_from or (None,) * len(self.config.owners), p, None))
+        state = replace(state, params=params,
                         base=_put(state.base, p, glob), base_version=_put(state.base_version, p, version),
                         awaiting=state.awaiting - {p})
         if fetch or not self.config.keep_local:  # kept local progress still counts from the last send

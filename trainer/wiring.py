@@ -31,6 +31,7 @@ def learner_math(cfg: RunConfig, frag: Fragmenter) -> LearnerMath:
     return LearnerMath(
         get_fragment=frag.get,
         set_fragment=frag.set,
+        rebase=frag.rebase,
         pseudo_grad_payload=pseudo_grad_payload,
         mix=outer.mix,
         due_fragment=lambda step: due_fragment(step, H, P),

@@ -104,3 +104,12 @@ def test_schedule_with_h_below_p():
     assert due_fragments(2, 2, 3) == [0, 1]  # offsets 0, 0, 1
     with pytest.raises(ValueError, match="H = 2 < fragments P = 3"):
         due_fragment(2, 2, 3)
+
+
+def test_rebase_moves_a_fragment_onto_new_values_keeping_its_drift():
+    """leaf ← new + (leaf − ref), fragment p only: a = 5, ref 2, new 10 -> 13."""
+    params = {"a": jax.numpy.full((2,), 5.0), "b": jax.numpy.full((3,), 7.0)}
+    fr = Fragmenter(params, 2)
+    p = fr.fragment_of("a")
+    out = fr.rebase(params, p, [np.full((2,), 10.0, np.float32)], [np.full((2,), 2.0, np.float32)])
+    assert np.asarray(out["a"]).tolist() == [13.0, 13.0] and out["b"] is params["b"]
