@@ -112,7 +112,7 @@ class OuterOptConfig:
     couple of steps and momentum 0.9 overshoots (measured: Markov eval loss rising
     from 2.4 to 5.8 over 100 steps with 2 learners; docs/TRAINER_MATH.md). lr 1 without
     momentum (Θ ← Θ − Δ̄, federated averaging) matches data-parallel's loss here. In
-    decoupled mode with `diloco.fleet_share` the merged Δ is first scaled by 1 / (live
+    decoupled mode with `diloco.fleet_share` the merged Δ is first scaled by min(1, K / live
     learners), so lr 1 is the fleet's average there too (docs/PROTOCOL.md)."""
 
     lr: float = 1.0

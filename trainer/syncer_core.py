@@ -56,7 +56,7 @@ class SyncerConfig:
     grace_gamma: float = 0.5    # γ < 1
     ema_weight: float = 0.25    # weight of a new observation in ξ
     max_staleness: int = 0      # decoupled: contributions staler than this are dropped (0: no bound)
-    fleet_share: bool = False   # decoupled: a round's outer step × its share of the live learners
+    fleet_share: bool = False   # decoupled: a round's outer step × min(1, K / live learners)
     bugs: frozenset = frozenset()
 
     def __post_init__(self):
@@ -359,14 +359,15 @@ class SyncerCore:
         return state, actions + sends + [SaveCheckpoint(dict(state.version))]
 
     def _share(self, state: SyncerState, merged: list) -> float:
-        """fleet_share: 1 / (live learners): the round's merged Δ counts as one learner's
-        share of the fleet, so the outer lr is in units of the fleet's average, as in DiLoCo's
-        synchronous outer step (lr 1: Θ moves by the mean Δ). Without it, a learner's Δ alone
-        in a round (most rounds at K = 1) moves Θ by all of it, and M learners' progress
-        adds up to an M times too long step (docs/PROTOCOL.md "Keeping local progress")."""
+        """fleet_share: min(1, K / live learners). A round is expected to hold K of the live
+        learners (the quorum; at K = 1 most rounds hold one), so its merged Δ moves Θ by K
+        learners' share of the fleet: outer lr 1 is the fleet's average, as in DiLoCo's
+        synchronous outer step, at K = 1 and at K = M alike. Without it, at K = 1 each
+        learner's Δ alone moves Θ by all of it, and M learners' progress adds up to an M
+        times too long step (docs/PROTOCOL.md "Keeping local progress")."""
         if not self.config.fleet_share or self.config.mode != "decoupled":
             return 1.0
-        return 1.0 / max(len(state.live | {learner for learner, _ in merged}), 1)
+        return min(1.0, self.config.k / max(len(state.live | {learner for learner, _ in merged}), 1))
 
     def _answer(self, state: SyncerState, p: int, learners: list, whole: bool = False):
         """Θ[p] at its current version to `learners`: whole, or (compressed broadcasts)

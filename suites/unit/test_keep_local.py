@@ -58,8 +58,8 @@ def test_keep_local_counts_the_steps_of_a_skipped_turn():
     assert d == -4.0 and (logs[0]["from_step"], logs[0]["to_step"]) == (2, 6) and s.c_steps[0] == 0
 
 
-def _shard(fleet_share: bool, live=("A", "B", "C", "D")) -> MemNet:
-    cfg = SyncerConfig("s0", (0,), ("A", "B", "C", "D"), quorum=1, grace_gamma=0.0, fleet_share=fleet_share)
+def _shard(fleet_share: bool, live=("A", "B", "C", "D"), K=1) -> MemNet:
+    cfg = SyncerConfig("s0", (0,), ("A", "B", "C", "D"), quorum=K, grace_gamma=0.0, fleet_share=fleet_share)
     core = SyncerCore(cfg, syncer_math())
     net = MemNet()
     net.add("s0", core, core.init({0: [arr(0.0)]}))
@@ -70,10 +70,21 @@ def _shard(fleet_share: bool, live=("A", "B", "C", "D")) -> MemNet:
 
 @pytest.mark.parametrize("share,live,expect", [(True, "ABCD", -1.0), (True, "AB", -2.0), (False, "ABCD", -4.0)])
 def test_fleet_share_moves_theta_by_one_learners_share(share, live, expect):
-    """A round of one Δ = 4 (Θ ← Θ − lr·share·Δ, lr 1): 4 live learners → a quarter of it,
-    2 → half; without the share, all of it."""
+    """K = 1, a round of one Δ = 4 (Θ ← Θ − lr·share·Δ, lr 1, share = K / live): 4 live
+    learners → a quarter of it, 2 → half; without the share, all of it."""
     net = _shard(share, tuple(live))
     msg = Contribution("A", 0, 1, 0, 0, 2, 20, 1.0, None, [arr(4.0)])
     net.at(1.0, lambda: net.do("s0", "receive", "A", msg))
     net.run(5)
     assert net.states["s0"].theta[0][0].tolist() == [expect]
+
+
+def test_fleet_share_at_full_quorum_is_the_plain_average():
+    """K = M = 4: every round holds all four (Δ = 4, 8, 0, 4: mean 4) and is the fleet's
+    average already: Θ ← 0 − 1 · 4 = −4, not a quarter of it."""
+    net = _shard(True, K=4)
+    for i, (learner, d) in enumerate(zip("ABCD", (4.0, 8.0, 0.0, 4.0))):
+        msg = Contribution(learner, 0, 1, 0, 0, 2, 20, 1.0, None, [arr(d)])
+        net.at(1.0 + i * 0.1, lambda m=msg: net.do("s0", "receive", m.learner, m))
+    net.run(5)
+    assert net.states["s0"].theta[0][0].tolist() == [-4.0]
