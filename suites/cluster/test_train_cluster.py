@@ -96,14 +96,16 @@ def test_kill_and_restart_learner_and_syncer_shard(tmp_path, broadcast):
     assert max(ids.values()) == 1
 
     # and the model learned: the global model (Θ from the shards' last checkpoints) is near
-    # the floor and above it. Each learner's own last eval is only bounded by the unigram
-    # level (ln 16 = 2.77): it depends on when the learner finished. In one CI run the
-    # restarted shard took 7 s to come back (a loaded machine) at a version 6 commits old;
-    # learners 0 and 2 fetched that Θ[1] with 50 of their 150 steps left and ended at 2.31
-    # and 2.58, while the shard, trained on by learner-1, went on to the floor.
+    # the floor and above it. Each learner's own last eval depends on when its shard came
+    # back: a fetch overwrites θ[p] with the restored, older Θ[p]. In one CI run the
+    # restarted shard took 7 s (a loaded machine) and learners 0 and 2 fetched Θ[1] with 50
+    # of their 150 steps left, ending at 2.31 and 2.58; in another its links came up only at
+    # step 143 and they ended at 3.82 and 3.54 (their evals at step 100: 1.77, 1.75), the
+    # global model at 1.745. So a learner's own last eval is only bounded by Θ0's level
+    # (ln 256 = 5.55, the byte vocabulary: it learned), and none may be NaN.
     floor = task_for_run(cfg).loss_floor()
     final = [[e["loss"] for e in log.of("eval", src=f"learner-{i}")][-1] for i in range(3)]
-    assert all(floor < loss < math.log(16) for loss in final), (final, floor)
+    assert all(floor < loss < math.log(256) for loss in final), (final, floor)
     global_loss, why = global_eval.final(run_dir, cfg, run["topology"])
     assert why is None and floor < global_loss < floor + 0.25, (global_loss, why, final, floor)
 
