@@ -34,7 +34,8 @@ from faults.schedule import RunShape, Schedule, ScheduleError, validate
 from harness.toxiproxy_client import LinkProfile
 from harness.scenario_toml import scenario_to_toml  # noqa: F401 - writing, in its own file
 from harness.units import _Bad, _convert, _describe, _shown, _what, parse_bandwidth_kbps, parse_duration  # noqa: F401
-from trainer.config import COMPRESSIONS, MERGES, MODES, TASK_KINDS, InnerOptConfig, RunConfig
+from trainer.config import (COMPRESSIONS, DOWNLINKS, MERGES, MODES, PRESETS, TASK_KINDS, InnerOptConfig, RunConfig,
+                            with_preset)
 
 SCENARIOS_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 BACKENDS = ("local", "docker")
@@ -92,6 +93,7 @@ class TrainSpec:
     duration_s: float  # the run's wall-clock budget (see the module docstring)
     task: str = "markov"
     mode: str = "decoupled"
+    preset: str | None = None  # a named set of the keys below (trainer/config.py PRESETS); set keys win
     fragments: int | None = None
     sync_every: int | None = None
     quorum: int | None = None
@@ -104,6 +106,7 @@ class TrainSpec:
     starve_cycles: int | None = None
     keep_local: bool | None = None  # docs/PROTOCOL.md "Keeping local progress"
     fleet_share: bool | None = None
+    downlink: str | None = None  # "all" | "answer" (docs/PROTOCOL.md "Downlink")
     batch_size: int | None = None
     seq_len: int | None = None
     lr: float | None = None  # inner AdamW peak learning rate
@@ -113,8 +116,10 @@ class TrainSpec:
         check_number(self, "duration_s", "> 0 seconds", lambda v: v > 0)
         check_choice(self, "task", TASK_KINDS)
         check_choice(self, "mode", MODES)
+        if self.preset is not None:
+            check_choice(self, "preset", tuple(PRESETS))
         for name, choices in (("compression", COMPRESSIONS), ("broadcast_compression", COMPRESSIONS),
-                              ("merge", MERGES)):
+                              ("merge", MERGES), ("downlink", DOWNLINKS)):
             if getattr(self, name) is not None:
                 check_choice(self, name, choices)
 
@@ -146,7 +151,7 @@ _TRAINER_KEYS = {"DilocoConfig.learners": "cluster.learners", "DilocoConfig.slic
                  **{f"DilocoConfig.{k}": f"train.{k}" for k in ("fragments", "sync_every", "quorum", "overlap",
                                                                  "mixing", "compression", "broadcast_compression",
                                                                  "merge", "mode", "max_staleness", "starve_cycles",
-                                                                 "keep_local", "fleet_share")},
+                                                                 "keep_local", "fleet_share", "downlink")},
                  "TaskConfig.batch_size": "train.batch_size", "TaskConfig.seq_len": "train.seq_len"}
 
 
@@ -210,15 +215,15 @@ class Scenario:
         t, c = self.train, self.cluster
         set_ = lambda names: {k: getattr(t, k) for k in names if getattr(t, k) is not None}  # noqa: E731
         warmup = min(InnerOptConfig().warmup_steps, t.steps - 1)
-        return RunConfig.from_dict({
+        return RunConfig.from_dict(with_preset({
             "name": self.name, "seed": self.seed, "steps": t.steps,
             "diloco": {"learners": c.learners, "slices": c.slices, "mode": t.mode,
                        **set_(("fragments", "sync_every", "quorum", "overlap", "mixing", "compression",
                                "broadcast_compression", "merge", "max_staleness", "starve_cycles",
-                               "keep_local", "fleet_share"))},
+                               "keep_local", "fleet_share", "downlink"))},
             "task": {"kind": t.task, **set_(("batch_size", "seq_len"))},
             "inner": {"total_steps": t.steps, "warmup_steps": warmup, **set_(("lr",))},
-        })
+        }, t.preset))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; `scenario_from_dict` is the inverse. Unset options are left out."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from trainer.learner import CKPT_EVERY, DRAIN_S, EVAL_EVERY, FETCH_WAIT_S
+from trainer.learner import CKPT_EVERY, DRAIN_S, FETCH_WAIT_S
 from trainer.messages import SliceControl, describe
 from trainer.protocol import ApplyGrads, IllegalTransition, LearnerCore, Log, Send, SetSlices
 from trainer.wiring import learner_config, logged_combiner
@@ -171,7 +171,7 @@ class LearnerProc:
                   dt=round(w.now - self.t0, 6), live_slices=self.live_slices)
         w.tokens += self.tokens
         w.first_step.setdefault(self.unit.name, w.now)
-        if self.step % EVAL_EVERY == 0 or self.step == w.cfg.steps:
+        if self.step % w.cfg.eval_every == 0 or self.step == w.cfg.steps:
             self.emit("eval", step=self.step, loss=w.model.evaluate(self.core.params(self.state)))
         if self.step % CKPT_EVERY == 0:
             self.save()

@@ -130,6 +130,7 @@ WEIGHTINGS = ("tokens", "uniform")
 COMPRESSIONS = ("fp32", "bf16", "int8", "int4")
 FRAGMENTATIONS = ("balanced", "strided")
 MODES = ("decoupled", "streaming", "sync_diloco", "dp")
+DOWNLINKS = ("all", "answer")
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,10 @@ class DilocoConfig:
     # decoupled: each round's outer step is scaled by its share of the live learners, so Θ
     # moves by the fleet's average progress, not its sum (docs/PROTOCOL.md "Keeping local progress")
     fleet_share: bool = True
+    # decoupled: a commit's Θ[p] goes to every live learner ("all") or only to the learners
+    # whose contributions it merged ("answer": once per learner per fragment cycle, M times
+    # fewer bytes down; docs/PROTOCOL.md "Downlink")
+    downlink: str = "all"
     compression: str = "fp32"  # the pseudo-gradients, learner → shard
     # Θ[p] shard → learner: fp32 sends it whole; bf16/int8/int4 send a compressed delta
     # against the copy the learner holds, with error feedback (trainer/messages.py, FragmentDelta)
@@ -181,6 +186,7 @@ class DilocoConfig:
         _check_int(self, "starve_cycles", 0)
         _check_bool(self, "keep_local")
         _check_bool(self, "fleet_share")
+        _check_choice(self, "downlink", DOWNLINKS)
         _check_choice(self, "compression", COMPRESSIONS)
         _check_choice(self, "broadcast_compression", COMPRESSIONS)
         _check_choice(self, "fragmentation", FRAGMENTATIONS)
@@ -239,6 +245,31 @@ class TaskConfig:
         return 1 if self.kind == "quadratic" else self.seq_len
 
 
+# Named sets of trainer settings: `[train] preset = "paper"` in a scenario, `bench` runs.
+# Keys set explicitly beside a preset win over it. "paper": the Decoupled DiLoCo paper's
+# regime scaled to this model (docs/BENCHMARKS.md, "The paper preset"): every fragment
+# synced once per H = 64 inner steps, P = 8 fragments (one sent every 8 steps; the paper's
+# P = H = 24 needs more leaves than this model's 16), τ = 2, int4 both ways, each commit
+# sent back only to the learners it merged, outer Nesterov tuned for this H.
+PRESETS = {
+    "paper": {"diloco": {"sync_every": 64, "fragments": 8, "overlap": 2, "compression": "int4",
+                         "broadcast_compression": "int4", "downlink": "answer"},
+              "outer": {"lr": 1.0, "momentum": 0.0, "nesterov": True}},
+}
+
+
+def with_preset(data: dict[str, Any], name: str | None) -> dict[str, Any]:
+    """`data` (a RunConfig dict) over preset `name`'s sections: what `data` sets wins."""
+    if name is None:
+        return data
+    if name not in PRESETS:
+        raise ValueError(f"RunConfig preset {name!r} is not valid; valid: " + ", ".join(map(repr, PRESETS)))
+    out = dict(data)
+    for section, values in PRESETS[name].items():
+        out[section] = {**values, **data.get(section, {})}
+    return out
+
+
 _SECTIONS = {"model": ModelConfig, "inner": InnerOptConfig, "outer": OuterOptConfig,
              "diloco": DilocoConfig, "task": TaskConfig}
 
@@ -253,12 +284,14 @@ class RunConfig:
     diloco: DilocoConfig = field(default_factory=DilocoConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     steps: int = 400  # inner steps per learner
+    eval_every: int = 100  # inner steps between held-out evaluations of a learner's θ (and the last step)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"RunConfig.name must be a non-empty string, got {self.name!r}")
         _check_int(self, "seed", 0, (1 << 32) - 1)
         _check_int(self, "steps", 1)
+        _check_int(self, "eval_every", 1)
         for key, cls in _SECTIONS.items():
             if not isinstance(getattr(self, key), cls):
                 raise ValueError(f"RunConfig.{key} must be a {cls.__name__}, "

@@ -26,7 +26,6 @@ from trainer.tasks import task_for_run
 from trainer.transport import BufferLog, ShardLink
 from trainer.wiring import fragmenter_for, learner_config, learner_math, logged_combiner
 
-EVAL_EVERY = 100       # inner steps between held-out evaluations of the local θ
 CKPT_EVERY = 50        # inner steps between learner checkpoints
 FETCH_WAIT_S = 5.0     # at (re)start, wait this long for the global fragments before stepping
 DRAIN_S = 1.0          # after the last step, keep receiving for this long
@@ -174,7 +173,7 @@ class Learner:
             pending_loss = {"t": time.time(), "step": self.step, "tokens": int(metrics["tokens"]),
                             "loss": metrics["loss"], "dt": round(time.monotonic() - t0, 6),
                             "live_slices": self.live_slices}
-            if self.step % EVAL_EVERY == 0 or self.step == self.cfg.steps:
+            if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps:
                 ev.emit("eval", step=self.step, loss=self.inner.evaluate(self.core.params(self.state),
                                                                          self.eval_batches))
             if self.step % CKPT_EVERY == 0:

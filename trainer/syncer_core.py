@@ -23,10 +23,12 @@ Bounded staleness (decoupled mode; docs/PROTOCOL.md "Bounded staleness"):
   not merged, whoever else is in the round: it is dropped (`drop reason=stale`) and
   the learner gets the current Θ[p] whole, to re-anchor on (bug `relative_discount`:
   no bound, only the discount inside the round, which a round of one cancels);
-- a commit goes to every live learner (sent back to the round's learners only, a
-  learner's θ drifts a whole cycle from the others' progress: fault-free Markov loss
-  2.07 vs 1.73 after 300 steps in the simulator); any Θ[p] taken after a learner's
-  send answers it, and the links keep only the newest unsent whole Θ[p] per learner;
+- a commit goes to every live learner (`downlink = "all"`), or only to the learners it
+  merged (`"answer"`: each takes Θ[p] once per cycle, M times fewer bytes down; without
+  `keep_local` a learner's θ then drifts a whole cycle from the others' progress:
+  fault-free Markov loss 2.07 vs 1.73 after 300 steps in the simulator); any Θ[p]
+  taken after a learner's send answers it, and the links keep only the newest unsent
+  whole Θ[p] per learner;
 - a second contribution of the same learner in one open round (after a re-anchor) is
   summed into it (`drop reason=combined`): their steps are disjoint.
 
@@ -43,6 +45,7 @@ from trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, SYNCER_BUGS, I
                                    UnknownPeer, check_common, ema)
 
 SNAPSHOT_FORMAT = 1
+DOWNLINKS = ("all", "answer")
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class SyncerConfig:
     ema_weight: float = 0.25    # weight of a new observation in ξ
     max_staleness: int = 0      # decoupled: contributions staler than this are dropped (0: no bound)
     fleet_share: bool = False   # decoupled: a round's outer step × min(1, K / live learners)
+    downlink: str = "all"       # decoupled: a commit goes to every live learner ("all") or to its own ("answer")
     bugs: frozenset = frozenset()
 
     def __post_init__(self):
@@ -71,6 +75,8 @@ class SyncerConfig:
             raise ValueError(f"SyncerConfig.learners must be distinct names, at least one, got {self.learners}")
         if not 1 <= self.quorum <= len(self.learners):
             raise ValueError(f"SyncerConfig.quorum must be in 1..{len(self.learners)} (M), got {self.quorum}")
+        if self.downlink not in DOWNLINKS:
+            raise ValueError(f"SyncerConfig.downlink must be one of {DOWNLINKS}, got {self.downlink!r}")
         if self.max_staleness < 0:
             raise ValueError(f"SyncerConfig.max_staleness must be ≥ 0 (0: no bound), got {self.max_staleness}")
         if self.tau < 0 or not 0 <= self.grace_gamma < 1 or not 0 < self.ema_weight <= 1:
@@ -355,8 +361,17 @@ class SyncerCore:
                                                 self._share(state, merged))
         state, actions = self._close(replace(state, theta={**state.theta, p: list(theta)},
                                              outer={**state.outer, p: outer}), now, p, weights, stale)
-        state, sends = self._answer(state, p, sorted(state.live))
+        state, sends = self._answer(state, p, self._recipients(state, merged))
         return state, actions + sends + [SaveCheckpoint(dict(state.version))]
+
+    def _recipients(self, state: SyncerState, merged: list) -> list:
+        """Who gets a commit's Θ[p]: every live learner, or (downlink "answer", decoupled) only
+        the live learners it merged: each learner takes Θ[p] once per fragment cycle, in answer
+        to its own contribution, which is when it needs it (it contributes p next a cycle later),
+        instead of about M times per cycle (docs/PROTOCOL.md "Downlink")."""
+        if self.config.downlink == "answer" and self.config.mode == "decoupled":
+            return sorted(learner for learner, _ in merged if learner in state.live)
+        return sorted(state.live)
 
     def _share(self, state: SyncerState, merged: list) -> float:
         """fleet_share: min(1, K / live learners). A round is expected to hold K of the live

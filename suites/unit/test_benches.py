@@ -30,3 +30,47 @@ def test_best_window_rate_is_the_fastest_stretch():
     steps = _steps([0.0, 1.0, 2.0, 4.0, 5.0, 6.0])
     assert best_window_rate(steps, 1, 6, width=2) == 10.0    # steps 6-5-4: 2 s for 20 tokens
     assert best_window_rate(steps, 1, 6, width=3) == 7.5
+
+
+def _run(evals: dict, sends: dict | None = None):
+    """A ClusterRun of two learners from {learner: [(step, loss, t)]} eval lines; step 1 at
+    t = 10 for both; `sends`: {learner: [(t, bytes)]} send lines."""
+    from harness.bench_runs import ClusterRun, LearnerRun
+    from trainer.config import RunConfig
+
+    learners = {}
+    for name, evs in evals.items():
+        events = [{"kind": "step", "step": s, "t": 10.0 + s - 1, "tokens": 100} for s in range(1, 31)]
+        events += [{"kind": "eval", "step": s, "loss": loss, "t": t} for s, loss, t in evs]
+        events += [{"kind": "send", "t": t, "bytes": b} for t, b in (sends or {}).get(name, [])]
+        learners[name] = LearnerRun(name, events)
+    return ClusterRun(None, RunConfig(steps=30), 0.0, learners, [])
+
+
+def test_time_to_target_is_the_first_eval_where_the_learners_mean_reaches_it():
+    from harness.benches import _eval_curve, _time_to
+
+    run = _run({"a": [(10, 2.0, 20.0), (20, 1.8, 31.0), (30, 1.7, 41.0)],
+                "b": [(10, 2.2, 21.0), (20, 1.7, 30.0), (30, 1.7, 40.0)]})
+    # means 2.1, 1.75, 1.7; time from the first step (t = 10) to the later learner's eval line
+    assert _eval_curve(run) == [[10, 2.1, 11.0], [20, 1.75, 21.0], [30, 1.7, 31.0]]
+    assert _time_to(run, 1.75) == {"step": 20, "seconds": 21.0, "loss": 1.75}
+    assert _time_to(run, 1.6) is None
+
+
+def test_bytes_to_target_counts_the_lines_up_to_that_eval():
+    from harness.benches import _bytes_to
+
+    run = _run({"a": [(10, 2.0, 20.0), (20, 1.7, 30.0)], "b": [(10, 2.0, 20.0), (20, 1.7, 30.0)]},
+               sends={"a": [(15.0, 100), (30.0, 10), (35.0, 1000)], "b": [(29.0, 7)]})
+    # reached at step 20, t = 30: 100 + 10 + 7 bytes (35.0 is after); 2 learners x 20 steps x 100 tokens
+    assert _bytes_to(run, 1.8) == {"bytes": 117, "step": 20, "loss": 1.7, "tokens": 4000}
+
+
+def test_crossing_interpolates_the_rate_on_log_scales():
+    from harness.benches import _crossing
+
+    sweep = [{"bandwidth_kbps": k, "speedup_to_target_loss": s} for k, s in ((32000, 2), (8000, 8), (2000, 32))]
+    # between 8000 (8x) and 2000 (32x) the speedup goes as 1 / rate: 20x at 8000 * 8 / 20
+    assert _crossing(sweep, 20) == pytest.approx(3200)
+    assert _crossing(sweep, 1) == 32000 and _crossing(sweep, 50) is None

@@ -88,3 +88,24 @@ def test_fleet_share_at_full_quorum_is_the_plain_average():
         net.at(1.0 + i * 0.1, lambda m=msg: net.do("s0", "receive", m.learner, m))
     net.run(5)
     assert net.states["s0"].theta[0][0].tolist() == [-4.0]
+
+
+@pytest.mark.parametrize("downlink,to", [("all", ["A", "B", "C"]), ("answer", ["A"])])
+def test_downlink_answer_sends_a_commit_to_the_learners_it_merged(downlink, to):
+    """K = 1, live A, B, C: A's Δ commits alone. "all": Θ[p] v1 to every live learner;
+    "answer": to A only (B and C take Θ[p] when their own Δ is merged). A stale drop is
+    answered (the re-anchor) either way, and the fetch on Hello is unchanged."""
+    core = SyncerCore(SyncerConfig("s0", (0,), ("A", "B", "C", "D"), grace_gamma=0.0, downlink=downlink,
+                                   max_staleness=1), syncer_math())
+    state = core.init({0: [arr(0.0)]})
+    for learner in "ABC":
+        state, _ = core.learner_connected(state, 0.0, learner)
+    state, acts = core.receive(state, 1.0, "A", Contribution("A", 0, 1, 0, 0, 2, 20, 1.0, None, [arr(4.0)]))
+    sent = [(a.to, a.msg.version) for a in acts if isinstance(a, Send)]
+    assert sent == [(learner, 1) for learner in to]
+    state, acts = core.receive(state, 2.0, "A", Contribution("A", 0, 2, 0, 1, 2, 20, 1.0, None, [arr(4.0)]))
+    state, acts = core.receive(state, 3.0, "B", Contribution("B", 0, 1, 0, 0, 2, 20, 1.0, None, [arr(4.0)]))
+    # B's base 0 is 2 versions old (max 1): dropped, B alone gets Θ[p] v2 whole
+    assert [(a.to, a.msg.version) for a in acts if isinstance(a, Send)] == [("B", 2)]
+    with pytest.raises(ValueError, match="downlink"):
+        SyncerConfig("s0", (0,), ("A",), downlink="some")

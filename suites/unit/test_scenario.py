@@ -103,6 +103,18 @@ def test_python_scenario_and_run_config():
                  cluster=ClusterSpec(learners=3))
 
 
+def test_the_paper_preset_sets_its_keys_and_keys_beside_it_win():
+    c = Scenario(name="py", seed=3, train=TrainSpec(steps=50, duration_s=30, preset="paper")).run_config()
+    d = c.diloco
+    assert (d.sync_every, d.fragments, d.overlap, d.compression, d.broadcast_compression, d.downlink) == \
+        (64, 8, 2, "int4", "int4", "answer")
+    assert (c.outer.lr, c.outer.momentum, c.outer.nesterov) == (1.0, 0.0, True)
+    c = Scenario(name="py", seed=3, train=TrainSpec(steps=50, duration_s=30, preset="paper", sync_every=32,
+                                                    downlink="all")).run_config()
+    assert (c.diloco.sync_every, c.diloco.downlink, c.diloco.fragments) == (32, "all", 8)
+    assert Scenario(name="py", seed=3, train=TrainSpec(steps=50, duration_s=30)).run_config().diloco.downlink == "all"
+
+
 def test_failure_process_avoids_explicit_faults_and_defaults_to_the_scenario_seed():
     d = {"name": "x", "seed": 5, "train": {"steps": 10, "duration": "2m"},
          "faults": [{"kind": "kill_unit", "target": "learner-0", "at": 1, "down_for": "never"}],
@@ -173,6 +185,8 @@ MALFORMED = [
     (OK + 'task = "markow"\n', "train.task: 'markow' is not one of the choices (did you mean 'markov'?)"),
     (OK + 'mode = "async"\n', "train.mode: 'async' is not one of the choices; valid: decoupled"),
     (OK + 'compression = "int3"\n', "train.compression: 'int3' is not one of the choices"),
+    (OK + 'preset = "papers"\n', "train.preset: 'papers' is not one of the choices (did you mean 'paper'?)"),
+    (OK + 'downlink = "some"\n', "train.downlink: 'some' is not one of the choices; valid: all, answer"),
     (OK + "seq_len = 1000\n", "train.seq_len: TaskConfig.seq_len = 1000 exceeds ModelConfig.context"),
     (HEAD + "[cluster]\nslices = 2\n" + TRAIN + "batch_size = 7\n",
      "train.batch_size: TaskConfig.batch_size = 7 must be divisible by DilocoConfig.slices = 2"),
