@@ -19,7 +19,7 @@ from pathlib import Path
 from harness.bench_runs import (ClusterRun, bare_process, bare_steps, best_window_rate, rate_without,
                                 run_cluster, window_rate)
 from harness.toxiproxy_client import LinkProfile
-from trainer.config import DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig, TaskConfig, with_preset
+from trainer.config import DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig, with_preset
 from trainer.tasks import task_for_run
 
 OUTER = OuterOptConfig(lr=0.7, momentum=0.0)
@@ -219,9 +219,10 @@ PARITY_TASKS = {"markov": 300, "corpus": 400}   # task: steps per learner
 def parity(out_dir: Path) -> dict:
     """Final held-out loss of Decoupled DiLoCo (M = 4) and DP (M = 4, the mean gradient every
     step) after the same tokens, fault-free, at the project defaults (trainer/config.py,
-    outer optimizer included), on each task. Top-level keys are the Markov task's (as
-    before); `tasks.<task>` holds each. Loss = mean of the learners' last evals, and the
-    global model's (DDL: Θ from the shard's last checkpoint)."""
+    outer optimizer included), and at the paper preset (`tasks.<task>.preset`), on each
+    task. Top-level keys are the Markov task's (as before); `tasks.<task>` holds each.
+    Loss = mean of the learners' last evals, and the global model's (DDL: Θ from the
+    shard's last checkpoint)."""
     tasks = {task: _parity_task(out_dir, task, steps) for task, steps in PARITY_TASKS.items()}
     mk = tasks["markov"]
     return {**{k: mk[k] for k in ("dp_loss", "ddl_loss", "entropy_floor", "parity_gap", "gap_to_floor",
@@ -231,28 +232,35 @@ def parity(out_dir: Path) -> dict:
 
 def _parity_task(out_dir: Path, task: str, steps: int) -> dict:
     runs = {}
-    for mode in ("dp", "decoupled"):
-        cfg = RunConfig(name=f"parity-{task}-{mode}", seed=0, steps=steps,
-                        diloco=DilocoConfig(learners=PARITY_M, mode=mode), task=TaskConfig(kind=task),
-                        inner=InnerOptConfig(total_steps=max(steps, 21)))
-        runs[mode] = run_cluster(out_dir / "parity" / task / mode, cfg)
-    dp, ddl = runs["dp"], runs["decoupled"]
-    floor = task_for_run(ddl.cfg).loss_floor()
-    dp_loss, ddl_loss = dp.mean_final_eval(), ddl.mean_final_eval()
-    out = {"dp_loss": dp_loss, "ddl_loss": ddl_loss, "entropy_floor": floor,
-           "parity_gap": (ddl_loss - dp_loss) / dp_loss,
-           "ddl_learner_losses": [lr.final_eval for lr in ddl.learners.values()],
-           "ddl_global_loss": ddl.global_loss, "tokens": {"dp": dp.tokens, "ddl": ddl.tokens},
-           "wall_s": {"dp": dp.wall_s, "ddl": ddl.wall_s},
-           "config": {"dp": _describe(dp.cfg), "ddl": _describe(ddl.cfg)}}
+    for key, mode, preset in (("dp", "dp", None), ("decoupled", "decoupled", None), ("preset", "decoupled", "paper")):
+        d = with_preset({"diloco": {"learners": PARITY_M, "mode": mode}}, preset)
+        cfg = RunConfig.from_dict({**d, "name": f"parity-{task}-{key}", "seed": 0, "steps": steps,
+                                   "task": {"kind": task}, "inner": {"total_steps": max(steps, 21)}})
+        runs[key] = run_cluster(out_dir / "parity" / task / key, cfg, timeout_s=600)
+    dp = runs["dp"]
+    floor = task_for_run(dp.cfg).loss_floor()
+    dp_loss = dp.mean_final_eval()
+    out = {"dp_loss": dp_loss, "entropy_floor": floor, **_parity_of(runs["decoupled"], dp_loss, floor),
+           "tokens": {"dp": dp.tokens, "ddl": runs["decoupled"].tokens},
+           "wall_s": {"dp": dp.wall_s, "ddl": runs["decoupled"].wall_s},
+           "config": {"dp": _describe(dp.cfg), "ddl": _describe(runs["decoupled"].cfg)},
+           # the paper preset (docs/BENCHMARKS.md), same tokens
+           "preset": {**_parity_of(runs["preset"], dp_loss, floor), "config": _describe(runs["preset"].cfg),
+                      "wall_s": runs["preset"].wall_s}}
     if floor is not None:  # the corpus has no known entropy floor
-        out["gap_to_floor"] = {"dp": dp_loss - floor, "ddl": ddl_loss - floor}
-        out["excess_loss_ratio"] = (ddl_loss - floor) / (dp_loss - floor)
+        out["gap_to_floor"] = {"dp": dp_loss - floor, "ddl": out["ddl_loss"] - floor}
     else:
-        out["gap_to_floor"] = out["excess_loss_ratio"] = None
-    if out["ddl_global_loss"] is not None:
-        out["global_parity_gap"] = (out["ddl_global_loss"] - dp_loss) / dp_loss
+        out["gap_to_floor"] = None
     return out
+
+
+def _parity_of(ddl: ClusterRun, dp_loss: float, floor: float | None) -> dict:
+    """One DDL run against DP: its learners' mean last eval, the global Θ's, the gaps."""
+    loss, glob = ddl.mean_final_eval(), ddl.global_loss
+    return {"ddl_loss": loss, "parity_gap": (loss - dp_loss) / dp_loss,
+            "ddl_learner_losses": [lr.final_eval for lr in ddl.learners.values()], "ddl_global_loss": glob,
+            "global_parity_gap": None if glob is None else (glob - dp_loss) / dp_loss,
+            "excess_loss_ratio": None if floor is None else (loss - floor) / (dp_loss - floor)}
 
 
 # ------------------------------------------------------------------ wan

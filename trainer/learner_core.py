@@ -180,7 +180,8 @@ class LearnerCore:
     def init(self, params) -> LearnerState:
         n = len(self.config.owners)
         return LearnerState(params=params, base=tuple(list(self.math.get_fragment(params, p)) for p in range(n)),
-                            base_version=(0,) * n, c_steps=(0,) * n, c_tokens=(0,) * n, anchor_step=(0,) * n)
+                            base_version=(0,) * n, c_steps=(0,) * n, c_tokens=(0,) * n, anchor_step=(0,) * n,
+                            sent_from=(None,) * n)
 
     @staticmethod
     def params(state: LearnerState):
@@ -304,19 +305,18 @@ class LearnerCore:
         if self.config.keep_local and not fetch:
             # the progress made since p was last contributed (or last taken) is in no Δ yet:
             # it moves onto the new Θ[p] instead of being overwritten
-            ref = state.sent_from[p] if state.sent_from and state.sent_from[p] is not None else state.base[p]
+            ref = state.base[p] if state.sent_from[p] is None else state.sent_from[p]
             if self.math.rebase is not None:
                 params = self.math.rebase(state.params, p, glob, ref)
             else:
                 mine = self.math.get_fragment(state.params, p)
                 params = self.math.set_fragment(state.params, p, [g + (x - r) for g, x, r in zip(glob, mine, ref)])
-            state = replace(state, sent_from=_put(state.sent_from or (None,) * len(self.config.owners), p, None))
         else:  # α = 0 overwrites: the local fragment is not read (reading it waits for the device)
             local = glob if fetch or self.config.alpha == 0 else self.math.mix(
                 self.math.get_fragment(state.params, p), glob, self.config.alpha)
             params = self.math.set_fragment(state.params, p, local)
-            if self.config.keep_local:
-                state = replace(state, sent_from=_put(state.sent_from or (None,) * len(self.config.owners), p, None))
+        if self.config.keep_local:  # what goes out next is measured from this take
+            state = replace(state, sent_from=_put(state.sent_from, p, None))
         state = replace(state, params=params,
                         base=_put(state.base, p, glob), base_version=_put(state.base_version, p, version),
                         awaiting=state.awaiting - {p})
@@ -376,7 +376,7 @@ class LearnerCore:
         mine = self.math.get_fragment(state.params, p)
         payload = self.math.pseudo_grad_payload(state.base[p], mine)
         if self.config.keep_local and self.config.mode == "decoupled":
-            state = replace(state, sent_from=_put(state.sent_from or (None,) * len(self.config.owners), p, list(mine)))
+            state = replace(state, sent_from=_put(state.sent_from, p, list(mine)))
         msg = Contribution(self.config.learner, self.config.incarnation, seq, p, state.base_version[p],
                            state.c_steps[p], state.c_tokens[p], state.step_time_s, state.last_sync_s, payload)
         state = replace(state, seq=seq, c_steps=_put(state.c_steps, p, 0), c_tokens=_put(state.c_tokens, p, 0),
