@@ -105,6 +105,8 @@ class LearnerMath:
     # rebase(params, p, new, ref) -> params with fragment p = new + (θ[p] − ref); None: via
     # get_fragment / set_fragment (the trainer's leaves stay on the device: no host wait)
     rebase: Callable[[Any, int, list, list], Any] | None = None
+    # digest(arrays) -> str of Θ0 over a shard's fragments, for a fresh Hello (None: never fresh)
+    digest: Callable[[list], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,7 @@ class LearnerCore:
             raise IllegalTransition(f"{self.config.learner} started twice")
         state = replace(state, started=True, awaiting=self._to_fetch(range(len(self.config.owners))),
                         asked={s: (state.step, 0) for s in self.config.shards})
-        return state, [Send(s, self._hello()) for s in self.config.shards]
+        return state, [Send(s, self._hello(state, s)) for s in self.config.shards]
 
     def shard_connected(self, state: LearnerState, now: float, shard: str):
         """The link to `shard` is (again) up: fetch its fragments, resend unanswered dp gradients."""
@@ -217,7 +219,7 @@ class LearnerCore:
         again = [state.dp_wait[p] for p in mine if p in state.dp_wait]
         if self.config.mode in ("streaming", "sync_diloco"):
             again += [state.in_flight[p].msg for p in mine if p in state.in_flight]
-        return state, [Send(shard, m) for m in [self._hello()] + again]
+        return state, [Send(shard, m) for m in [self._hello(state, shard)] + again]
 
     def after_inner_step(self, state: LearnerState, now: float, params, tokens: int, step_time_s: float):
         """An inner step finished: `params` are the new local ones."""
@@ -270,6 +272,11 @@ class LearnerCore:
         if not fetch and msg.version <= state.base_version[p]:
             return state, [Log("drop", {"what": "FragmentUpdate", "fragment": p, "version": msg.version,
                                         "reason": "old_version"})]
+        if not msg.params:  # "your Θ0[p] is current": the answer to a fresh Hello
+            if msg.version != 0 or state.base_version[p] != 0:
+                raise UnexpectedMessage(f"{self.config.learner}: an update of fragment {p} without params "
+                                        f"at version {msg.version}, holding version {state.base_version[p]}")
+            return self._take(state, now, p, list(state.base[p]), 0, fetch)
         return self._take(state, now, p, list(msg.params), msg.version, fetch)
 
     def _on_delta(self, state: LearnerState, now: float, sender: str, msg: FragmentDelta):
@@ -288,7 +295,7 @@ class LearnerCore:
             return state, [drop]
         # the copy this delta builds on never arrived: fetch every fragment of that shard afresh
         mine = [q for q, owner in enumerate(self.config.owners) if owner == sender]
-        return replace(state, awaiting=state.awaiting | self._to_fetch(mine)), [drop, Send(sender, self._hello())]
+        return replace(state, awaiting=state.awaiting | self._to_fetch(mine)), [drop, Send(sender, self._hello(state, sender))]
 
     def _take(self, state: LearnerState, now: float, p: int, glob: list, version: int, fetch: bool):
         """Θ[p] at `version` arrived (whole, or rebuilt from a delta): mix it in, make it the base."""
@@ -406,7 +413,7 @@ class LearnerCore:
         return state, [Log("starved", {"shard": shard, "step": state.step, "tries": tries + 1,
                                        "silent_steps": state.step - (heard or 0), "heard_step": heard,
                                        "silent_cycles": round((state.step - (heard or 0)) / self._period, 2)}),
-                       Send(shard, self._hello())]
+                       Send(shard, self._hello(state, shard))]
 
     def _check_block(self, state: LearnerState, actions: list):
         wait = self.must_wait(state)
@@ -421,8 +428,15 @@ class LearnerCore:
             return frozenset()
         return frozenset(fragments)
 
-    def _hello(self) -> Hello:
-        return Hello(self.config.learner, self.config.incarnation)
+    def _hello(self, state: LearnerState, shard: str) -> Hello:
+        """fresh while this incarnation 0 has neither stepped nor taken an update: it holds Θ0,
+        and says which (the digest over `shard`'s fragments)."""
+        fresh = ""
+        if (self.math.digest is not None and self.config.incarnation == 0 and state.step == 0
+                and not any(state.base_version)):
+            fresh = self.math.digest([a for p, owner in enumerate(self.config.owners) if owner == shard
+                                      for a in state.base[p]])
+        return Hello(self.config.learner, self.config.incarnation, fresh)
 
     def _started(self, state: LearnerState) -> None:
         if not state.started:

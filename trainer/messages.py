@@ -53,10 +53,15 @@ class _Message:
 
 @dataclass(frozen=True, eq=False)
 class Hello(_Message):
-    """Learner → every shard on (re)connect: send me every fragment you own (rejoin=True)."""
+    """Learner → every shard on (re)connect: send me every fragment you own (rejoin=True).
+
+    fresh: "" or, while the learner has taken no update and holds the run's initial
+    parameters, the digest of its Θ0 over the shard's fragments; if it is the shard's own,
+    a fragment the shard still holds at version 0 is answered with no params."""
 
     learner: str
     incarnation: int
+    fresh: str = ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,8 +95,9 @@ class Contribution(_Message):
 class FragmentUpdate(_Message):
     """Shard → learner: the current global Θ[fragment] at `version`.
 
-    rejoin=True marks the answer to a Hello (sent to that learner only); False a commit
-    (sent to every live learner).
+    rejoin=True marks the answer to a Hello (sent to that learner only); False a commit.
+    Empty params (only in answer to a fresh Hello, at version 0): the learner's own Θ0[p]
+    is current; nothing else needs to cross the link.
     """
 
     TENSOR_FIELDS: ClassVar[tuple[str, ...]] = ("params",)

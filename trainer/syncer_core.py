@@ -106,6 +106,8 @@ class SyncerMath:
     average: Callable[[list, list], list] | None = None
     broadcast_delta: Callable[[list, list], tuple[list, list]] | None = None
     combine: Callable[[list, list], list] | None = None
+    # digest(arrays) -> str: what a fresh Hello's Θ0 is compared with (None: never fresh)
+    digest: Callable[[list], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,7 @@ class SyncerState:
     xi_step: float | None = None
     xi_quorum: float | None = None
     xi_sync: float | None = None
+    theta0: str = ""         # digest of the owned fragments' Θ0 ("" after a restore: unknown)
 
 
 def _without(d: dict, key) -> dict:
@@ -168,9 +171,10 @@ class SyncerCore:
         frags = self.config.fragments
         if missing := set(frags) - set(theta):
             raise ValueError(f"init needs Θ for every owned fragment; missing {sorted(missing)}")
+        digest = self.math.digest([a for p in frags for a in theta[p]]) if self.math.digest else ""
         return SyncerState(theta={p: list(theta[p]) for p in frags},
                            outer={p: self.math.outer_init(theta[p]) for p in frags},
-                           version=dict.fromkeys(frags, 0), durable=dict.fromkeys(frags, 0))
+                           version=dict.fromkeys(frags, 0), durable=dict.fromkeys(frags, 0), theta0=digest)
 
     # --- events -----------------------------------------------------------------------------
     def learner_connected(self, state: SyncerState, now: float, learner: str):
@@ -253,8 +257,11 @@ class SyncerCore:
         held = dict(state.held)
         if self.math.broadcast_delta is not None:  # it now holds Θ exactly
             held.update({(msg.learner, p): (state.version[p], state.theta[p]) for p in self.config.fragments})
+        # a fresh learner holding this shard's Θ0: a fragment still at version 0 goes without params
+        same = bool(msg.fresh) and msg.fresh == state.theta0
         return replace(state, held=held), [
-            Send(msg.learner, FragmentUpdate(p, state.version[p], True, state.theta[p]))
+            Send(msg.learner, FragmentUpdate(p, state.version[p], True,
+                                             [] if same and state.version[p] == 0 else state.theta[p]))
             for p in self.config.fragments]
 
     def _on_contribution(self, state: SyncerState, now: float, c: Contribution):

@@ -7,6 +7,7 @@ simulator alike. It also builds the cores' configs from the run's topology.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import numpy as np
 
@@ -38,7 +39,19 @@ def learner_math(cfg: RunConfig, frag: Fragmenter) -> LearnerMath:
         # data-parallel gradients travel uncompressed, as in a standard all-reduce
         grad_payload=lambda arrays: compression.encode([np.asarray(a, np.float32) for a in arrays], "fp32"),
         apply_delta=compression.apply_delta,
+        digest=digest,
     )
+
+
+def digest(arrays: list) -> str:
+    """A short content digest of a list of arrays (dtype, shape and bytes): a fresh learner's
+    Θ0 against the shard's (trainer/messages.py, Hello)."""
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(np.asarray(a))
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
 
 
 def contribution_combiner(cfg: RunConfig):
@@ -98,7 +111,7 @@ def syncer_math(cfg: RunConfig, frag: Fragmenter) -> SyncerMath:
         return compression.encode([x + y for x, y in zip(compression.decode(a), compression.decode(b))], "fp32")
 
     return SyncerMath(merge_and_step=merge_and_step, weight=weight, decode=compression.decode,
-                      outer_init=opt.init, average=average, combine=combine,
+                      outer_init=opt.init, average=average, combine=combine, digest=digest,
                       broadcast_delta=None if d.broadcast_compression == "fp32" else broadcast_delta)
 
 

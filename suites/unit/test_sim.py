@@ -76,14 +76,14 @@ def test_the_replay_command_keeps_a_sim_runs_parameters_and_planted_bugs(tmp_pat
 def test_message_sizes_are_the_transports_frame_sizes():
     run = simulate(scenario())
     hello = next(e for e in run.events if e["kind"] == "send" and e["msg"] == "Hello")
-    frame = encode_frame(Hello(hello["learner"], hello["incarnation"]), run.header["topology"]["run_id"],
+    frame = encode_frame(Hello(hello["learner"], hello["incarnation"], hello["fresh"]), run.header["topology"]["run_id"],
                          hello["learner"])
     assert hello["bytes"] == len(frame)
 
 
 def test_latency_and_bandwidth_delay_a_frame_as_toxiproxy_would():
     """80 kbps = 10 KB/s (Toxiproxy's rate) and 50 ms one-way, + 0.2 ms of loopback: a
-    136-byte Hello sent at t arrives at t + 0.0136 + 0.05 + 0.0002."""
+    Hello of B bytes (≈ 160 with a fresh digest) sent at t arrives at t + B / 10,000 + 0.05 + 0.0002."""
     s = dataclasses.replace(scenario(), wan=dataclasses.replace(scenario().wan, bandwidth_kbps=80.0, latency_ms=50.0))
     events = simulate(s).events
     sent = next(e for e in events if e["kind"] == "send" and e["msg"] == "Hello")
