@@ -297,6 +297,13 @@ class RunConfig:
                 raise ValueError(f"RunConfig.{key} must be a {cls.__name__}, "
                                  f"got {type(getattr(self, key)).__name__}")
         d, t, m = self.diloco, self.task, self.model
+        if d.mode != "dp" and d.sync_every < self.n_fragments:
+            raise ValueError(f"DilocoConfig.sync_every = {d.sync_every} is less than the {self.n_fragments} "
+                             f"fragments (DilocoConfig.fragments): one fragment goes out every H / P steps; "
+                             f"valid: sync_every >= {self.n_fragments}, or fewer fragments")
+        if d.mode == "sync_diloco" and self.n_fragments != 1:
+            raise ValueError(f"DilocoConfig.fragments = {d.fragments}: sync_diloco syncs the whole model at "
+                             f"once; valid: fragments = 1")
         if t.batch_size % d.slices:
             raise ValueError(f"TaskConfig.batch_size = {t.batch_size} must be divisible by "
                              f"DilocoConfig.slices = {d.slices} (the batch is split over slices)")

@@ -51,6 +51,8 @@ def test_fragments_zero_means_one_per_layer_plus_one():
      "TaskConfig.batch_size", "DilocoConfig.slices = 4"),
     (lambda: RunConfig(task=TaskConfig(seq_len=65)), "TaskConfig.seq_len", "[1, 64]"),
     (lambda: RunConfig(seed=-1), "RunConfig.seed", "[0, 4294967295]"),
+    (lambda: RunConfig(diloco=DilocoConfig(fragments=8, sync_every=6)), "DilocoConfig.sync_every", "sync_every >= 8"),
+    (lambda: RunConfig(diloco=DilocoConfig(mode="sync_diloco")), "DilocoConfig.fragments", "fragments = 1"),
 ])
 def test_bad_values_name_the_field_and_the_valid_range(make, field, valid):
     with pytest.raises(ValueError) as err:
