@@ -247,6 +247,25 @@ def expect_checks(expect: dict, metrics: Metrics) -> list[Result]:
     return [EXPECT[k](metrics, v) for k, v in expect.items() if v is not None]
 
 
+def verdict(log: EventLog, metrics: Metrics, expect: dict | None, *, lenient: bool = False) -> list[Result]:
+    """Every check of one run, for the runner's summary and a report alike: the safety
+    checks; the scenario's `expect` thresholds (None: not judged; lenient: an expect table
+    this version cannot read is left out instead of raising, as for a log of another
+    version); and `no_crash` when the log's header says which processes crashed (a log
+    without that entry, e.g. a hand-made one, is not judged on it)."""
+    results = safety_checks(log, metrics)
+    if expect is not None:
+        try:
+            results += expect_checks(expect, metrics)
+        except ValueError:
+            if not lenient:
+                raise
+    crashes = log.header.get("crashes")
+    if crashes is not None:
+        results.append(Result("no_crash", not crashes, len(crashes), 0, {"crashes": crashes}))
+    return results
+
+
 def faults_note(summary: dict) -> str | None:
     """Says so when scheduled faults never happened (the run ended first), else None."""
     n, k = summary.get("faults_scheduled"), summary.get("faults_applied")

@@ -210,11 +210,7 @@ def summarize(run_dir: Path, s: Scenario, reference: Path | None = None, expect:
     log = eventlog.read(run_dir)
     ref = eventlog.read(reference) if reference else None
     m = metrics.compute(log, ref)
-    results = checks.safety_checks(log, m)
-    if expect:
-        results += checks.expect_checks(dataclasses.asdict(s.expect), m)
-    crashes = log.header.get("crashes", [])
-    results.append(checks.Result("no_crash", not crashes, len(crashes), 0, {"crashes": crashes}))
+    results = checks.verdict(log, m, dataclasses.asdict(s.expect) if expect else None)
     summary = {**m.to_dict(), **faults_seen(log), "checks": [r.to_dict() for r in results],
                "valid": checks.compose(results).valid, "run_dir": str(run_dir), "mode": log.config["diloco"]["mode"],
                "reference_dir": str(reference) if reference else None}
