@@ -22,6 +22,7 @@ from harness.sim_learner import SimLearner
 from harness.sim_net import Net
 from harness.sim_syncer import SimSyncer
 from trainer.events import KINDS
+from trainer.protocol_base import DP_MODES
 from trainer.protocol import LEARNER_BUGS, SYNCER_BUGS
 
 
@@ -93,7 +94,7 @@ class World:
         self.cfg, self.topology, self.model, self.params, self.wan = cfg, topology, model, params, wan
         self.learner_bugs = frozenset(bugs) & LEARNER_BUGS
         self.syncer_bugs = frozenset(bugs) & SYNCER_BUGS
-        self.dp = cfg.diloco.mode == "dp"
+        self.dp = cfg.diloco.mode in DP_MODES
         self.probe = None  # probe(learner_proc, event, args) after each learner core event
         self.max_steps = cfg.steps if max_steps is None else max_steps  # a learner's own step cap
         self.tokens = 0  # of every learner step so far (the runner's token budget)

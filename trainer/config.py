@@ -15,6 +15,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.protocol_base import DP_MODES, MODES  # one list of modes for the cores and the config
+
 
 def _where(cls: type, name: str) -> str:
     return f"{cls.__name__}.{name}"
@@ -129,7 +131,6 @@ MERGES = ("rda", "mean")
 WEIGHTINGS = ("tokens", "uniform")
 COMPRESSIONS = ("fp32", "bf16", "int8", "int4")
 FRAGMENTATIONS = ("balanced", "strided")
-MODES = ("decoupled", "streaming", "sync_diloco", "dp")
 DOWNLINKS = ("all", "answer")
 
 
@@ -297,7 +298,7 @@ class RunConfig:
                 raise ValueError(f"RunConfig.{key} must be a {cls.__name__}, "
                                  f"got {type(getattr(self, key)).__name__}")
         d, t, m = self.diloco, self.task, self.model
-        if d.mode != "dp" and d.sync_every < self.n_fragments:
+        if d.mode not in DP_MODES and d.sync_every < self.n_fragments:
             raise ValueError(f"DilocoConfig.sync_every = {d.sync_every} is less than the {self.n_fragments} "
                              f"fragments (DilocoConfig.fragments): one fragment goes out every H / P steps; "
                              f"valid: sync_every >= {self.n_fragments}, or fewer fragments")

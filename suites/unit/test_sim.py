@@ -154,3 +154,16 @@ def test_sim_params_are_validated():
         SimParams(step_s=0)
     with pytest.raises(ValueError, match="unknown planted bugs"):
         simulate(scenario(), bugs={"merge_thrice"})
+
+
+@pytest.mark.parametrize("mode", ["dp", "elastic_dp"])
+def test_elastic_dp_keeps_committing_while_a_learner_is_dead_and_dp_does_not(mode):
+    """learner-1 killed for 2 s: data-parallel without elasticity restarts the job (every
+    learner rolls back; no commit in that window), elastic data-parallel averages the live
+    learners' gradients.
+    (The simulator ran elastic_dp as local training before: it checked for "dp" only.)"""
+    events = simulate(scenario(FAULTS[:1], mode=mode)).events
+    t0, t1 = (next(e["t"] for e in events if e["kind"] == kind) for kind in ("fault_start", "fault_end"))
+    during = [e for e in events if e["kind"] == "round_commit" and t0 + 0.5 < e["t"] < t1]
+    assert (len(during) > 0) == (mode == "elastic_dp")
+    assert all(e["n"] == 2 for e in during)          # the two live learners
