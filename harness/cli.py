@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 from harness.errors import UserError  # noqa: F401  (re-exported for command modules)
 
@@ -49,20 +51,35 @@ def _unavailable(err: Exception) -> int:
     return 2
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI runner cancelling the job, `kill PID`): unwinds like a Ctrl-C, so every
+    process, proxy and container the command started is gone afterwards as well."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         return int(args.func(args) or 0)
     except UserError as e:
         print(f"diloco-chaos {args.command}: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"diloco-chaos {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        term = isinstance(e, Terminated)
+        print(f"diloco-chaos {args.command}: {'terminated' if term else 'interrupted'}", file=sys.stderr)
+        return 143 if term else 130
+    finally:
+        if main_thread and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -44,12 +44,21 @@ def _pids(run_dir: Path) -> list[int]:
     return pids
 
 
-def test_sigint_midway_leaves_nothing_behind(tmp_path):
+def _sigint_default():
+    """A Ctrl-C reaches the child even when this test runs in a background job (which
+    starts with SIGINT ignored, inherited by its children)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["sigint", "sigterm"])
+def test_sigint_midway_leaves_nothing_behind(tmp_path, sig, code):
+    """Ctrl-C, or SIGTERM (how a CI runner cancels a job), in the middle of a run."""
     scenario = tmp_path / "interrupted.toml"
     scenario.write_text(SCENARIO)
     out = tmp_path / "runs"
     cli = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(scenario), "--out", str(out),
-                            "--reference", "none", "--no-live"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            "--reference", "none", "--no-live"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           preexec_fn=_sigint_default)
     run_dir = out / "interrupted"
     try:
         deadline = time.monotonic() + 90
@@ -62,8 +71,8 @@ def test_sigint_midway_leaves_nothing_behind(tmp_path):
         run = json.loads((run_dir / "run.json").read_text())
         pids = _pids(run_dir) + [run["toxiproxy"]["pid"]]
         assert all(pid_alive(p) for p in pids)
-        cli.send_signal(signal.SIGINT)
-        assert cli.wait(timeout=60) == 130
+        cli.send_signal(sig)
+        assert cli.wait(timeout=60) == code
     finally:
         cli.kill()
     assert not [p for p in pids if pid_alive(p)], "processes left behind"

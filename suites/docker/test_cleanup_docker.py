@@ -59,7 +59,8 @@ with DockerCluster(Path(sys.argv[1]), json.loads(sys.argv[2]), seed=1) as c:
 def test_sigint_removes_every_container(tmp_path, docker_engine):
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path / "run"), json.dumps(_config())],
                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # see test_interrupt
     try:
         run_id = child.stdout.readline().strip()
         assert run_id, child.stderr.read()
@@ -85,7 +86,8 @@ def test_ctrl_c_of_a_docker_run_stops_the_engine_it_started(tmp_path, docker_eng
            "DOCKER_HOST": f"unix://{tmp_path}/nothing-here.sock"}
     child = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "unit-loss", "--backend", "docker",
                               "--out", str(tmp_path / "runs"), "--no-live", "--reference", "none"],
-                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert "running unit-loss" in child.stdout.readline(), child.stderr.read()
         dockerd = int((folder / "dockerd.pid").read_text())
@@ -98,7 +100,8 @@ def test_ctrl_c_of_a_docker_run_stops_the_engine_it_started(tmp_path, docker_eng
                                                      text=True).stdout.split()]
         ours.close()
         child.send_signal(signal.SIGINT)
-        child.wait(timeout=120)
+        # interrupted, not finished on its own (the run is 60 s long): exit 130
+        assert child.wait(timeout=120) == 130, child.stderr.read()
         for pid in (dockerd, *containerd):
             assert not Path(f"/proc/{pid}").exists(), f"pid {pid} outlived the run"
         assert subprocess.run(["bash", str(REPO / "scripts" / "dockerd.sh"), "status"], env=env,

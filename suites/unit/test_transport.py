@@ -50,6 +50,12 @@ class Relay:
     def set_rate(self, way: str, rate: float | None) -> None:
         self.rate[way] = rate
 
+    def relayed(self) -> int:
+        """Connections accepted and joined to the target. A client's connect succeeds as soon
+        as the kernel queues it on the listener, before the accept loop takes it."""
+        with self.lock:
+            return len(self.socks) // 2
+
     def drop_connections(self) -> None:
         """Cuts every relayed connection (both ends see it); new ones are still accepted."""
         with self.lock:
@@ -354,7 +360,10 @@ def test_frames_waiting_when_a_link_drops_are_not_sent_on_the_next_connection(cl
     inbox: queue.Queue = queue.Queue()
     link = ShardLink("learner-0", "syncer-0", relay.addr, RUN, inbox, backoff_s=(0.02, 0.2)).start()
     closing(link)
-    assert wait_until(lambda: link.up, 5)
+    # the relay must hold the connection before it can cut it: `link.up` is true once the kernel
+    # queued the connect, and a cut before the accept loop took it cut nothing (the frames then
+    # went through on the first connection: a failed `make test` on 2 loaded cores)
+    assert wait_until(lambda: link.up and relay.relayed() == 1, 5)
     for v in range(1, 21):
         assert link.send(update(v)) > 0
     assert wait_until(lambda: link.buffer().frames > 0, 5)  # the kernel is full, frames wait in the outbox
