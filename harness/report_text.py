@@ -38,6 +38,8 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         t.add_column(name, justify="right")
     for label, key, fmt in ROWS:
         t.add_row(label, *(_fmt(s, key, fmt) for s in runs.values()))
+    t.add_row("learners per round (mean)", *(_fmt(s.get("participation") or {}, "mean", "{:.2f}")
+                                             for s in runs.values()))
     badput = summary.get("badput") or {}
     for k, v in sorted(badput.items()):
         if isinstance(v, (int, float)):

@@ -1,0 +1,16 @@
+"""Participation per committed round, from round_commit lines, by hand."""
+from __future__ import annotations
+
+from log_builder import LogBuilder
+
+from harness.participation import participation
+
+
+def test_rounds_are_counted_by_how_many_learners_they_merged():
+    b = LogBuilder(learners=4)
+    for t, n in ((1.0, 1), (2.0, 1), (3.0, 3), (4.0, 4), (5.0, 1)):
+        b.add(t, "syncer-0", "round_commit", fragment=0, version=int(t), n=n, tokens=100 * n)
+    # 5 rounds of 1, 1, 3, 4, 1 learners: mean 10 / 5 = 2, two of five with >= 2
+    assert participation(b.log()) == {"rounds": 5, "mean": 2.0, "share_at_least_2": 0.4,
+                                      "histogram": {"1": 3, "3": 1, "4": 1}, "learners": 4}
+    assert participation(LogBuilder().log()) is None
