@@ -21,7 +21,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "bandwidth": ("harness.benches:bandwidth", "bytes per trained token, DP vs Decoupled DiLoCo (fp32, int4)"),
     "parity": ("harness.benches:parity", "final held-out loss, Decoupled DiLoCo vs DP at equal tokens"),
     "report": ("reports.bench:report", "page weight and time to draw a run's HTML report (<= 5 MB, < 2 s)"),
-    "wan": ("harness.benches:wan", "wall-clock to equal tokens over throttled links, DP vs Decoupled DiLoCo"),
+    "wan": ("harness.bench_wan:wan", "time to a target loss over throttled links (rate sweep), DP vs Decoupled DiLoCo"),
     "sim": ("harness.sim_bench:bench", "simulator: property examples/min (quadratic), simulated s per wall s (LM)"),
 }
 

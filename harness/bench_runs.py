@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -26,6 +27,9 @@ from harness import procs
 from harness.cluster import LocalCluster
 from harness.toxiproxy_client import LinkProfile
 from trainer.config import RunConfig
+
+EVAL_EVERY = 10      # held-out evals along the runs read at a target loss (bench wan, bandwidth)
+TARGET_NATS = 0.05   # the target loss: the Markov entropy floor + this
 
 
 # ------------------------------------------------------------------ processes and CPUs
@@ -302,3 +306,36 @@ def bare_process(cfg: RunConfig, steps: int, cpus: set[int] | None = None, timeo
     if proc.returncode != 0:
         raise RuntimeError(f"the bare loop failed (rc {proc.returncode}): {err.decode(errors='replace')[-2000:]}")
     return json.loads(out.decode().strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------ loss along a run
+
+def eval_curve(run: ClusterRun) -> list:
+    """[step, the learners' mean held-out loss, seconds since the job's first step (the
+    latest learner's eval line)] at every step all learners evaluated."""
+    t0 = min(e["t"] for lr in run.learners.values() for e in lr.steps if e["step"] == 1)
+    by: dict[int, list] = {}
+    for lr in run.learners.values():
+        for e in lr.of("eval"):
+            by.setdefault(e["step"], []).append(e)
+    n = len(run.learners)
+    return [[step, statistics.mean(e["loss"] for e in es), max(e["t"] for e in es) - t0]
+            for step, es in sorted(by.items()) if len(es) == n]
+
+
+def time_to(run: ClusterRun, target: float) -> dict | None:
+    """The first eval at which the learners' mean loss reached `target`: {step, seconds, loss}."""
+    for step, loss, t in eval_curve(run):
+        if loss <= target:
+            return {"step": step, "seconds": t, "loss": loss}
+    return None
+
+
+def describe(cfg: RunConfig) -> dict:
+    """A run's configuration as the bench JSONs show it."""
+    d = cfg.diloco
+    return {"steps": cfg.steps, "M": d.learners, "mode": d.mode, "H": d.sync_every, "P": cfg.n_fragments,
+            "K": d.quorum, "tau": d.overlap, "compression": d.compression,
+            "broadcast_compression": d.broadcast_compression, "downlink": d.downlink,
+            "outer": {"lr": cfg.outer.lr, "momentum": cfg.outer.momentum, "nesterov": cfg.outer.nesterov},
+            "tokens_per_step": cfg.task.batch_size * cfg.task.seq_len}

@@ -48,14 +48,14 @@ def _run(evals: dict, sends: dict | None = None):
 
 
 def test_time_to_target_is_the_first_eval_where_the_learners_mean_reaches_it():
-    from harness.benches import _eval_curve, _time_to
+    from harness.bench_runs import eval_curve, time_to
 
     run = _run({"a": [(10, 2.0, 20.0), (20, 1.8, 31.0), (30, 1.7, 41.0)],
                 "b": [(10, 2.2, 21.0), (20, 1.7, 30.0), (30, 1.7, 40.0)]})
     # means 2.1, 1.75, 1.7; time from the first step (t = 10) to the later learner's eval line
-    assert _eval_curve(run) == [[10, 2.1, 11.0], [20, 1.75, 21.0], [30, 1.7, 31.0]]
-    assert _time_to(run, 1.75) == {"step": 20, "seconds": 21.0, "loss": 1.75}
-    assert _time_to(run, 1.6) is None
+    assert eval_curve(run) == [[10, 2.1, 11.0], [20, 1.75, 21.0], [30, 1.7, 31.0]]
+    assert time_to(run, 1.75) == {"step": 20, "seconds": 21.0, "loss": 1.75}
+    assert time_to(run, 1.6) is None
 
 
 def test_bytes_to_target_counts_the_lines_up_to_that_eval():
@@ -68,7 +68,7 @@ def test_bytes_to_target_counts_the_lines_up_to_that_eval():
 
 
 def test_crossing_interpolates_the_rate_on_log_scales():
-    from harness.benches import _crossing
+    from harness.bench_wan import _crossing
 
     sweep = [{"bandwidth_kbps": k, "speedup_to_target_loss": s} for k, s in ((32000, 2), (8000, 8), (2000, 32))]
     # between 8000 (8x) and 2000 (32x) the speedup goes as 1 / rate: 20x at 8000 * 8 / 20
