@@ -235,6 +235,8 @@ EXPECT = {
     "loss_parity_max": lambda m, b: _at_most("loss_parity_max", m.loss_parity, b),
     "recovery_max_s": _recovery,
     "rejoin_cycles_max": _rejoin,
+    # mean learners merged per committed round (unknown when nothing was committed)
+    "participation_min": lambda m, b: _at_least("participation_min", (m.participation or {}).get("mean"), b),
 }
 
 

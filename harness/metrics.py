@@ -43,6 +43,7 @@ from harness.eventlog import EventLog
 from harness.history import (DP_MODES, Incarnation, UnitHistory, clip, first_step_start,  # noqa: F401
                              fragment_count, histories, intersect, is_process_up, learner_names, measure,
                              minus, norm, step_lag, window)
+from harness.participation import participation
 
 BADPUT = ("startup", "waiting_on_sync", "rolled_back", "lost", "stale", "recovery", "paused", "dead", "finished",
           "other")
@@ -304,6 +305,7 @@ class Metrics:
     dropped: dict                # contributions dropped, by reason
     restarts: int                # every unit (learners and shards)
     step_lag: int
+    participation: dict | None = None  # learners merged per committed round (harness/participation.py)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -405,4 +407,5 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
         staleness_hist=dict(stale), staleness_max=max(stale) if stale else None,
         staleness_mean=(sum(k * v for k, v in stale.items()) / sum(stale.values())) if stale else None,
         steps=len(steps), tokens=tokens, merges=len(merges), commits=len(commits), dropped=dict(dropped),
-        restarts=sum(1 for h in hs.values() for inc in h.incs if inc.n >= 1), step_lag=lag)
+        restarts=sum(1 for h in hs.values() for inc in h.incs if inc.n >= 1), step_lag=lag,
+        participation=participation(log))

@@ -206,14 +206,12 @@ def _global_evals(run_dir: Path, cfg: RunConfig, topology: dict, header: dict, e
 
 def summarize(run_dir: Path, s: Scenario, reference: Path | None = None, expect: bool = True) -> dict:
     from harness import checks, metrics
-    from harness.participation import participation
 
     log = eventlog.read(run_dir)
     ref = eventlog.read(reference) if reference else None
     m = metrics.compute(log, ref)
     results = checks.verdict(log, m, dataclasses.asdict(s.expect) if expect else None)
-    summary = {**m.to_dict(), **faults_seen(log), "participation": participation(log),
-               "checks": [r.to_dict() for r in results],
+    summary = {**m.to_dict(), **faults_seen(log), "checks": [r.to_dict() for r in results],
                "valid": checks.compose(results).valid, "run_dir": str(run_dir), "mode": log.config["diloco"]["mode"],
                "reference_dir": str(reference) if reference else None}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")

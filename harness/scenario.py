@@ -133,6 +133,7 @@ class Expect:
     loss_parity_max: float | None = None
     recovery_max_s: float | None = None
     rejoin_cycles_max: float | None = None  # fragment cycles (H inner steps) from a restart's first step
+    participation_min: float | None = None  # mean learners merged per committed round
 
     def __post_init__(self) -> None:
         check_number(self, "goodput_min", "[0, 1]", lambda v: 0 <= v <= 1, optional=True)
@@ -140,6 +141,7 @@ class Expect:
         check_number(self, "loss_parity_max", ">= 0 (a fraction of the reference loss)",
                      lambda v: v >= 0, optional=True)
         check_number(self, "recovery_max_s", "> 0 seconds", lambda v: v > 0, optional=True)
+        check_number(self, "participation_min", ">= 1 learner per round", lambda v: v >= 1, optional=True)
         check_number(self, "rejoin_cycles_max", "> 0 fragment cycles (of H inner steps)", lambda v: v > 0,
                      optional=True)
 

@@ -24,6 +24,7 @@ CHECKS = {
     "recovery_max_s": ("every restarted unit is merged again within the bound", "s", "recovery"),
     "rejoin_cycles_max": ("every restarted unit's first merged contribution went out within the bound, "
                           "in fragment cycles of H inner steps from its first step", "cycles", "recovery"),
+    "participation_min": ("committed rounds merged at least this many learners on average", "float", "verdict"),
     "link_buffers_bounded": ("what waits unsent on each link stays within what the kernel and the proxy hold "
                              "plus a whole frame per fragment of the shard, a Hello and the frame being written",
                              "bytes", "buffers"),
@@ -34,6 +35,7 @@ UNKNOWN_WHY = {
     "recovery_max_s": "no restart in this run, or a restart too close to the end to tell (censored)",
     "rejoin_cycles_max": "no restart in this run, or a restart too close to the end to tell (censored)",
     "link_buffers_bounded": "no link buffer counters in the log (a log from before they were written)",
+    "participation_min": "no round was committed",
 }
 def fmt(v, kind: str) -> str:
     if v is None:

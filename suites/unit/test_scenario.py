@@ -185,6 +185,7 @@ MALFORMED = [
     (OK + 'task = "markow"\n', "train.task: 'markow' is not one of the choices (did you mean 'markov'?)"),
     (OK + 'mode = "async"\n', "train.mode: 'async' is not one of the choices; valid: decoupled"),
     (OK + 'compression = "int3"\n', "train.compression: 'int3' is not one of the choices"),
+    (OK + "[expect]\nparticipation_min = 0.5\n", "expect.participation_min: 0.5 is out of range; valid: >= 1"),
     (OK + 'preset = "papers"\n', "train.preset: 'papers' is not one of the choices (did you mean 'paper'?)"),
     (OK + 'downlink = "some"\n', "train.downlink: 'some' is not one of the choices; valid: all, answer"),
     (OK + "seq_len = 1000\n", "train.seq_len: TaskConfig.seq_len = 1000 exceeds ModelConfig.context"),
