@@ -43,6 +43,7 @@ from harness.eventlog import EventLog
 from harness.history import (DP_MODES, Incarnation, UnitHistory, clip, first_step_start,  # noqa: F401
                              fragment_count, histories, intersect, is_process_up, learner_names, measure,
                              minus, norm, step_lag, window)
+from harness.losses import final_loss, loss_floor
 from harness.participation import participation
 
 BADPUT = ("startup", "waiting_on_sync", "rolled_back", "lost", "stale", "recovery", "paused", "dead", "finished",
@@ -314,21 +315,6 @@ class Metrics:
         return d
 
 
-def final_loss(log: EventLog) -> tuple[float | None, str | None]:
-    """The harness's eval of the global model; else the mean of each learner's last eval."""
-    glob = [e for e in log.of("eval", src="harness") if e.get("global")]
-    if glob:
-        return float(glob[-1]["loss"]), "global"
-    last = {e["src"]: e["loss"] for e in log.of("eval") if e["src"] != "harness"}
-    return (float(statistics.fmean(last.values())), "learners") if last else (None, None)
-
-
-def _loss_floor(header: dict) -> float | None:
-    task = header.get("task")
-    v = header.get("loss_floor", task.get("loss_floor") if isinstance(task, dict) else None)
-    return None if v is None else float(v)
-
-
 def _bandwidth(log: EventLog, learners: set, t0: float, t1: float):
     dur = max(t1 - t0, 1e-9)
     per = defaultdict(lambda: [0, 0, Counter()])
@@ -378,7 +364,7 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
 
     loss, loss_from = final_loss(log)
     ref = final_loss(reference)[0] if reference is not None else None
-    floor = _loss_floor(log.header)
+    floor = loss_floor(log.header)
 
     links, total_bytes, peak = _bandwidth(log, set(names), t0, t1)
     steps = [e for e in log.of("step") if e["src"] in names]

@@ -27,7 +27,7 @@ from hypothesis import Phase, find, given, settings
 
 from faults.schedule import RunShape
 from faults.strategies import link_faults
-from harness import checks, metrics
+from harness import checks, losses
 from harness.scenario import scenario_from_dict
 from harness.sim import SimParams, simulate
 from harness.sim_bench import PROPERTY_BASE
@@ -58,8 +58,8 @@ def fault_free() -> Case:
 
 
 def excess(case) -> float:
-    loss, _ = metrics.final_loss(case.log)
-    return loss - metrics._loss_floor(case.log.header)
+    loss, _ = losses.final_loss(case.log)
+    return loss - losses.loss_floor(case.log.header)
 
 
 def bounded_staleness(case) -> None:

@@ -50,7 +50,8 @@ def test_the_learner_is_fresh_until_it_steps_or_takes_an_update():
     core, state = _learner()
     state, acts = core.start(state, 0.0)
     assert acts[0].msg.fresh == digest([arr(1.0), arr(2.0)])
-    assert _learner(incarnation=1)[0].start(_learner(1)[1], 0.0)[1][0].msg.fresh == ""   # a restart
+    restarted, rstate = _learner(incarnation=1)
+    assert restarted.start(rstate, 0.0)[1][0].msg.fresh == ""   # a restart holds a checkpoint, not Θ0
     # the empty answer: its own Θ0[p] is taken as version 0; fragment 1 still awaited
     state, _ = core.receive(state, 0.0, "s0", FragmentUpdate(0, 0, True, []))
     assert (float(state.params[0][0]), state.base_version, state.awaiting) == (1.0, (0, 0), frozenset({1}))
