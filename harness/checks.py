@@ -200,6 +200,21 @@ def _at_most(name: str, value, bound) -> Result:
     return Result(name, None if value is None else value <= bound, value, bound)
 
 
+def _parity(m: Metrics, bound: float) -> Result:
+    """The final loss within `bound` of the fault-free reference's, judged on the paired
+    interval of the parity: PASS when its upper end is ≤ bound, FAIL when its lower end is
+    over, UNKNOWN in between (the eval cannot tell). A log without batch losses (written
+    before they existed) is judged on the point value, and says so."""
+    if m.loss_parity is None:
+        return Result("loss_parity_max", None, None, bound)
+    ci = m.loss_parity_ci
+    if ci is None:
+        return Result("loss_parity_max", m.loss_parity <= bound, m.loss_parity, bound,
+                      {"why": "no per-batch eval losses on both sides: judged on the point value"})
+    valid = True if ci[1] <= bound else (False if ci[0] > bound else None)
+    return Result("loss_parity_max", valid, m.loss_parity, bound, {"ci": ci})
+
+
 def _recovery(m: Metrics, bound: float) -> Result:
     """Each restart's recovery_s ≤ bound. A restart that never recovered fails when the run
     went on ≥ bound after it; closer to the end it is unknown (censored)."""
@@ -232,7 +247,7 @@ def _rejoin(m: Metrics, bound: float) -> Result:
 EXPECT = {
     "goodput_min": lambda m, b: _at_least("goodput_min", m.goodput, b),
     "uptime_min": lambda m, b: _at_least("uptime_min", m.uptime, b),
-    "loss_parity_max": lambda m, b: _at_most("loss_parity_max", m.loss_parity, b),
+    "loss_parity_max": _parity,
     "recovery_max_s": _recovery,
     "rejoin_cycles_max": _rejoin,
     # mean learners merged per committed round (unknown when nothing was committed)

@@ -3,7 +3,9 @@ checkpoints on disk (so nothing is taken from the run while it trains).
 
 - `final(run_dir, cfg, topology)`: Θ at the end, assembled from every syncer shard's
   latest checkpoint (DiLoCo modes), or learner-0's last checkpoint (dp modes, where
-  every learner holds the global model).
+  every learner holds the global model), evaluated on `task.final_eval_batches`
+  held-out batches (64: the learners' 4 and more), each batch's loss kept so that the
+  parity with a reference run gets a paired confidence interval (harness/losses.py).
 - `over_time(run_dir, cfg, topology, t0, t1)`: Θ along the run. Each syncer shard keeps,
   besides its latest checkpoints, the first one it saved in each `trainer.syncer.
   KEEP_EVERY_S` of clock time (the same moments on every shard), stamped with the wall
@@ -18,10 +20,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 MAX_POINTS = 40  # evaluations along one run, at most (each ~10-50 ms on the tiny model)
 
 
-def _setup(cfg):
+def _setup(cfg, n: int | None = None):
     import jax
 
     from trainer.inner import make_inner
@@ -31,16 +35,17 @@ def _setup(cfg):
     task = task_for_run(cfg)
     params = task.init_params(jax.random.PRNGKey(cfg.seed))
     inner = make_inner(cfg, task.loss_fn)
-    return params, fragmenter_for(cfg, params), lambda p: inner.evaluate(p, task.eval_batches())
+    batches = task.eval_batches(n)
+    return params, fragmenter_for(cfg, params), lambda p: inner.batch_losses(p, batches)
 
 
-def final(run_dir: Path, cfg, topology: dict) -> tuple[float | None, str | None]:
-    """(held-out loss of the final global model, None) or (None, what went wrong)."""
+def final(run_dir: Path, cfg, topology: dict) -> tuple[list[float] | None, str | None]:
+    """(each held-out batch's loss under the final global model, None) or (None, what went wrong)."""
     from trainer.checkpoint import Checkpointer
     from trainer.shell import from_ckpt
 
     try:
-        params, frag, evaluate = _setup(cfg)
+        params, frag, evaluate = _setup(cfg, cfg.task.final_eval_batches)
         if cfg.diloco.mode in ("dp", "elastic_dp"):
             with Checkpointer(run_dir / "ckpt" / topology["learners"][0]) as ck:
                 saved = ck.restore()
@@ -118,7 +123,7 @@ def over_time(run_dir: Path, cfg, topology: dict, t0: float, t1: float) -> tuple
                 taken = [fr for at, fr in s if at <= t]
                 for p, theta in (taken[-1] if taken else {}).items():
                     params = frag.set(params, p, theta)
-            points.append({"t": t, "loss": evaluate(params)})
+            points.append({"t": t, "loss": float(np.mean(evaluate(params)))})
         return points, why
     except Exception as e:  # noqa: BLE001 - reported, never raised
         return [], repr(e)

@@ -43,7 +43,7 @@ from harness.eventlog import EventLog
 from harness.history import (DP_MODES, Incarnation, UnitHistory, clip, first_step_start,  # noqa: F401
                              fragment_count, histories, intersect, is_process_up, learner_names, measure,
                              minus, norm, step_lag, window)
-from harness.losses import final_loss, loss_floor
+from harness.losses import batch_losses, excess_loss_ratio, final_loss, loss_floor, mean_ci, parity_ci
 from harness.participation import participation
 
 BADPUT = ("startup", "waiting_on_sync", "rolled_back", "lost", "stale", "recovery", "paused", "dead", "finished",
@@ -289,6 +289,9 @@ class Metrics:
     final_loss_from: str | None  # "global" (the harness's eval of Θ) or "learners"
     reference_loss: float | None
     loss_parity: float | None
+    loss_parity_ci: list | None  # paired bootstrap 95 % interval of loss_parity (harness/losses.py)
+    final_loss_ci: list | None   # bootstrap 95 % interval of final_loss over its eval batches
+    excess_loss_ratio: float | None  # (L − floor) / (L_ref − floor)
     loss_floor: float | None
     floor_gap: float | None
     links: tuple                 # of LinkBytes
@@ -387,6 +390,9 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
         rejoin_cycles_max=max((r.rejoin_cycles for r in recs if r.rejoin_cycles is not None), default=None),
         final_loss=loss, final_loss_from=loss_from, reference_loss=ref,
         loss_parity=(loss - ref) / ref if loss is not None and ref else None,
+        loss_parity_ci=parity_ci(batch_losses(log), batch_losses(reference) if reference is not None else None),
+        final_loss_ci=mean_ci(batch_losses(log)) if loss_from == "global" else None,
+        excess_loss_ratio=excess_loss_ratio(loss, ref, floor),
         loss_floor=floor, floor_gap=None if loss is None or floor is None else loss - floor,
         links=links, bytes_total=total_bytes, mean_Bps=total_bytes / dur if dur else 0.0, peak_Bps=peak,
         bytes_per_token=total_bytes / window_tokens if window_tokens else None,

@@ -11,6 +11,8 @@ ROWS = [  # (label, key, format)
     ("uptime", "uptime", "{:.1%}"),
     ("final loss", "final_loss", "{:.4f}"),
     ("loss parity vs fault-free", "loss_parity", "{:+.2%}"),
+    ("  its 95 % interval", "loss_parity_ci", "[{0[0]:+.2%}, {0[1]:+.2%}]"),
+    ("excess-loss ratio", "excess_loss_ratio", "{:.3f}"),
     ("bytes per token", "bytes_per_token", "{:,.0f}"),
     ("max staleness", "staleness_max", "{}"),
     ("restarts", "restarts", "{}"),
@@ -53,5 +55,7 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
             mark = {True: "[green]PASS[/]", False: "[red]FAIL[/]"}.get(c.get("valid"), "[yellow]UNKNOWN[/]")
             bound = f" (bound {c['bound']})" if c.get("bound") is not None else ""
             value = f" = {c['value']}" if c.get("value") is not None else ""
+            if ci := (c.get("details") or {}).get("ci"):
+                value += f", 95 % interval [{ci[0]:.4g}, {ci[1]:.4g}]"
             console.print(f"{mark} {name}: {c['name']}{value}{bound}")
 

@@ -20,6 +20,7 @@ from faults.schedule import Schedule
 from harness import eventlog
 from harness.cluster import LocalCluster
 from harness.injector import Injector, wait_until
+from harness.losses import final_eval_event
 from harness.progress import Progress
 from harness.scenario import Scenario, scenario_to_toml
 from trainer.config import RunConfig
@@ -196,8 +197,7 @@ def _global_evals(run_dir: Path, cfg: RunConfig, topology: dict, header: dict, e
                 "global": True, "snapshot": True} for p in along]
     final, why_final = global_eval.final(run_dir, cfg, topology)
     if final is not None:
-        events.append({"t": round(time.time(), 6), "src": "harness", "kind": "eval", "loss": final,
-                       "step": cfg.steps, "global": True})
+        events.append(final_eval_event(time.time(), cfg.steps, final))
     errors = [w for w in (why, why_final) if w]
     if errors:  # in the log's header too, where a report or a failed test can show it
         header["global_eval_errors"] = errors

@@ -26,6 +26,7 @@ import optax
 
 from harness import eventlog
 from harness.cluster import make_topology
+from harness.losses import final_eval_event
 from harness.runner import (END_GRACE_S, MAX_STEPS_FACTOR, STARTUP_TIMEOUT_S, RunResult, render, summarize,
                             unique_dir)
 from harness.scenario import Scenario, scenario_from_dict, scenario_to_toml
@@ -56,6 +57,7 @@ class Model:
     smath: object
     params0: dict
     eval_batches: list
+    final_batches: list
     slices: int
     tokens_per_row: int
     step: object  # (params, opt_state, batch) -> (params, opt_state, loss)
@@ -63,6 +65,10 @@ class Model:
 
     def evaluate(self, params) -> float:
         return self.inner.evaluate(params, self.eval_batches)
+
+    def final_losses(self, params) -> list[float]:
+        """The harness's final eval: `task.final_eval_batches` batches, each one's loss."""
+        return self.inner.batch_losses(params, self.final_batches)
 
 
 @functools.lru_cache(maxsize=8)
@@ -83,7 +89,7 @@ def _model(cfg: RunConfig) -> Model:
         return grads, loss
 
     return Model(task, inner, frag, learner_math(cfg, frag), syncer_math(cfg, frag), params0,
-                 task.eval_batches(), cfg.diloco.slices, cfg.task.tokens_per_row, jax.jit(step), jax.jit(grad))
+                 task.eval_batches(), task.eval_batches(cfg.task.final_eval_batches), cfg.diloco.slices, cfg.task.tokens_per_row, jax.jit(step), jax.jit(grad))
 
 
 def model_for(cfg: RunConfig) -> Model:
@@ -184,22 +190,24 @@ def finish(s: Scenario, world: World, injector: SimInjector, header: dict) -> Si
     header["crashes"] = []
     final = _global_eval(world)
     if final is not None:
-        world.emit("eval", "harness", loss=final, step=world.cfg.steps, **{"global": True})
+        e = final_eval_event(world.now, world.cfg.steps, final)
+        world.emit("eval", "harness", loss=e["loss"], step=e["step"], batch_losses=e["batch_losses"],
+                   **{"global": True})
     return SimRun(s, header, world.events, world)
 
 
-def _global_eval(world: World) -> float | None:
-    """Held-out loss of the global model: Θ as the shards leave it (dp: learner-0's
-    last checkpoint), as harness/runner.py assembles it from the checkpoints."""
+def _global_eval(world: World) -> list[float] | None:
+    """Each final held-out batch's loss under the global model: Θ as the shards leave it
+    (dp: learner-0's last checkpoint), as harness/runner.py assembles it from the checkpoints."""
     m = world.model
     if world.dp:
         ckpt = world.learners[world.topology["learners"][0]].ckpt
-        return None if ckpt is None else m.evaluate(ckpt[0])
+        return None if ckpt is None else m.final_losses(ckpt[0])
     params = m.params0
     for shard in world.syncers.values():
         for p, theta in (shard.theta() or {}).items():
             params = m.frag.set(params, p, theta)
-    return m.evaluate(params)
+    return m.final_losses(params)
 
 
 def run_sim(s: Scenario, out: Path, run_dir: Path | None = None, *, label: str | None = None, live: bool = False,

@@ -47,6 +47,11 @@ def fmt(v, kind: str) -> str:
             "bytes": _bytes(v), "cycles": f"{v:.2g} cycles", "nats": f"{v:.3f} nats"}.get(kind, str(v))
 
 
+def ci_text(ci, kind: str) -> str:
+    """' (95 % interval a to b)', or '' without an interval."""
+    return f" (95 % interval {fmt(ci[0], kind)} to {fmt(ci[1], kind)})" if ci else ""
+
+
 def _bytes(v: float) -> str:
     for unit in ("B", "kB", "MB", "GB", "TB"):
         if abs(v) < 1000:
@@ -69,8 +74,16 @@ def check_rows(checks: list[dict], t_start: float | None = None) -> list[dict]:
         else:
             value_txt, bound_txt = fmt(value, kind), fmt(bound, kind)
         details = c.get("details") or {}
+        ci = details.get("ci") if c["name"] == "loss_parity_max" else None
+        if ci:
+            value_txt += f" [{fmt(ci[0], kind)}, {fmt(ci[1], kind)}]"
         why, zoom = "", None
-        if status == "unknown":
+        if status == "unknown" and ci:
+            why = (f"its 95 % interval [{fmt(ci[0], kind)}, {fmt(ci[1], kind)}] holds the bound: "
+                   f"the eval cannot tell (raise task.final_eval_batches)")
+        elif status == "fail" and ci:
+            why = f"the whole 95 % interval [{fmt(ci[0], kind)}, {fmt(ci[1], kind)}] is over the bound"
+        elif status == "unknown":
             why = details.get("why") or UNKNOWN_WHY.get(c["name"], "the log cannot tell")
         elif status == "fail":
             why, zoom = _why_failed(c["name"], details, t_start)

@@ -13,7 +13,7 @@ from harness.checks import faults_note
 from reports import charts, series
 from reports import timeline as tlmod
 from reports.runs import Run
-from reports.check_rows import CHECKS, STATUS, UNKNOWN_WHY, _bytes, _short, _why_failed, check_rows, fmt  # noqa: F401
+from reports.check_rows import CHECKS, STATUS, UNKNOWN_WHY, _bytes, _short, _why_failed, check_rows, ci_text, fmt  # noqa: F401
 
 
 SECTIONS = [("verdict", "Verdict"), ("run", "Run"), ("timeline", "Timeline"), ("loss", "Loss"),
@@ -372,7 +372,10 @@ def numbers(s: dict) -> dict:
         "gap_bound": fmt(g("commit_gap_bound_s"), "stall"), "final_loss": fmt(g("final_loss"), "loss"),
         "final_loss_from": {"global": "the global model", "learners": "mean of the learners' own models"}.get(
             g("final_loss_from"), "no eval"),
-        "reference_loss": fmt(g("reference_loss"), "loss"), "parity": fmt(g("loss_parity"), "parity"),
+        "reference_loss": fmt(g("reference_loss"), "loss"),
+        "parity": fmt(g("loss_parity"), "parity") + ci_text(g("loss_parity_ci"), "parity"),
+        "final_loss_ci": ci_text(g("final_loss_ci"), "loss").strip(),
+        "excess_ratio": fmt(g("excess_loss_ratio"), "float"),
         "floor": fmt(g("loss_floor"), "loss"), "floor_gap": fmt(g("floor_gap"), "loss"),
         "staleness_mean": fmt(g("staleness_mean"), "float"), "staleness_max": fmt(g("staleness_max"), "int"),
         "merges": fmt(g("merges"), "int"), "bytes_total": fmt(g("bytes_total"), "bytes"),

@@ -213,6 +213,7 @@ class TaskConfig:
     markov_seed: int = 0  # the chain itself; data streams also fold in RunConfig.seed
     markov_concentration: float = 0.2  # Dirichlet α of each transition row: small = peaked
     eval_batches: int = 4
+    final_eval_batches: int = 64  # the harness's eval of the final global model (parity interval)
     dim: int = 8  # quadratic: entries per block
     quad_blocks: int = 3  # quadratic: blocks `layer_i/w`, so P fragments have leaves to hold
     quad_noise: float = 0.1  # quadratic: std of per-step target noise
@@ -233,6 +234,7 @@ class TaskConfig:
         _check_int(self, "markov_seed", 0)
         _check_float(self, "markov_concentration", 0.0, 100.0, lo_open=True)
         _check_int(self, "eval_batches", 1, 1024)
+        _check_int(self, "final_eval_batches", 1, 4096)
         _check_int(self, "dim", 1, 1 << 16)
         _check_int(self, "quad_blocks", 1, 256)
         _check_float(self, "quad_noise", 0.0, 100.0)

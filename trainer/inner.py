@@ -180,10 +180,15 @@ class InnerLoop:
 
     def evaluate(self, params: dict, eval_batches: list[Any]) -> float:
         """Mean of the per-batch mean losses (eval batches have equal sizes)."""
+        return float(np.mean(self.batch_losses(params, eval_batches)))
+
+    def batch_losses(self, params: dict, eval_batches: list[Any]) -> list[float]:
+        """Each eval batch's mean loss, in order (the harness pairs them with a reference
+        run's on the same batches for the parity interval)."""
         params = jax.device_put(params, self.devices[0])
         losses = [self._eval(params, jax.device_put(b, self.devices[0]))
                   for b in eval_batches]
-        return float(np.mean([float(x) for x in losses]))
+        return [float(x) for x in losses]
 
     def opt_state_from_tree(self, params: dict, leaves: list[Any]) -> Any:
         """Inverse of `opt_state_to_tree` (e.g. after a checkpoint restore): optax's

@@ -44,7 +44,9 @@ class Task:
     def batch(self, learner: int, step: int) -> np.ndarray:
         raise NotImplementedError
 
-    def eval_batches(self) -> list[np.ndarray]:
+    def eval_batches(self, n: int | None = None) -> list[np.ndarray]:
+        """The held-out batches: `task.eval_batches` of them, or `n` (the first of a
+        longer list are the same batches, so a larger final eval extends the learners')."""
         raise NotImplementedError
 
     def loss_floor(self) -> float | None:
@@ -166,9 +168,9 @@ class MarkovTask(_LMTask):
         rng = np.random.default_rng([self.seed, TRAIN_STREAM, learner, step])
         return self.sample(rng, self.cfg.batch_size)
 
-    def eval_batches(self) -> list[np.ndarray]:
+    def eval_batches(self, n: int | None = None) -> list[np.ndarray]:
         return [self.sample(np.random.default_rng([self.seed, EVAL_STREAM, i]),
-                            self.cfg.batch_size) for i in range(self.cfg.eval_batches)]
+                            self.cfg.batch_size) for i in range(n or self.cfg.eval_batches)]
 
     def nll_under_chain(self, tokens_BxL1: np.ndarray) -> float:
         """Mean −log T[context, next] over the predicted tokens that have a full
@@ -249,10 +251,10 @@ class CorpusTask(_LMTask):
         return self._windows(self.shards[learner], rng, self.cfg.batch_size,
                              self.cfg.seq_len + 1)
 
-    def eval_batches(self) -> list[np.ndarray]:
+    def eval_batches(self, n: int | None = None) -> list[np.ndarray]:
         rng = np.random.default_rng([self.seed, EVAL_STREAM])
         return [self._windows(self.eval_region, rng, self.cfg.batch_size,
-                              self.cfg.seq_len + 1) for _ in range(self.cfg.eval_batches)]
+                              self.cfg.seq_len + 1) for _ in range(n or self.cfg.eval_batches)]
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "corpus_sha256": self.sha256,
@@ -316,5 +318,5 @@ class QuadraticTask(Task):
         return (self.b_MxN[learner][None, :] + self.cfg.quad_noise * noise_BxN
                 ).astype(np.float32)
 
-    def eval_batches(self) -> list[np.ndarray]:
-        return [b_N[None, :].astype(np.float32) for b_N in self.b_MxN]
+    def eval_batches(self, n: int | None = None) -> list[np.ndarray]:
+        return [b_N[None, :].astype(np.float32) for b_N in self.b_MxN]  # exact: n changes nothing
