@@ -10,7 +10,8 @@ observed value, the bound it was held to and details (the first offending lines)
 
 Safety checks: merged_at_most_once, progress_merged_once, versions_monotonic, no_nan,
 durable_rounds_kept, no_global_downtime, global_loss_regression, link_buffers_bounded,
-staleness_bounded (the model's: harness/model_checks.py). Exact definitions: docs/METRICS.md.
+tokens_conserved (harness/ledger.py), staleness_bounded (the model's: harness/model_checks.py).
+Exact definitions: docs/METRICS.md.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataclasses import asdict
 from harness.check_base import SHOW, Result, ShardLife, _judge, _lost_merges, _shards, compose, shard_lives  # noqa: F401
 from harness.eventlog import EventLog
 from harness.history import clip, histories, intersect, learner_names, minus, norm, window
+from harness.ledger import tokens_conserved
 from harness.metrics import Metrics, commit_gaps
 from harness.model_checks import (ABSORBED, END_MAX, HELD_BYTES, RISE_MAX, WARMUP, global_curve,  # noqa: F401
                                   global_loss_regression, link_buffers_bounded, progress_merged_once,
@@ -183,7 +185,7 @@ def safety_checks(log: EventLog, metrics: Metrics | None = None, *, max_stalenes
            durable_rounds_kept(log), no_global_downtime(log, downtime_bound_s),
            global_loss_regression(log, RISE_MAX if rise_max is None else rise_max,
                                   END_MAX if end_max is None else end_max),
-           link_buffers_bounded(log)]
+           link_buffers_bounded(log), tokens_conserved(log)]
     if max_staleness is not None:
         out.append(staleness_bounded(log, max_staleness))
     return out

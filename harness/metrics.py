@@ -44,6 +44,7 @@ from harness.history import (DP_MODES, Incarnation, UnitHistory, clip, first_ste
                              fragment_count, histories, intersect, is_process_up, learner_names, measure,
                              minus, norm, step_lag, window)
 from harness.losses import batch_losses, excess_loss_ratio, final_loss, loss_floor, mean_ci, parity_ci
+from harness.ledger import ledger
 from harness.participation import participation
 
 BADPUT = ("startup", "waiting_on_sync", "rolled_back", "lost", "stale", "recovery", "paused", "dead", "finished",
@@ -310,6 +311,7 @@ class Metrics:
     restarts: int                # every unit (learners and shards)
     step_lag: int
     participation: dict | None = None  # learners merged per committed round (harness/participation.py)
+    ledger: dict | None = None  # the token-fate ledger: where each learner's tokens went (harness/ledger.py)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -400,4 +402,4 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
         staleness_mean=(sum(k * v for k, v in stale.items()) / sum(stale.values())) if stale else None,
         steps=len(steps), tokens=tokens, merges=len(merges), commits=len(commits), dropped=dict(dropped),
         restarts=sum(1 for h in hs.values() for inc in h.incs if inc.n >= 1), step_lag=lag,
-        participation=participation(log))
+        participation=participation(log), ledger=ledger(log))

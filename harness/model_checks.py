@@ -15,6 +15,27 @@ from harness.history import DP_MODES, histories, window
 ABSORBED = ("combined", "superseded")  # shard drop reasons: the contribution went on inside by_seq's
 
 
+def absorptions(log: EventLog, known: set) -> dict[tuple, tuple]:
+    """(learner, incarnation, seq, fragment) of a contribution a shard or an outbox dropped
+    `combined` / `superseded` -> ((learner, incarnation, by_seq, fragment), reason): the
+    contribution its progress went on in. by_seq carries no incarnation; it is the first
+    one ≥ the older's in which (learner, by_seq, fragment) is in `known` (a newer
+    contribution's key is higher)."""
+    incs: dict[tuple, list] = {}  # (learner, seq, fragment) -> incarnations it was seen in
+    for k in known:
+        incs.setdefault((k[0], k[2], k[3]), []).append(k[1])
+    out: dict[tuple, tuple] = {}
+    for e in log.of("drop"):
+        if e.get("reason") not in ABSORBED or e.get("by_seq") is None:
+            continue
+        learner, inc, seq, p, by = e.get("learner"), e.get("incarnation"), e.get("seq"), e.get("fragment"), e["by_seq"]
+        if inc is None or seq is None:
+            continue
+        cands = sorted(i for i in incs.get((learner, by, p), ()) if (i, by) > (inc, seq))
+        out[(learner, inc, seq, p)] = ((learner, cands[0] if cands else inc, by, p), e["reason"])
+    return out
+
+
 def progress_merged_once(log: EventLog) -> Result:
     """No inner step of a learner incarnation reaches the model twice for one fragment.
 
@@ -49,22 +70,9 @@ def progress_merged_once(log: EventLog) -> Result:
     lost = _lost_merges(log)
     merged = {(e["learner"], e["incarnation"], e["seq"], e["fragment"]) for e in merges if id(e) not in lost}
     seen = {(e["learner"], e["incarnation"], e["seq"], e["fragment"]) for e in merges}
-    # older -> (newer, reason): by_seq carries no incarnation; it is the first one ≥ the
-    # older's in which (learner, by_seq, fragment) was seen (a newer contribution's key is higher)
     known = seen | set(spans)
-    incs: dict[tuple, list] = {}  # (learner, seq, fragment) -> incarnations it was seen in
-    for k in known:
-        incs.setdefault((k[0], k[2], k[3]), []).append(k[1])
-    absorbed: dict[tuple, tuple] = {}
-    for e in log.of("drop"):
-        if e.get("reason") not in ABSORBED or e.get("by_seq") is None:
-            continue
-        learner, inc, seq, p, by = e.get("learner"), e.get("incarnation"), e.get("seq"), e.get("fragment"), e["by_seq"]
-        if inc is None or seq is None:
-            continue
-        cands = sorted(i for i in incs.get((learner, by, p), ()) if (i, by) > (inc, seq))
-        absorbed[(learner, inc, seq, p)] = ((learner, cands[0] if cands else inc, by, p), e["reason"])
-        known.add((learner, inc, seq, p))
+    absorbed = absorptions(log, known)
+    known |= set(absorbed)
 
     def reached(key) -> tuple[bool, bool]:
         """(its progress reached the model, only through merges and `combined` hops)."""

@@ -16,6 +16,7 @@ import altair as alt
 
 WIDTH = 900  # plot area; with the lane labels a chart fits the 1080 px page
 ZOOM = "xzoom"
+FULL_LOSS = "loss_full"  # the loss chart's checkbox: the whole range instead of the clipped view
 T_TITLE = "seconds from training start"
 
 STATE_COLORS = {  # one scale for every lane of the timeline
@@ -182,7 +183,9 @@ def loss(points: list[dict], means: list[dict], glob: list[dict], floor: float |
     whos = [w for w in WHO_COLORS if any(r["who"] == w for r in means + glob)]
     color = alt.Color("who:N", scale=alt.Scale(domain=whos, range=[WHO_COLORS[w] for w in whos]),
                       legend=alt.Legend(orient="top", title=None))
-    y = alt.Y("loss:Q", title="held-out loss (nats/token)", scale=alt.Scale(zero=False))
+    clip = loss_view(points + means + glob, floor, dom)
+    y = alt.Y("loss:Q", title="held-out loss (nats/token)", scale=alt.Scale(
+        zero=False, **({"domainRaw": alt.ExprRef(f"{FULL_LOSS} ? null : {list(clip)}")} if clip else {})))
     layers, data = [], {}
     if fault_rows:
         layers.append(fault_bands(dom))
@@ -211,7 +214,23 @@ def loss(points: list[dict], means: list[dict], glob: list[dict], floor: float |
             y="loss:Q", tooltip=[alt.Tooltip("loss:Q", title="entropy floor", format=".4f")]))
         data["floor"] = [{"loss": floor}]
     chart = alt.layer(*layers).properties(width=WIDTH, height=260).add_params(_zoom_param())
+    if clip:  # the start-up losses (~5.5 nats) would squash the range the run spends its time in
+        chart = chart.add_params(alt.param(name=FULL_LOSS, value=False,
+                                           bind=alt.binding_checkbox(name="show the whole loss range ")))
     return _spec(chart, data)
+
+
+def loss_view(rows: list[dict], floor: float | None, dom: tuple) -> tuple[float, float] | None:
+    """The loss axis's default [lo, hi]: from the lowest loss (or the floor) to the highest
+    after the first quarter of the run, 5 % padded; None when that would hide nothing
+    (the checkbox `FULL_LOSS` shows the whole range)."""
+    vals = [r for r in rows if r.get("loss") is not None]
+    late = [r["loss"] for r in vals if r.get("t") is not None and r["t"] >= dom[0] + 0.25 * (dom[1] - dom[0])]
+    lo = min([r["loss"] for r in vals] + ([floor] if floor is not None else []), default=None)
+    if not late or max(late) <= lo:
+        return None
+    hi, pad = max(late), 0.05 * (max(late) - lo)
+    return None if max(r["loss"] for r in vals) <= hi + pad else (round(lo - pad, 4), round(hi + pad, 4))
 
 
 def histogram(rows: list[dict], field: str, title: str, bound: float | None, *, step: float | None = None,

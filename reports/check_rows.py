@@ -29,6 +29,8 @@ CHECKS = {
                              "plus a whole frame per fragment of the shard, a Hello and the frame being written",
                              "bytes", "buffers"),
     "no_crash": ("no process crashed by itself", "count", "timeline"),
+    "tokens_conserved": ("every token a learner trained ends in exactly one fate (merged, superseded, lost, "
+                         "dropped, in flight), and none is merged twice", "count", "ledger"),
 }
 UNKNOWN_WHY = {
     "loss_parity_max": "no fault-free reference run (or no loss) to compare with",
@@ -36,6 +38,7 @@ UNKNOWN_WHY = {
     "rejoin_cycles_max": "no restart in this run, or a restart too close to the end to tell (censored)",
     "link_buffers_bounded": "no link buffer counters in the log (a log from before they were written)",
     "participation_min": "no round was committed",
+    "tokens_conserved": "contribute lines without token counts (a log from before the ledger)",
 }
 def fmt(v, kind: str) -> str:
     if v is None:

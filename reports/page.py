@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 
 from harness.checks import faults_note
-from reports import charts, series
+from reports import charts, fates, series
 from reports import timeline as tlmod
 from reports.runs import Run
 from reports.check_rows import CHECKS, STATUS, UNKNOWN_WHY, _bytes, _short, _why_failed, check_rows, ci_text, fmt  # noqa: F401
@@ -18,7 +18,7 @@ from reports.check_rows import CHECKS, STATUS, UNKNOWN_WHY, _bytes, _short, _why
 
 SECTIONS = [("verdict", "Verdict"), ("run", "Run"), ("timeline", "Timeline"), ("loss", "Loss"),
             ("goodput", "Goodput"), ("recovery", "Recovery"), ("staleness", "Staleness"),
-            ("bandwidth", "Bandwidth"), ("buffers", "Link buffers")]
+            ("ledger", "Token fates"), ("bandwidth", "Bandwidth"), ("buffers", "Link buffers")]
 # what a `drop` line's reason means, for the staleness section's counts
 DROP_WHY = {
     "stale": "a shard dropped a contribution staler than max_staleness",
@@ -262,7 +262,7 @@ def chart_specs(run: Run, tl) -> tuple[dict[str, dict], float]:
     if buf:
         rule = buffer_bound(s)
         specs["buffers"] = charts.link_buffers(buf, rule, faults, tl.x_domain, _buffers_symlog(buf, rule))
-    return specs, bucket
+    return {**specs, **fates.specs(s)}, bucket
 
 
 def staleness_bound(log) -> int | None:
@@ -316,7 +316,7 @@ def context(run: Run, test: dict | None = None) -> dict:
         "companions": _companions(run), "crashes": run.header.get("crashes") or [],
         "dropped": s.get("dropped") or {}, "drop_why": DROP_WHY,
         "buffers": buffer_context(run, s), "stal": staleness_context(run, specs),
-        "faults_note": faults_note(s),
+        "faults_note": faults_note(s), "fates": fates.context(s),
     }
 
 

@@ -329,13 +329,19 @@ class LearnerCore:
                         awaiting=state.awaiting - {p})
         if fetch or not self.config.keep_local:  # kept local progress still counts from the last send
             state = replace(state, anchor_step=_put(state.anchor_step, p, state.step))
-        if fetch or (p in state.skipped and not self.config.keep_local):  # local progress overwritten: count afresh
+        logs = sent
+        reset = fetch and "count_discarded" not in self.config.bugs  # the bug: the next Δ claims them
+        if reset or (p in state.skipped and not self.config.keep_local):  # local progress overwritten: count afresh
+            if state.c_tokens[p]:  # the token-fate ledger's "superseded" (harness/ledger.py)
+                logs = logs + [Log("discard", {"fragment": p, "step": state.step, "steps": state.c_steps[p],
+                                               "tokens": state.c_tokens[p], "version": version,
+                                               "why": "fetch" if fetch else "overwritten"})]
             state = replace(state, skipped=state.skipped - {p})
             state = replace(state, c_steps=_put(state.c_steps, p, 0), c_tokens=_put(state.c_tokens, p, 0))
-        logs = sent
         if (fetch and not state.awaiting and not state.phased and self.config.incarnation >= 1
                 and self.config.mode in ("streaming", "sync_diloco") and "rejoin_out_of_phase" not in self.config.bugs):
-            state, logs = self._rephase(state)
+            state, more = self._rephase(state)
+            logs = logs + more  # (it replaced `sent`: a deferred contribution's Send was lost)
         return self._check_block(state, logs)
 
     def _rephase(self, state: LearnerState):
@@ -389,7 +395,8 @@ class LearnerCore:
         state = replace(state, seq=seq, c_steps=_put(state.c_steps, p, 0), c_tokens=_put(state.c_tokens, p, 0),
                         in_flight={**state.in_flight, p: InFlight(seq, now, state.step, msg)})
         logs = [Log("contribute", {"fragment": p, "seq": seq, "base_version": msg.base_version,
-                                   "from_step": state.anchor_step[p], "to_step": state.step}),
+                                   "from_step": state.anchor_step[p], "to_step": state.step,
+                                   "steps": msg.c_steps, "tokens": msg.c_tokens}),
                 Send(self.config.owners[p], msg)]
         if self.config.keep_local and "cumulative_delta" not in self.config.bugs:
             # what follows this send is the next Δ's (the bug measures every Δ from base[p])

@@ -34,7 +34,8 @@ DP_MODES = ("dp", "elastic_dp")
 # the links: every queued frame goes out, however stale).
 SYNCER_BUGS = frozenset({"merge_twice", "stale_as_fresh", "ignore_quorum", "relative_discount",
                          "unbounded_outbox"})
-LEARNER_BUGS = frozenset({"rejoin_without_fetch", "rejoin_out_of_phase", "cumulative_delta", "unbounded_outbox"})
+LEARNER_BUGS = frozenset({"rejoin_without_fetch", "rejoin_out_of_phase", "cumulative_delta", "unbounded_outbox",
+                          "count_discarded"})
 BUGS = SYNCER_BUGS | LEARNER_BUGS
 
 

@@ -170,3 +170,16 @@ def test_report_command_saves_a_screenshot(tmp_path):
     assert f"screenshot: {tmp_path / 'shot.png'}" in proc.stdout
     png = (tmp_path / "shot.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 50_000
+
+
+def test_the_loss_chart_starts_clipped_and_shows_the_whole_range_on_demand(visit, run_page):
+    """The start-up evals (~5.5 nats) are off the default view; the checkbox brings them back."""
+    v = visit(run_page)
+    y_axis = """() => Array.from(document.querySelectorAll(
+        '#chart-loss svg g.role-axis[aria-label^="Y-axis"]')).map(g => g.getAttribute('aria-label')).join('|')"""
+    before = v.page.evaluate(y_axis)
+    box = v.page.locator("#chart-loss input[type=checkbox]")
+    assert box.count() == 1 and before
+    box.check()
+    v.page.wait_for_function(f"({y_axis})() !== {json.dumps(before)}")
+    assert v.complaints() == []

@@ -9,6 +9,7 @@ finds; and the same schedule passes without the bug, so it is the bug that is ca
 | ignore_quorum        | safety: quorum_respected                            | decoupled, K = 2     |
 | rejoin_without_fetch | recovery: contributions against a Θ[p] never fetched | decoupled, α = 0.5   |
 | rejoin_out_of_phase  | zero downtime: no_global_downtime                   | streaming (K = M)    |
+| count_discarded      | safety: tokens_conserved                            | decoupled (re-fetch) |
 
 merge_twice needs a contribution delivered twice. Decoupled learners never send one
 twice; data-parallel learners re-send their unanswered gradients whenever a link
@@ -34,6 +35,7 @@ BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure na
     "ignore_quorum": (safety, {"quorum": 2}, KINDS, "quorum_respected"),
     "rejoin_without_fetch": (recovery, {"mixing": 0.5}, RESTARTS, "never fetched"),
     "rejoin_out_of_phase": (zero_downtime, {"mode": "streaming"}, ("kill_unit",), "no_global_downtime"),
+    "count_discarded": (safety, {}, ("partition", "reset"), "tokens_conserved"),
 }
 
 

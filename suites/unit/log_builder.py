@@ -43,11 +43,17 @@ class LogBuilder:
                         incarnation=inc, seq=seq, fragment=fragment, base_version=base_version,
                         c_steps=c_steps, c_tokens=100 * c_steps)
 
-    def contribute(self, t, unit, seq, from_step, to_step, fragment=0, base_version=0):
+    def contribute(self, t, unit, seq, from_step, to_step, fragment=0, base_version=0, tokens=None):
         """The learner's `contribute` line (written just before its send): the Δ holds the
-        incarnation's inner steps from_step + 1 … to_step."""
+        incarnation's inner steps from_step + 1 … to_step (and `tokens`, when given)."""
+        extra = {} if tokens is None else {"steps": to_step - from_step, "tokens": tokens}
         return self.add(t, unit, "contribute", fragment=fragment, seq=seq, base_version=base_version,
-                        from_step=from_step, to_step=to_step)
+                        from_step=from_step, to_step=to_step, **extra)
+
+    def discard(self, t, unit, step, steps, tokens, fragment=0, version=1):
+        """A fetch re-anchored `fragment`, throwing away the progress since its last cut."""
+        return self.add(t, unit, "discard", fragment=fragment, step=step, steps=steps, tokens=tokens,
+                        version=version, why="fetch")
 
     def shard_drop(self, t, learner, seq, reason, fragment=0, inc=0, shard="syncer-0", **fields):
         """A shard's drop of a contribution: `stale` (staleness, max_staleness), `combined` /

@@ -360,7 +360,8 @@ def test_safety_checks_list():
     log = rounds(LogBuilder(learners=1, t_end=4.0).up(0, "syncer-0"), (1, 2, 3)).log()
     names = [r.name for r in checks.safety_checks(log)]
     assert names == ["merged_at_most_once", "progress_merged_once", "versions_monotonic", "no_nan",
-                     "durable_rounds_kept", "no_global_downtime", "global_loss_regression", "link_buffers_bounded"]
+                     "durable_rounds_kept", "no_global_downtime", "global_loss_regression", "link_buffers_bounded",
+                     "tokens_conserved"]
     assert [r.name for r in checks.safety_checks(log, max_staleness=4)][-1] == "staleness_bounded"
     # global_loss_regression's bounds go through
     damaged = _curve([4.0, 2.5, 1.9, 1.75, 1.72, 3.2]).log()

@@ -405,5 +405,6 @@ def test_real_fault_free_sample():
                          "no_global_downtime"], True),
         # recorded before contribute lines and snapshot global evals: the log cannot tell
         "progress_merged_once": None, "global_loss_regression": None,
-        "link_buffers_bounded": None}  # and before the links counted what waits unsent
+        "link_buffers_bounded": None,  # and before the links counted what waits unsent
+        "tokens_conserved": None}      # and before they carried token counts
     assert m.badput_s["stale"] == 0

@@ -99,7 +99,8 @@ def test_sync_diloco_with_tau_0_blocks_at_the_sync_step():
         assert actions == []
     state, actions = core.after_inner_step(state, 3.0, [arr(3, 3)], 10, 1.0)
     assert [type(a).__name__ for a in actions] == ["Log", "Send", "Block", "Log"]
-    assert actions[0].fields == {"fragment": 0, "seq": 1, "base_version": 0, "from_step": 0, "to_step": 3}
+    assert actions[0].fields == {"fragment": 0, "seq": 1, "base_version": 0, "from_step": 0, "to_step": 3,
+                                 "steps": 3, "tokens": 30}
     assert actions[1].msg.payload[0].tolist() == [-3, -3] and actions[1].msg.c_tokens == 30
     state, actions = core.receive(state, 3.5, "s0", FragmentUpdate(0, 1, False, [arr(2, 2)]))
     assert isinstance(actions[0], Unblock) and state.last_sync_s == 0.5 and state.params[0].tolist() == [2, 2]
