@@ -10,7 +10,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from faults.model import (_POSITIVE_S, Fault, FieldError, KillSlice, KillUnit, Partition, PauseUnit, Reset,
+from faults.model import (_POSITIVE_S, Corrupt, Fault, FieldError, KillSlice, KillUnit, Partition, PauseUnit, Reset,
                           SlowUnit, check_number, conflict, overlap_in_time, suggest)
 
 
@@ -36,7 +36,8 @@ CAUSES: dict[str, Cause] = {
     "gpu_system_processor": Cause("kill_slice", note=_HW),
     "nic": Cause("partition", note="the unit's links drop until the NIC is replaced"),
     "nccl_watchdog": Cause("kill_unit", 0.25, note="a collective hangs, the watchdog kills the job: restart"),
-    "silent_data_corruption": Cause("kill_unit", note="detected, the unit restarts from its checkpoint"),
+    "silent_data_corruption": Cause("corrupt", note="the unit computes wrong values until repaired: its "
+                                               "contributions are corrupted (× 1000); the shard's guard must drop them"),
     "thermal": Cause("slow_unit", speed=0.5, note="thermal throttling: half speed"),
     "ssd": Cause("kill_slice", note=_HW),
     "psu": Cause("kill_slice", note=_HW),
@@ -154,4 +155,6 @@ class FailureProcess:
             return SlowUnit(unit, t_s, duration_s=length_s, speed=cause.speed)
         if cause.kind == "partition":
             return Partition(f"link:{unit}", t_s, duration_s=length_s)
+        if cause.kind == "corrupt":
+            return Corrupt(unit, t_s, duration_s=length_s)
         return Reset(f"link:{unit}", t_s, duration_s=length_s)

@@ -241,9 +241,31 @@ class Truncate(_Fault):
         check_number(self, "bytes", ">= 1 byte", lambda v: v >= 1, integer=True)
 
 
-Fault = Union[KillUnit, KillSlice, PauseUnit, SlowUnit, KillSyncer, Wan, Partition, Reset, Truncate]
+@dataclass(frozen=True)
+class Corrupt(_Fault):
+    """Silent data corruption: for `duration_s` the unit's outgoing contributions are wrong,
+    not absent (trainer/sdc.py): `mode` scale (× `factor`), bitflip (`flips` exponent
+    bits) or nonfinite (a NaN / inf per tensor)."""
+
+    kind: ClassVar[str] = "corrupt"
+    duration_s: float
+    mode: str = "scale"
+    factor: float = 1000.0
+    flips: int = 8
+
+    def _check(self) -> None:
+        super()._check()
+        if self.mode not in CORRUPT_MODES:
+            raise FieldError(type(self).__name__, "mode", f"unknown corrupt mode {self.mode!r}",
+                             ", ".join(CORRUPT_MODES))
+        check_number(self, "factor", "a finite number other than 1", lambda v: math.isfinite(v) and v != 1)
+        check_number(self, "flips", ">= 1", lambda v: v >= 1, integer=True)
+
+
+CORRUPT_MODES = ("scale", "bitflip", "nonfinite")  # trainer/sdc.py MODES
+Fault = Union[KillUnit, KillSlice, PauseUnit, SlowUnit, KillSyncer, Wan, Partition, Reset, Truncate, Corrupt]
 FAULT_KINDS: dict[str, type] = {c.kind: c for c in (KillUnit, KillSlice, PauseUnit, SlowUnit, KillSyncer,
-                                                    Wan, Partition, Reset, Truncate)}
+                                                    Wan, Partition, Reset, Truncate, Corrupt)}
 
 
 def fault_from_dict(d: Mapping[str, Any]) -> Fault:
@@ -289,6 +311,8 @@ UNIT_CONFLICTS: dict[frozenset, str] = {
     frozenset({"pause_unit", "slow_unit"}): "pause and slow both drive SIGSTOP/SIGCONT on one process",
     frozenset({"slow_unit"}): "the unit is already slowed",
     frozenset({"kill_syncer"}): "the shard is already down",
+    frozenset({"corrupt"}): "the unit's contributions are already corrupted",
+    frozenset({"kill_unit", "corrupt"}): "a unit that is down sends nothing to corrupt",
 }
 
 

@@ -22,14 +22,18 @@ from typing import Sequence
 
 from hypothesis import strategies as st
 
-from faults.model import (FailureProcess, Fault, KillSlice, KillSyncer, KillUnit, Partition, PauseUnit, Reset,
+from faults.model import (Corrupt, FailureProcess, Fault, KillSlice, KillSyncer, KillUnit, Partition, PauseUnit, Reset,
                           SlowUnit, Truncate, Wan)
 from faults.schedule import RunShape, Schedule, validate
 
 # Mildest first: Hypothesis shrinks a sampled kind toward the front.
 KINDS = ("wan", "slow_unit", "reset", "truncate", "partition", "pause_unit", "kill_slice", "kill_unit",
          "kill_syncer")
-UNIT_KINDS = ("slow_unit", "pause_unit", "kill_slice", "kill_unit")
+# corrupt is drawn only where asked for: the shard's guard has no history right after a
+# shard restart, so a corruption then can get in (docs/PROTOCOL.md "Corrupt contributions")
+ALL_KINDS = KINDS + ("corrupt",)
+UNIT_KINDS = ("slow_unit", "pause_unit", "kill_slice", "kill_unit", "corrupt")
+CORRUPT_MODES = ("scale", "nonfinite", "bitflip")
 LINK_KINDS = ("wan", "reset", "truncate", "partition")
 DIRECTIONS = ("upstream", "downstream", "both")  # mildest first
 
@@ -76,9 +80,9 @@ def faults(draw, shape: RunShape, kinds: Sequence[str] = KINDS, *, min_at_s: flo
     """One fault of `kinds` in `shape`, starting in [min_at_s, max_at_s] (default: the
     run's end), lasting [min_duration_s, max_duration_s]; `never`: a kill_unit may
     never come back. It is valid on its own (not against other faults)."""
-    usable = [k for k in KINDS if k in kinds and not (k == "kill_slice" and shape.slices < 2)]
+    usable = [k for k in ALL_KINDS if k in kinds and not (k == "kill_slice" and shape.slices < 2)]
     if not usable:
-        raise ValueError(f"no fault kind of {list(kinds)} fits {shape}; valid: {', '.join(KINDS)}")
+        raise ValueError(f"no fault kind of {list(kinds)} fits {shape}; valid: {', '.join(ALL_KINDS)}")
     kind = draw(st.sampled_from(usable))
     target = draw(st.sampled_from(_targets(kind, shape)))
     lo, hi = _ticks(min_at_s, shape.run_s if max_at_s is None else max_at_s, tick_s)
@@ -102,6 +106,9 @@ def faults(draw, shape: RunShape, kinds: Sequence[str] = KINDS, *, min_at_s: flo
         return Partition(target, at, duration_s=length, direction=draw(st.sampled_from(DIRECTIONS)))
     if kind == "reset":
         return Reset(target, at, duration_s=length)
+    if kind == "corrupt":
+        return Corrupt(target, at, duration_s=length, mode=draw(st.sampled_from(CORRUPT_MODES)),
+                       factor=draw(st.sampled_from([1000.0, -1000.0])))  # (the guard's bound is 30×)
     if kind == "truncate":
         return Truncate(target, at, duration_s=length, bytes=2 ** (16 - draw(st.integers(0, 8))))  # toward 64 KiB
     return Wan(target, at, duration_s=length, **draw(wan_settings()))
@@ -116,7 +123,7 @@ def unit_seconds(f: Fault, shape: RunShape, until_s: float | None = None, recove
     end = shape.run_s if until_s is None else until_s
     span = max(0.0, min(end, math.inf if f.end_s is None else f.end_s) - f.at_s)
     span += recovery_s if span > 0 else 0.0
-    if f.kind in ("kill_unit", "pause_unit"):
+    if f.kind in ("kill_unit", "pause_unit", "corrupt"):  # (a corrupt unit's work is dropped)
         return span
     if f.kind == "slow_unit":
         return span * (1 - f.speed)

@@ -62,6 +62,7 @@ LOCAL_MECHANISMS = {
     "pause_unit": "SIGSTOP / SIGCONT",
     "slow_unit": "SIGSTOP/SIGCONT duty cycle",
     "kill_slice": "slice control message",
+    "corrupt": "control file: the learner corrupts its outgoing contributions",
     "wan": "Toxiproxy bandwidth/latency toxics",
     "partition": "Toxiproxy timeout toxic (black hole)",
     "reset": "Toxiproxy reset_peer toxic",
@@ -215,9 +216,18 @@ class LocalCluster:
 
     def set_live_slices(self, learner: str, live: int) -> None:
         """A slice control message: the learner reshards its batch over `live` slices."""
+        self._control(learner, live_slices=live)
+
+    def set_corrupt(self, learner: str, spec: dict | None) -> None:
+        """corrupt: the learner corrupts its outgoing contributions as `spec` says (None: stops)."""
+        self._control(learner, corrupt=spec)
+
+    def _control(self, learner: str, **fields) -> None:
+        """control/<learner>.json, updated atomically (a restarted learner reads it too)."""
         path = self.run_dir / "control" / f"{learner}.json"
+        old = json.loads(path.read_text()) if path.exists() else {}
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"live_slices": live}))
+        tmp.write_text(json.dumps({**old, **fields}))
         tmp.replace(path)
 
     def links_of(self, learner: str) -> list[str]:

@@ -166,6 +166,12 @@ class Injector:
     def _end_kill_slice(self, n, f, final) -> None:
         self.cluster.set_live_slices(f.target, self.shape.slices)
 
+    def _start_corrupt(self, n, f) -> None:
+        self.cluster.set_corrupt(f.target, {"mode": f.mode, "factor": f.factor, "flips": f.flips})
+
+    def _end_corrupt(self, n, f, final) -> None:
+        self.cluster.set_corrupt(f.target, None)
+
     # links -------------------------------------------------------------------------------
     def _links(self, f) -> list[str]:
         return expand_links(f.target, self.shape)

@@ -16,7 +16,8 @@ So, per learner incarnation and fragment, the fates partition the steps it train
 unit is the token: a fragment's share of a token is 1/P, so each learner's fates sum to its
 tokens trained. `tokens_conserved` checks what can break that: a cut claiming other tokens
 than its steps trained (a counter bug), a contribution merged twice, a merge whose
-`c_tokens` is not the sum of the contributions it holds. docs/METRICS.md has the details.
+`c_tokens` is not the sum of the contributions it holds, a contribution the learner
+corrupted (a `corrupt` line: silent data corruption) merged. docs/METRICS.md has the details.
 """
 from __future__ import annotations
 
@@ -169,6 +170,7 @@ class _Ledger:
                 key = absorbed[key][0]
             return key
 
+        corrupt = {(e["src"], e.get("incarnation"), e.get("seq"), e.get("fragment")): e for e in log.of("corrupt")}
         out: dict[tuple, tuple] = {}
         held = defaultdict(int)  # each merge's c_tokens: the tokens of the contributions it holds
         for key, e in sent.items():
@@ -177,6 +179,10 @@ class _Ledger:
             kept = [m for m in merges.get(end, []) if id(m) not in lost_ids]
             if kept:
                 out[key] = ("merged", "merged")
+                if key in corrupt:  # silent data corruption got past the shard's guard
+                    self.bad.append({"learner": key[0], "incarnation": key[1], "seq": key[2], "fragment": key[3],
+                                     "kind": "corrupt_merged", "mode": corrupt[key].get("mode"),
+                                     "versions": [m["version"] for m in kept], "t": kept[0]["t"]})
                 if len(kept) > 1 and end == key:
                     self.bad.append({"learner": key[0], "incarnation": key[1], "seq": key[2], "fragment": key[3],
                                      "kind": "merged_twice", "versions": [m["version"] for m in kept], "t": kept[1]["t"]})

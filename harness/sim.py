@@ -214,9 +214,12 @@ def run_sim(s: Scenario, out: Path, run_dir: Path | None = None, *, label: str |
             reference: Path | None = None, expect: bool = True, params: SimParams = SimParams(),
             bugs=frozenset()) -> RunResult:
     """The sim tier's `run_scenario` (same keywords, same files: run_dir/events.jsonl,
-    scenario.toml, summary.json, report.html). `live` is accepted and ignored."""
+    scenario.toml, summary.json, report.html). `live` is accepted and ignored; planted bugs
+    come from `bugs`, else from DILOCO_CHAOS_BUGS as on processes."""
+    from trainer.shell import planted_bugs
+
     run_dir = run_dir or unique_dir(Path(out), label or s.name)
-    run = simulate(s, params=params, bugs=bugs, replay=f"diloco-chaos replay {shlex.quote(str(run_dir))}")
+    run = simulate(s, params=params, bugs=frozenset(bugs) or planted_bugs(), replay=f"diloco-chaos replay {shlex.quote(str(run_dir))}")
     run.write(run_dir)
     summary = summarize(run_dir, s, reference, expect=expect)
     render(run_dir)

@@ -22,6 +22,7 @@ import numpy as np
 from trainer.learner import CKPT_EVERY, DRAIN_S, FETCH_WAIT_S
 from trainer.messages import SliceControl, describe
 from trainer.protocol import ApplyGrads, IllegalTransition, LearnerCore, Log, Send, SetSlices
+from trainer.sdc import Corrupter
 from trainer.wiring import learner_config, logged_combiner
 
 
@@ -37,6 +38,7 @@ class LearnerProc:
         self.control_seen = 0
         self.step_out = None
         self.combine = logged_combiner(self.world.cfg, self.emit)  # two unsent Δs of p waiting on a link
+        self.sdc = Corrupter(self.world.cfg.seed, unit.index, incarnation)  # the `corrupt` fault
         self.wait_own(self.world.params.learner_startup_s, self.started)
 
     # --- own time: a paused or slowed process runs its waits slower ----------------------
@@ -220,8 +222,12 @@ class LearnerProc:
                 self.emit(a.kind, **a.fields)
         for a in actions:
             if isinstance(a, Send):
-                nbytes = self.world.net.learner_send(self.unit.name, a.to, a.msg, combine=self.combine)
-                self.emit("send" if nbytes else "drop", peer=a.to, bytes=nbytes, **describe(a.msg),
+                self.sdc.spec = self.unit.corrupt
+                msg, bad = self.sdc.apply(a.msg)
+                if bad:
+                    self.emit("corrupt", **bad)
+                nbytes = self.world.net.learner_send(self.unit.name, a.to, msg, combine=self.combine)
+                self.emit("send" if nbytes else "drop", peer=a.to, bytes=nbytes, **describe(msg),
                           at_step=self.state.step)
             elif isinstance(a, ApplyGrads):
                 params, self.opt_state = self.world.model.inner.apply_grads(
@@ -266,6 +272,7 @@ class SimLearner:
         self.proc: LearnerProc | None = None
         self.ckpt = None  # (params, opt_state, step), the latest durable save
         self.control, self.control_version = None, 0
+        self.corrupt: dict | None = None  # the `corrupt` fault's spec while it is on
 
     def spawn(self) -> None:
         self.incarnation += 1

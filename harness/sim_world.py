@@ -163,7 +163,8 @@ class World:
         """How the world does a fault of `kind` (the `via` of its fault_start line)."""
         how = {"slow_unit": "step time / speed", "pause_unit": "process frozen",
                "kill_unit": "process gone; a new one after down_for",
-               "kill_syncer": "process gone; a new one restores the checkpoint"}
+               "kill_syncer": "process gone; a new one restores the checkpoint",
+               "corrupt": "the learner corrupts its outgoing contributions"}
         return "simulated: " + how.get(kind, LOCAL_MECHANISMS.get(kind, kind))
 
     def set_speed(self, name: str, speed: float) -> None:
@@ -173,6 +174,10 @@ class World:
 
     def set_live_slices(self, learner: str, live: int) -> None:
         self.learners[learner].set_control(live)
+
+    def set_corrupt(self, learner: str, spec: dict | None) -> None:
+        """corrupt: as the control file on processes, it outlives a restart of the unit."""
+        self.learners[learner].corrupt = spec
 
     # --- what the links call ---------------------------------------------------------------
     def learner_link_event(self, learner: str, kind: str, shard: str, msg=None, nbytes: int = 0) -> None:

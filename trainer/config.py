@@ -164,6 +164,12 @@ class DilocoConfig:
     # whose contributions it merged ("answer": once per learner per fragment cycle, M times
     # fewer bytes down; docs/PROTOCOL.md "Downlink")
     downlink: str = "all"
+    # decoupled: a shard drops a contribution whose Δ is not finite, or whose norm per inner
+    # step is over guard_factor × the median of its fragment's recent ones or over |Θ[p]|
+    # (`drop reason=corrupt`: silent data corruption; docs/PROTOCOL.md "Corrupt
+    # contributions"); 0: the finite check only. 30: the inner lr's warm-up alone grows the
+    # size per step up to 20× (10 dropped a legitimate Δ on processes, at 14×)
+    guard_factor: float = 30.0
     compression: str = "fp32"  # the pseudo-gradients, learner → shard
     # Θ[p] shard → learner: fp32 sends it whole; bf16/int8/int4 send a compressed delta
     # against the copy the learner holds, with error feedback (trainer/messages.py, FragmentDelta)
@@ -188,6 +194,7 @@ class DilocoConfig:
         _check_bool(self, "keep_local")
         _check_bool(self, "fleet_share")
         _check_choice(self, "downlink", DOWNLINKS)
+        _check_float(self, "guard_factor", 0.0, 1e9)
         _check_choice(self, "compression", COMPRESSIONS)
         _check_choice(self, "broadcast_compression", COMPRESSIONS)
         _check_choice(self, "fragmentation", FRAGMENTATIONS)

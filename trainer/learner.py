@@ -22,6 +22,7 @@ from trainer.checkpoint import Checkpointer
 from trainer.inner import make_inner, opt_state_to_tree
 from trainer.outbox import outbox_key
 from trainer.protocol import ApplyGrads, IllegalTransition, LearnerCore, Send, SetSlices
+from trainer.sdc import Corrupter
 from trainer.tasks import task_for_run
 from trainer.transport import BufferLog, ShardLink
 from trainer.wiring import fragmenter_for, learner_config, learner_math, logged_combiner
@@ -58,13 +59,14 @@ class Learner:
                                 learner_math(self.cfg, self.frag))
         self.state = self.core.init(params)
         self.live_slices = self.cfg.diloco.slices
-        self.control_mtime = 0.0
+        self.control_mtime, self.control_live = 0.0, None
         self.inbox: queue.Queue = queue.Queue()
         self.links = {shard: ShardLink(self.name, shard, addr, topo["run_id"], self.inbox)
                       for shard, addr in topo["links"][self.name].items()}
         self.buffer_log = BufferLog()
         self.resources = shell.ResourceLog(self.ev)
         self.combine = logged_combiner(self.cfg, self.ev.emit)  # two unsent Δs of p waiting on a link
+        self.sdc = Corrupter(self.cfg.seed, self.index, self.incarnation)  # the `corrupt` fault
 
     # --- driving the core -------------------------------------------------------------------
     def do(self, event: str, *args) -> None:
@@ -72,8 +74,11 @@ class Learner:
         shell.log_actions(self.ev, actions)
         for a in actions:
             if isinstance(a, Send):
-                key = None if "unbounded_outbox" in self.bugs else outbox_key(a.msg)  # planted: plain FIFO
-                nbytes = self.links[a.to].send(a.msg, key=key, combine=self.combine)
+                msg, bad = self.sdc.apply(a.msg)
+                if bad:
+                    self.ev.emit("corrupt", **bad)
+                key = None if "unbounded_outbox" in self.bugs else outbox_key(msg)  # planted: plain FIFO
+                nbytes = self.links[a.to].send(msg, key=key, combine=self.combine)
                 shell.log_msg(self.ev, "send" if nbytes else "drop", a.to, a.msg, nbytes, at_step=self.state.step)
             elif isinstance(a, ApplyGrads):
                 params, self.opt_state = self.inner.apply_grads(self.core.params(self.state), self.opt_state,
@@ -115,7 +120,7 @@ class Learner:
                 self.ev.emit("link_buffer", **fields)
 
     def read_control(self) -> None:
-        """Slice control from the harness (kill_slice): control/<name>.json."""
+        """The harness's control/<name>.json: live slices (kill_slice), corruption (corrupt)."""
         path = self.run_dir / "control" / f"{self.name}.json"
         try:
             mtime = path.stat().st_mtime
@@ -123,9 +128,13 @@ class Learner:
             return
         if mtime != self.control_mtime:
             self.control_mtime = mtime
-            live = int(json.loads(path.read_text())["live_slices"])
-            from trainer.messages import SliceControl
-            self.do("receive", "harness", SliceControl(max(1, min(live, self.cfg.diloco.slices))))
+            control = json.loads(path.read_text())
+            self.sdc.spec = control.get("corrupt")
+            live = control.get("live_slices")
+            if live is not None and live != self.control_live:  # (not when only the corruption changed)
+                from trainer.messages import SliceControl
+                self.control_live = live = int(live)
+                self.do("receive", "harness", SliceControl(max(1, min(live, self.cfg.diloco.slices))))
 
     # --- the loop ---------------------------------------------------------------------------
     def run(self) -> int:

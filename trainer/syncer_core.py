@@ -36,9 +36,11 @@ All math is injected (`SyncerMath`), so this file imports neither JAX nor the op
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from trainer import guard
 from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello
 from trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, SYNCER_BUGS, IllegalTransition, Log,
                                    SaveCheckpoint, Send, SetTimer, UnexpectedMessage, UnknownFragment,
@@ -61,6 +63,7 @@ class SyncerConfig:
     max_staleness: int = 0      # decoupled: contributions staler than this are dropped (0: no bound)
     fleet_share: bool = False   # decoupled: a round's outer step × min(1, K / live learners)
     downlink: str = "all"       # decoupled: a commit goes to every live learner ("all") or to its own ("answer")
+    guard_factor: float = 0.0   # drop a Δ whose norm per step is over this × its fragment's recent median (0: off)
     bugs: frozenset = frozenset()
 
     def __post_init__(self):
@@ -108,6 +111,9 @@ class SyncerMath:
     combine: Callable[[list, list], list] | None = None
     # digest(arrays) -> str: what a fresh Hello's Θ0 is compared with (None: never fresh)
     digest: Callable[[list], str] | None = None
+    # rms(arrays) -> float, the root mean square of every value (nan / inf for a non-finite
+    # Δ): the corrupt guard's size of a Δ or a Θ[p], comparable across fragments (None: no guard)
+    rms: Callable[[list], float] | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,7 @@ class SyncerState:
     xi_quorum: float | None = None
     xi_sync: float | None = None
     theta0: str = ""         # digest of the owned fragments' Θ0 ("" after a restore: unknown)
+    norms: tuple = ()        # the last accepted Δs' rms per inner step, every fragment (the corrupt guard)
 
 
 def _without(d: dict, key) -> dict:
@@ -272,6 +279,10 @@ class SyncerCore:
             why = "empty"
         if why is None and c.base_version > state.version[p]:
             why = "future_base"  # Δ against a version this shard never had (lost in a restart)
+        guard = None
+        if why is None:
+            state, guard = self._guard(state, p, c)
+            why = "corrupt" if guard else None
         stale = state.version[p] - c.base_version
         if (why is None and self.config.mode == "decoupled" and self.config.max_staleness
                 and stale > self.config.max_staleness and "relative_discount" not in self.config.bugs):
@@ -280,6 +291,8 @@ class SyncerCore:
             drop = self._drop(c, why)
             if why == "stale":
                 drop.fields.update(staleness=stale, max_staleness=self.config.max_staleness)
+            if guard:
+                drop.fields.update(guard)
             if why in ("duplicate", "old_seq") or self.config.mode != "decoupled" or c.learner not in state.live:
                 return state, [drop]
             # not merged: the learner waits for an answer to p, so it gets Θ[p] to re-anchor on
@@ -441,6 +454,16 @@ class SyncerCore:
         return state, logs
 
     # --- checks -----------------------------------------------------------------------------
+    def _guard(self, state: SyncerState, p: int, c: Contribution) -> tuple[SyncerState, dict | None]:
+        """Silent data corruption (trainer/guard.py): (state, why) for a corrupt Δ, else (state
+        with its size remembered, None). Bug `trust_payloads`: no guard."""
+        if self.math.rms is None or self.config.mode != "decoupled" or "trust_payloads" in self.config.bugs:
+            return state, None  # (streaming / sync_diloco rounds need every unit: a drop would stall them)
+        size = float(self.math.rms(self.math.decode(c.payload)))
+        theta = float(self.math.rms(state.theta[p])) if math.isfinite(size) else 0.0
+        why = guard.judge(size, c.c_steps, state.norms, theta, self.config.guard_factor)
+        return (state, why) if why else (replace(state, norms=guard.remember(state.norms, size, c.c_steps)), None)
+
     def _seen(self, state: SyncerState, p: int, msg, prev: Pending | None) -> str | None:
         """'duplicate' / 'old_seq' if (incarnation, seq) is not newer than what was merged or
         is pending from this learner for p: each contribution is merged at most once."""

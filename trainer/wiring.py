@@ -110,8 +110,12 @@ def syncer_math(cfg: RunConfig, frag: Fragmenter) -> SyncerMath:
     def combine(a, b):  # two Δs of one learner with disjoint steps: their sum, kept in fp32
         return compression.encode([x + y for x, y in zip(compression.decode(a), compression.decode(b))], "fp32")
 
+    def rms(arrays) -> float:  # the corrupt guard's size (float64: an fp32 sum of squares overflows)
+        n = sum(int(np.size(a)) for a in arrays)
+        return float(np.sqrt(sum(float(np.sum(np.square(np.asarray(a, np.float64)))) for a in arrays) / max(n, 1)))
+
     return SyncerMath(merge_and_step=merge_and_step, weight=weight, decode=compression.decode,
-                      outer_init=opt.init, average=average, combine=combine, digest=digest,
+                      outer_init=opt.init, average=average, combine=combine, digest=digest, rms=rms,
                       broadcast_delta=None if d.broadcast_compression == "fp32" else broadcast_delta)
 
 
@@ -139,4 +143,4 @@ def syncer_config(cfg: RunConfig, topology: dict, shard: str, bugs: frozenset = 
     return SyncerConfig(shard=shard, fragments=tuple(topology["shards"][shard]),
                         learners=tuple(topology["learners"]), mode=d.mode, quorum=d.quorum,
                         tau=d.overlap, grace_gamma=d.grace_factor, max_staleness=d.max_staleness,
-                        fleet_share=d.fleet_share, downlink=d.downlink, bugs=bugs)
+                        fleet_share=d.fleet_share, downlink=d.downlink, guard_factor=d.guard_factor, bugs=bugs)

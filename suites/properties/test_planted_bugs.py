@@ -10,6 +10,7 @@ finds; and the same schedule passes without the bug, so it is the bug that is ca
 | rejoin_without_fetch | recovery: contributions against a Θ[p] never fetched | decoupled, α = 0.5   |
 | rejoin_out_of_phase  | zero downtime: no_global_downtime                   | streaming (K = M)    |
 | count_discarded      | safety: tokens_conserved                            | decoupled (re-fetch) |
+| trust_payloads       | tokens_conserved (a corrupt Δ merged; no_nan too)   | decoupled, corrupt   |
 
 merge_twice needs a contribution delivered twice. Decoupled learners never send one
 twice; data-parallel learners re-send their unanswered gradients whenever a link
@@ -23,11 +24,17 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from faults.strategies import KINDS, schedules
 from harness import eventlog
+from harness.ledger import tokens_conserved
 from harness.sim import replay_sim
 from sim_cases import WINDOW, reported, scenario, simulate_case
 from sim_props import recovery, safety, zero_downtime
 from test_cluster_model import SimulatedCluster
 from test_recovery import RESTARTS
+
+def conserved(case) -> None:
+    """The token-fate ledger alone (safety() stops at no_nan first when a corrupt Δ blew up the model)."""
+    case.check(tokens_conserved(case.log))
+
 
 BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure names)
     "merge_twice": (safety, {"mode": "dp"}, ("partition", "reset"), "merged_at_most_once"),
@@ -36,6 +43,7 @@ BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure na
     "rejoin_without_fetch": (recovery, {"mixing": 0.5}, RESTARTS, "never fetched"),
     "rejoin_out_of_phase": (zero_downtime, {"mode": "streaming"}, ("kill_unit",), "no_global_downtime"),
     "count_discarded": (safety, {}, ("partition", "reset"), "tokens_conserved"),
+    "trust_payloads": (conserved, {}, ("corrupt",), "tokens_conserved"),
 }
 
 

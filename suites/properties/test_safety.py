@@ -47,3 +47,16 @@ def test_decoupled_is_safe_under_a_random_failure_process(process):
     case = simulate_case(dataclasses.replace(s, failure_process=process))
     with reported(case, "safety"):
         safety(case)
+
+
+@examples(20)
+@given(schedules(WINDOW, ("corrupt", "kill_unit", "partition", "slow_unit"), max_faults=4, min_at_s=3.0))
+def test_the_guard_keeps_every_corrupt_contribution_out(schedule):
+    """Silent data corruption (scale, bit flips, non-finite values) on any learner, with kills
+    and partitions: the shards drop every corrupt Δ (tokens_conserved names any that got in),
+    and the model never sees a NaN. From 3 s: the learners start at 2 s, and a shard's first
+    GUARD_WARMUP contributions are judged by the Θ[p] bound alone, which a 1000× Δ of the
+    inner lr's first warm-up steps passes (found here, corrupting from 0.5 s; docs/PROTOCOL.md)."""
+    case = simulate_case(scenario(schedule, quorum=1))
+    with reported(case, "safety"):
+        safety(case)

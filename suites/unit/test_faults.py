@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from faults.model import (CAUSES, FAULT_KINDS, LLAMA3_COUNTS, FailureProcess, FieldError, KillSlice, KillSyncer,
+from faults.model import (CAUSES, FAULT_KINDS, LLAMA3_COUNTS, Corrupt, FailureProcess, FieldError, KillSlice, KillSyncer,
                           KillUnit, Partition, PauseUnit, Reset, SlowUnit, Truncate, Wan, conflict,
                           fault_from_dict, links_intersect)
 from faults.schedule import RunShape, Schedule, ScheduleError, expand_links, validate
@@ -25,6 +25,7 @@ ONE_OF_EACH = [
     Partition("link:learner-2~syncer-0", 30.0, duration_s=10.0, direction="upstream"),
     Reset("link:learner-2", 3.0, duration_s=1.0),
     Truncate("link:learner-1", 4.0, duration_s=2.0, bytes=4096),
+    Corrupt("learner-2", 12.0, duration_s=10.0, mode="bitflip", flips=4),
 ]
 UNITS = [f"learner-{i}" for i in range(4)]
 
@@ -186,7 +187,7 @@ def test_llama3_mix_proportions():
         p = count / 409
         seen = sum(i.cause == cause for i in got)
         assert abs(seen - n * p) < 5 * math.sqrt(n * p * (1 - p)) + 1, cause
-    assert {CAUSES[c].kind for c in LLAMA3_COUNTS} == {"kill_slice", "kill_unit", "partition", "slow_unit"}
+    assert {CAUSES[c].kind for c in LLAMA3_COUNTS} == {"kill_slice", "kill_unit", "partition", "slow_unit", "corrupt"}
 
 
 def test_causes_map_to_faults():
@@ -200,6 +201,8 @@ def test_causes_map_to_faults():
     assert all(f.speed == 0.5 and f.duration_s == 8 for f in fp({"thermal": 1}).draw(**one))
     assert all(f.target == "link:learner-0" for f in fp({"nic": 1, "network": 1}).draw(**one))
     assert {f.kind for f in fp({"pause_unit": 1, "reset": 1}).draw(**one)} == {"pause_unit", "reset"}
+    sdc = fp({"silent_data_corruption": 1}).draw(**one)  # wrong contributions, not a dead unit
+    assert sdc and all(f.kind == "corrupt" and f.mode == "scale" and f.duration_s == 8 for f in sdc)
 
 
 @given(seed=st.integers(0, 2**32), slices=st.integers(1, 3), repair_s=st.floats(0.5, 40))

@@ -1,0 +1,35 @@
+"""The syncer's corrupt guard, pure (docs/PROTOCOL.md "Corrupt contributions").
+
+Silent data corruption makes a contribution wrong, not absent. `judge` says whether a Δ
+of `size` (the rms of its values; nan / inf when not finite) over `c_steps` inner steps
+is corrupt, against `seen` (the last accepted sizes per step of the shard, any fragment)
+and the size of the Θ[p] it would move: not finite; over `factor` × the median of
+`seen` once GUARD_WARMUP are known; over Θ[p]'s size (no inner step moves a fragment by
+its own size: the bound that holds with no history).
+"""
+from __future__ import annotations
+
+import math
+
+GUARD_WINDOW, GUARD_WARMUP = 16, 4  # accepted sizes remembered, and how many the median needs
+
+
+def judge(size: float, c_steps: int, seen: tuple, theta_size: float, factor: float) -> dict | None:
+    """None: accept; else the `drop reason=corrupt` line's figures."""
+    if not math.isfinite(size):
+        return {"rms": str(size)}
+    if not factor:
+        return None
+    per_step = size / max(c_steps, 1)
+    if len(seen) >= GUARD_WARMUP:
+        median = sorted(seen)[len(seen) // 2]
+        if per_step > factor * median:
+            return {"rms_per_step": per_step, "median": median, "guard_factor": factor}
+    if 0 < theta_size < per_step:
+        return {"rms_per_step": per_step, "theta_rms": theta_size}
+    return None
+
+
+def remember(seen: tuple, size: float, c_steps: int) -> tuple:
+    """`seen` with an accepted Δ's size per step, the last GUARD_WINDOW kept."""
+    return (seen + (size / max(c_steps, 1),))[-GUARD_WINDOW:]
