@@ -22,6 +22,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "parity": ("harness.benches:parity", "final held-out loss, Decoupled DiLoCo vs DP at equal tokens"),
     "report": ("reports.bench:report", "page weight and time to draw a run's HTML report (<= 5 MB, < 2 s)"),
     "wan": ("harness.bench_wan:wan", "time to a target loss over throttled links (rate sweep), DP vs Decoupled DiLoCo"),
+    "grace": ("harness.bench_grace:grace", "heterogeneous units: K = M vs K = 1 without / with the grace window "
+              "(goodput, final loss with intervals)"),
     "sim": ("harness.sim_bench:bench", "simulator: property examples/min (quadratic), simulated s per wall s (LM)"),
 }
 

@@ -97,6 +97,7 @@ class TrainSpec:
     fragments: int | None = None
     sync_every: int | None = None
     quorum: int | None = None
+    grace_factor: float | None = None  # γ of the adaptive grace window; 0 = none (commit at quorum)
     overlap: int | None = None
     mixing: float | None = None
     compression: str | None = None
@@ -220,7 +221,7 @@ class Scenario:
         return RunConfig.from_dict(with_preset({
             "name": self.name, "seed": self.seed, "steps": t.steps,
             "diloco": {"learners": c.learners, "slices": c.slices, "mode": t.mode,
-                       **set_(("fragments", "sync_every", "quorum", "overlap", "mixing", "compression",
+                       **set_(("fragments", "sync_every", "quorum", "grace_factor", "overlap", "mixing", "compression",
                                "broadcast_compression", "merge", "max_staleness", "starve_cycles",
                                "keep_local", "fleet_share", "downlink"))},
             "task": {"kind": t.task, **set_(("batch_size", "seq_len"))},

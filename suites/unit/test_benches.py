@@ -74,3 +74,20 @@ def test_crossing_interpolates_the_rate_on_log_scales():
     # between 8000 (8x) and 2000 (32x) the speedup goes as 1 / rate: 20x at 8000 * 8 / 20
     assert _crossing(sweep, 20) == pytest.approx(3200)
     assert _crossing(sweep, 1) == 32000 and _crossing(sweep, 50) is None
+
+
+def test_the_grace_bench_arms_differ_only_in_quorum_and_grace():
+    from harness.bench_grace import ARMS, _direction, _summary, scenario
+    cfgs = {name: scenario(arm, 4).run_config().diloco for name, arm in ARMS.items()}
+    assert {n: (c.quorum, c.grace_factor) for n, c in cfgs.items()} == {
+        "K=M": (4, 0.5), "K=1, no grace": (1, 0.0), "K=1, adaptive grace": (1, 0.5)}
+    s = scenario(ARMS["K=M"], 4)
+    assert [(f.target, f.speed) for f in s.faults] == [("learner-3", 0.8)] and s.expect.goodput_min is None
+    runs = [{"goodput": 0.6, "final_loss": 1.8, "learners_per_round": 4.0, "vs_K_M": None},
+            {"goodput": 0.8, "final_loss": 1.7, "learners_per_round": 4.0, "vs_K_M": None}]
+    km = _summary(runs)
+    assert (km["goodput"], km["goodput_range"], km["final_loss_range"]) == (0.7, [0.6, 0.8], [1.7, 1.8])
+    d = _direction({"K=M": km, "K=1, no grace": {"goodput": 0.9, "final_loss": 1.76, "learners_per_round": 1.0},
+                    "K=1, adaptive grace": {"goodput": 0.9, "final_loss_range": [1.75, 1.765],
+                                            "learners_per_round": 1.5}})
+    assert list(d.values()) == ["yes", "yes", "within noise"]  # 1.76 is inside [1.75, 1.765]
