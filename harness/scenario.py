@@ -154,7 +154,8 @@ _TRAINER_KEYS = {"DilocoConfig.learners": "cluster.learners", "DilocoConfig.slic
                  **{f"DilocoConfig.{k}": f"train.{k}" for k in ("fragments", "sync_every", "quorum", "overlap",
                                                                  "mixing", "compression", "broadcast_compression",
                                                                  "merge", "mode", "max_staleness", "starve_cycles",
-                                                                 "keep_local", "fleet_share", "downlink")},
+                                                                 "keep_local", "fleet_share", "downlink",
+                                                                 "grace_factor")},
                  "TaskConfig.batch_size": "train.batch_size", "TaskConfig.seq_len": "train.seq_len"}
 
 
