@@ -34,7 +34,7 @@ from faults.schedule import RunShape, Schedule, ScheduleError, validate
 from harness.toxiproxy_client import LinkProfile
 from harness.scenario_toml import scenario_to_toml  # noqa: F401 - writing, in its own file
 from harness.units import _Bad, _convert, _describe, _shown, _what, parse_bandwidth_kbps, parse_duration  # noqa: F401
-from trainer.config import (COMPRESSIONS, DOWNLINKS, MERGES, MODES, PRESETS, TASK_KINDS, InnerOptConfig, RunConfig,
+from trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, PRESETS, TASK_KINDS, InnerOptConfig, RunConfig,
                             with_preset)
 
 SCENARIOS_DIR = Path(__file__).resolve().parent.parent / "scenarios"
@@ -106,11 +106,13 @@ class TrainSpec:
     max_staleness: int | None = None  # versions; 0 = no bound (docs/PROTOCOL.md "Bounded staleness")
     starve_cycles: int | None = None
     keep_local: bool | None = None  # docs/PROTOCOL.md "Keeping local progress"
+    keep_on_fetch: bool | None = None  # a fetch keeps local progress too (within max_staleness)
     fleet_share: bool | None = None
     downlink: str | None = None  # "all" | "answer" (docs/PROTOCOL.md "Downlink")
     batch_size: int | None = None
     seq_len: int | None = None
     lr: float | None = None  # inner AdamW peak learning rate
+    corpus_split: str | None = None  # corpus: "shuffled" (default) | "contiguous" (non-IID shards)
 
     def __post_init__(self) -> None:
         check_number(self, "steps", ">= 1", lambda v: v >= 1, integer=True)
@@ -120,7 +122,7 @@ class TrainSpec:
         if self.preset is not None:
             check_choice(self, "preset", tuple(PRESETS))
         for name, choices in (("compression", COMPRESSIONS), ("broadcast_compression", COMPRESSIONS),
-                              ("merge", MERGES), ("downlink", DOWNLINKS)):
+                              ("merge", MERGES), ("downlink", DOWNLINKS), ("corpus_split", CORPUS_SPLITS)):
             if getattr(self, name) is not None:
                 check_choice(self, name, choices)
 
@@ -154,8 +156,8 @@ _TRAINER_KEYS = {"DilocoConfig.learners": "cluster.learners", "DilocoConfig.slic
                  **{f"DilocoConfig.{k}": f"train.{k}" for k in ("fragments", "sync_every", "quorum", "overlap",
                                                                  "mixing", "compression", "broadcast_compression",
                                                                  "merge", "mode", "max_staleness", "starve_cycles",
-                                                                 "keep_local", "fleet_share", "downlink",
-                                                                 "grace_factor")},
+                                                                 "keep_local", "keep_on_fetch", "fleet_share",
+                                                                 "downlink", "grace_factor")},
                  "TaskConfig.batch_size": "train.batch_size", "TaskConfig.seq_len": "train.seq_len"}
 
 
@@ -224,8 +226,8 @@ class Scenario:
             "diloco": {"learners": c.learners, "slices": c.slices, "mode": t.mode,
                        **set_(("fragments", "sync_every", "quorum", "grace_factor", "overlap", "mixing", "compression",
                                "broadcast_compression", "merge", "max_staleness", "starve_cycles",
-                               "keep_local", "fleet_share", "downlink"))},
-            "task": {"kind": t.task, **set_(("batch_size", "seq_len"))},
+                               "keep_local", "keep_on_fetch", "fleet_share", "downlink"))},
+            "task": {"kind": t.task, **set_(("batch_size", "seq_len", "corpus_split"))},
             "inner": {"total_steps": t.steps, "warmup_steps": warmup, **set_(("lr",))},
         }, t.preset))
 

@@ -157,6 +157,9 @@ class DilocoConfig:
     # decoupled: a Θ[p] arriving moves the learner's not-yet-contributed progress onto it
     # instead of overwriting it (docs/PROTOCOL.md "Keeping local progress")
     keep_local: bool = True
+    # keep_local: a fetch (a reconnect, a restarted shard's answer) keeps the local progress
+    # too when it is at most max_staleness versions behind, instead of throwing it away
+    keep_on_fetch: bool = True
     # decoupled: each round's outer step is scaled by its share of the live learners, so Θ
     # moves by the fleet's average progress, not its sum (docs/PROTOCOL.md "Keeping local progress")
     fleet_share: bool = True
@@ -165,7 +168,7 @@ class DilocoConfig:
     # fewer bytes down; docs/PROTOCOL.md "Downlink")
     downlink: str = "all"
     # decoupled: a shard drops a contribution whose Δ is not finite, or whose norm per inner
-    # step is over guard_factor × the median of its fragment's recent ones or over |Θ[p]|
+    # step is over guard_factor × the largest of the shard's last 16 or over |Θ[p]|
     # (`drop reason=corrupt`: silent data corruption; docs/PROTOCOL.md "Corrupt
     # contributions"); 0: the finite check only. 30: the inner lr's warm-up alone grows the
     # size per step up to 20× (10 dropped a legitimate Δ on processes, at 14×)
@@ -192,6 +195,7 @@ class DilocoConfig:
         _check_int(self, "max_staleness", 0)
         _check_int(self, "starve_cycles", 0)
         _check_bool(self, "keep_local")
+        _check_bool(self, "keep_on_fetch")
         _check_bool(self, "fleet_share")
         _check_choice(self, "downlink", DOWNLINKS)
         _check_float(self, "guard_factor", 0.0, 1e9)
@@ -206,6 +210,7 @@ class DilocoConfig:
 
 
 TASK_KINDS = ("markov", "corpus", "quadratic")
+CORPUS_SPLITS = ("shuffled", "contiguous")
 
 
 @dataclass(frozen=True)
@@ -225,7 +230,14 @@ class TaskConfig:
     quad_blocks: int = 3  # quadratic: blocks `layer_i/w`, so P fragments have leaves to hold
     quad_noise: float = 0.1  # quadratic: std of per-step target noise
     corpus_mb: float = 2.0  # corpus: bytes of stdlib sources read (MB = 1e6 bytes)
-    corpus_eval_fraction: float = 0.05  # corpus: held-out tail
+    corpus_eval_fraction: float = 0.05  # corpus: held-out share
+    # corpus: how the bytes are dealt to the M learners. "shuffled": cut into chunks of
+    # corpus_chunk bytes, dealt by a seeded permutation (every shard a sample of the whole
+    # library, as the paper's learners read shards of one shuffled dataset; the held-out
+    # chunks too). "contiguous": M consecutive regions of the file-sorted library and the
+    # tail held out (each learner its own modules: non-IID data, the layout before)
+    corpus_split: str = "shuffled"
+    corpus_chunk: int = 4096
 
     def __post_init__(self) -> None:
         _check_choice(self, "kind", TASK_KINDS)
@@ -247,6 +259,11 @@ class TaskConfig:
         _check_float(self, "quad_noise", 0.0, 100.0)
         _check_float(self, "corpus_mb", 0.0, 64.0, lo_open=True)
         _check_float(self, "corpus_eval_fraction", 0.0, 0.5, lo_open=True)
+        _check_choice(self, "corpus_split", CORPUS_SPLITS)
+        _check_int(self, "corpus_chunk", 2, 1 << 24)
+        if self.kind == "corpus" and self.corpus_split == "shuffled" and self.corpus_chunk < self.seq_len + 1:
+            raise ValueError(f"TaskConfig.corpus_chunk = {self.corpus_chunk} is shorter than a batch row "
+                             f"(seq_len + 1 = {self.seq_len + 1}); valid: >= {self.seq_len + 1}")
 
     @property
     def tokens_per_row(self) -> int:

@@ -65,6 +65,8 @@ class LearnerConfig:
     alpha: float = 0.0          # mixing α: θ[p] ← α·θ[p] + (1−α)·Θ[p]
     starve_cycles: int = 4      # fragment cycles of silence from a shard before it is `starved` (0: never)
     keep_local: bool = False    # decoupled: an update keeps the local progress not yet contributed
+    keep_on_fetch: bool = False  # keep_local: so does a fetch, when its version is ≤ keep_gap ahead
+    keep_gap: int = 0           # versions (0: any)
     bugs: frozenset = frozenset()
 
     def __post_init__(self):
@@ -269,7 +271,13 @@ class LearnerCore:
     def _on_update(self, state: LearnerState, now: float, sender: str, msg: FragmentUpdate):
         p = self._fragment(msg.fragment, sender)
         fetch = p in state.awaiting
-        if not fetch and msg.version <= state.base_version[p]:
+        # Θ[p] at the version p's Δ was taken against, from its owner, while that Δ is in
+        # flight: the shard dropped it (corrupt, duplicate) and answers with what it holds;
+        # taken as the answer (the Δ's progress is gone, what came after it is kept), or p
+        # would wait for an answer that has already come and never be contributed again
+        answer_to_drop = (not fetch and msg.version == state.base_version[p] and p in state.in_flight
+                          and bool(msg.params) and sender == self.config.owners[p])
+        if not fetch and not answer_to_drop and msg.version <= state.base_version[p]:
             return state, [Log("drop", {"what": "FragmentUpdate", "fragment": p, "version": msg.version,
                                         "reason": "old_version"})]
         if not msg.params:  # "your Θ0[p] is current": the answer to a fresh Hello
@@ -309,7 +317,8 @@ class LearnerCore:
             # the fetch replaces it (stale by version − base_version, which the shard weighs)
             state = replace(state, deferred=state.deferred - {p}, awaiting=state.awaiting - {p})
             state, sent = self._contribute(state, now, p)
-        if self.config.keep_local and not fetch:
+        kept = fetch and self._keeps_on_fetch(state, p, version)
+        if self.config.keep_local and (not fetch or kept):
             # the progress made since p was last contributed (or last taken) is in no Δ yet:
             # it moves onto the new Θ[p] instead of being overwritten
             ref = state.base[p] if state.sent_from[p] is None else state.sent_from[p]
@@ -327,10 +336,12 @@ class LearnerCore:
         state = replace(state, params=params,
                         base=_put(state.base, p, glob), base_version=_put(state.base_version, p, version),
                         awaiting=state.awaiting - {p})
-        if fetch or not self.config.keep_local:  # kept local progress still counts from the last send
+        if (fetch and not kept) or not self.config.keep_local:  # kept progress still counts from the last send
             state = replace(state, anchor_step=_put(state.anchor_step, p, state.step))
+        if fetch:
+            state = replace(state, skipped=state.skipped - {p})
         logs = sent
-        reset = fetch and "count_discarded" not in self.config.bugs  # the bug: the next Δ claims them
+        reset = fetch and not kept and "count_discarded" not in self.config.bugs  # the bug: the next Δ claims them
         if reset or (p in state.skipped and not self.config.keep_local):  # local progress overwritten: count afresh
             if state.c_tokens[p]:  # the token-fate ledger's "superseded" (harness/ledger.py)
                 logs = logs + [Log("discard", {"fragment": p, "step": state.step, "steps": state.c_steps[p],
@@ -343,6 +354,18 @@ class LearnerCore:
             state, more = self._rephase(state)
             logs = logs + more  # (it replaced `sent`: a deferred contribution's Send was lost)
         return self._check_block(state, logs)
+
+    def _keeps_on_fetch(self, state: LearnerState, p: int, version: int) -> bool:
+        """A fetch (a reconnect, a starved shard answering, a restart's first) keeps the local
+        progress not yet contributed, moved onto the fetched Θ[p] as an answer's is, when
+        `keep_on_fetch` and the fetched version is at most `keep_gap` (the run's
+        max_staleness; 0: any) ahead of the one the progress was made on: a shard that
+        crashed and came back, a short cut. Further ahead (a long one-way cut) the progress
+        is too stale to merge and is thrown away (docs/PROTOCOL.md "Bounded staleness")."""
+        if not (self.config.keep_on_fetch and self.config.keep_local and state.c_steps[p] > 0):
+            return False
+        gap = version - state.base_version[p]
+        return not self.config.keep_gap or gap <= self.config.keep_gap
 
     def _rephase(self, state: LearnerState):
         """Due next: the fragment with the lowest version, earliest in the cycle (in lockstep

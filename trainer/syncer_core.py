@@ -63,7 +63,7 @@ class SyncerConfig:
     max_staleness: int = 0      # decoupled: contributions staler than this are dropped (0: no bound)
     fleet_share: bool = False   # decoupled: a round's outer step × min(1, K / live learners)
     downlink: str = "all"       # decoupled: a commit goes to every live learner ("all") or to its own ("answer")
-    guard_factor: float = 0.0   # drop a Δ whose norm per step is over this × its fragment's recent median (0: off)
+    guard_factor: float = 0.0   # drop a Δ whose norm per step is over this × the largest of the shard's last 16 (0: off)
     bugs: frozenset = frozenset()
 
     def __post_init__(self):

@@ -30,7 +30,7 @@ import numpy as np
 from trainer import model
 from trainer.config import ModelConfig, RunConfig, TaskConfig
 
-TRAIN_STREAM, EVAL_STREAM = 0, 1
+TRAIN_STREAM, EVAL_STREAM, SPLIT_STREAM = 0, 1, 2
 MARKOV_FLOOR_MIX = 1e-4  # uniform mass mixed into each transition row: ergodic, no log(0)
 
 
@@ -217,7 +217,15 @@ def stdlib_corpus(nbytes: int) -> tuple[bytes, int]:
 
 
 class CorpusTask(_LMTask):
-    """Byte tokens. Layout: [shard 0 | shard 1 | ... | shard M−1 | eval tail]."""
+    """Byte tokens, dealt to M learner shards and a held-out set (`TaskConfig.corpus_split`).
+
+    shuffled (default): the bytes cut into chunks of `corpus_chunk`; a permutation seeded
+    by the run seed holds out `corpus_eval_fraction` of them and deals the rest round
+    robin, so every shard (and the held-out set) samples the whole library, as the paper's
+    learners read disjoint shards of one shuffled dataset. A window never crosses a chunk.
+    contiguous: [shard 0 | shard 1 | ... | shard M−1 | eval tail] of the file-sorted
+    library: each learner its own modules (non-IID data), the layout before; measured in
+    docs/BENCHMARKS.md "parity"."""
 
     kind = "corpus"
 
@@ -229,12 +237,26 @@ class CorpusTask(_LMTask):
         self.sha256 = hashlib.sha256(raw).hexdigest()
         data = np.frombuffer(raw, np.uint8).astype(np.int32)
         n, row = len(data), task_cfg.seq_len + 1
-        n_eval = max(int(n * task_cfg.corpus_eval_fraction), row)
-        self.eval_region = data[n - n_eval:]
-        train = data[: n - n_eval]
-        bounds = [len(train) * m // learners for m in range(learners + 1)]
-        self.shards = [train[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-        if min(len(s) for s in self.shards) < row:
+        if task_cfg.corpus_split == "contiguous":
+            n_eval = max(int(n * task_cfg.corpus_eval_fraction), row)
+            train = data[: n - n_eval]
+            bounds = [len(train) * m // learners for m in range(learners + 1)]
+            # one chunk per region: a region is a [1, length] array of chunks
+            self.eval_region = data[n - n_eval:][None, :]
+            self.shards = [train[a:b][None, :] for a, b in zip(bounds[:-1], bounds[1:])]
+        else:
+            size = task_cfg.corpus_chunk
+            chunks = data[: n // size * size].reshape(-1, size)
+            order = np.random.default_rng([seed, SPLIT_STREAM]).permutation(len(chunks))
+            n_eval = max(int(len(chunks) * task_cfg.corpus_eval_fraction), 1)
+            self.eval_region = chunks[np.sort(order[:n_eval])]
+            dealt = order[n_eval:]
+            self.shards = [chunks[np.sort(dealt[m::learners])] for m in range(learners)]
+            if len(dealt) < learners:
+                raise ValueError(f"TaskConfig.corpus_mb = {task_cfg.corpus_mb} gives {len(chunks)} chunks of "
+                                 f"corpus_chunk = {size} bytes, fewer than {learners} learners + the held-out "
+                                 f"share need; raise corpus_mb or lower corpus_chunk")
+        if min(s.shape[1] for s in self.shards) < row:
             raise ValueError(f"TaskConfig.corpus_mb = {task_cfg.corpus_mb} gives shards "
                              f"shorter than seq_len + 1 = {row} bytes for {learners} "
                              f"learners; raise corpus_mb")
@@ -242,8 +264,11 @@ class CorpusTask(_LMTask):
     @staticmethod
     def _windows(region: np.ndarray, rng: np.random.Generator, rows: int,
                  row: int) -> np.ndarray:
-        starts_B = rng.integers(0, len(region) - row + 1, size=rows)
-        return region[starts_B[:, None] + np.arange(row)[None, :]]
+        """`rows` windows of `row` bytes from a [chunks, length] region, each inside one chunk."""
+        # one chunk (contiguous): no chunk drawn, the same windows as before chunks existed
+        chunk_B = rng.integers(0, region.shape[0], size=rows) if region.shape[0] > 1 else np.zeros(rows, int)
+        starts_B = rng.integers(0, region.shape[1] - row + 1, size=rows)
+        return region[chunk_B[:, None], starts_B[:, None] + np.arange(row)[None, :]]
 
     def batch(self, learner: int, step: int) -> np.ndarray:
         _check_learner(learner, self.learners)
@@ -258,8 +283,8 @@ class CorpusTask(_LMTask):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "corpus_sha256": self.sha256,
-                "corpus_files": self.n_files, "corpus_bytes": int(
-                    sum(len(s) for s in self.shards) + len(self.eval_region))}
+                "corpus_files": self.n_files, "corpus_split": self.cfg.corpus_split,
+                "corpus_bytes": int(sum(s.size for s in self.shards) + self.eval_region.size)}
 
 
 # ---------------------------------------------------------------- quadratic

@@ -135,7 +135,8 @@ def learner_config(cfg: RunConfig, topology: dict, learner: str, incarnation: in
     return LearnerConfig(learner=learner, incarnation=incarnation,
                          owners=[own[p] for p in range(cfg.n_fragments)],
                          mode=d.mode, tau=d.overlap, alpha=d.mixing, starve_cycles=d.starve_cycles,
-                         keep_local=d.keep_local and d.mode == "decoupled", bugs=bugs)
+                         keep_local=d.keep_local and d.mode == "decoupled", keep_on_fetch=d.keep_on_fetch,
+                         keep_gap=d.max_staleness, bugs=bugs)
 
 
 def syncer_config(cfg: RunConfig, topology: dict, shard: str, bugs: frozenset = frozenset()) -> SyncerConfig:

@@ -51,27 +51,45 @@ def scenario(schedule: Schedule | tuple = (), *, mode: str | None = None, **trai
 
 class RejoinProbe:
     """Watches every learner core event: the first FragmentUpdate of fragment p after a
-    learner (re)connects to p's shard is the fetch, and must leave θ[p] equal to the Θ[p]
-    it carries, bit for bit, whatever the mixing α (docs/PROTOCOL.md, "Rejoin rule")."""
+    learner (re)connects to p's shard is the fetch. It must leave θ[p] equal to the Θ[p] it
+    carries, bit for bit, whatever the mixing α (docs/PROTOCOL.md, "Rejoin rule"); or, where
+    the fetch keeps the local progress (keep_on_fetch: progress not yet contributed, made at
+    most keep_gap versions behind), to Θ[p] + (θ[p] − r) with θ[p] and r (θ[p] as last sent,
+    else the base) taken from the state before the fetch: a reference of the rule, not the
+    core's code (equal to float rounding)."""
 
     def __init__(self):
         self.fresh: set = set()
         self.fetches = 0
+        self.kept = 0
         self.mismatches: list[dict] = []
+        self.before: dict = {}  # (learner, incarnation) -> the core state before the current event
 
     def __call__(self, proc, event: str, args: tuple) -> None:
         key = (proc.unit.name, proc.incarnation)
         owners = proc.core.config.owners
+        pre, self.before[key] = self.before.get(key), proc.state  # states are immutable
         if event in ("start", "shard_connected"):
             self.fresh |= {(key, p) for p, s in enumerate(owners) if event == "start" or s == args[0]}
         elif event == "receive" and isinstance(args[1], FragmentUpdate) and (key, args[1].fragment) in self.fresh:
-            msg = args[1]
-            self.fresh.discard((key, msg.fragment))
+            msg, p = args[1], args[1].fragment
+            self.fresh.discard((key, p))
             self.fetches += 1
-            mine = proc.world.model.frag.get(proc.core.params(proc.state), msg.fragment)
-            if not all(np.array_equal(a, np.asarray(b, np.float32)) for a, b in zip(mine, msg.params)):
-                gap = max(float(np.max(np.abs(a - np.asarray(b, np.float32)))) for a, b in zip(mine, msg.params))
-                self.mismatches.append({"learner": key[0], "incarnation": key[1], "fragment": msg.fragment,
+            frag = proc.world.model.frag
+            want = [np.asarray(b, np.float32) for b in msg.params]
+            cfg, kept = proc.core.config, False
+            if (pre is not None and msg.params and cfg.keep_on_fetch and cfg.keep_local and pre.c_steps[p] > 0
+                    and (not cfg.keep_gap or msg.version - pre.base_version[p] <= cfg.keep_gap)):
+                ref = pre.base[p] if pre.sent_from[p] is None else pre.sent_from[p]
+                had = frag.get(proc.core.params(pre), p)
+                want = [w + (np.asarray(x, np.float32) - np.asarray(r, np.float32)) for w, x, r in zip(want, had, ref)]
+                self.kept, kept = self.kept + 1, True
+            mine = frag.get(proc.core.params(proc.state), p)
+            same = all(np.allclose(a, b, rtol=1e-5, atol=1e-6) if kept else np.array_equal(a, b)
+                       for a, b in zip(mine, want))
+            if not same:
+                gap = max(float(np.max(np.abs(a - b))) for a, b in zip(mine, want))
+                self.mismatches.append({"learner": key[0], "incarnation": key[1], "fragment": p,
                                         "version": msg.version, "t": round(proc.world.now, 6), "max_abs_diff": gap})
 
 

@@ -9,7 +9,7 @@ finds; and the same schedule passes without the bug, so it is the bug that is ca
 | ignore_quorum        | safety: quorum_respected                            | decoupled, K = 2     |
 | rejoin_without_fetch | recovery: contributions against a Θ[p] never fetched | decoupled, α = 0.5   |
 | rejoin_out_of_phase  | zero downtime: no_global_downtime                   | streaming (K = M)    |
-| count_discarded      | safety: tokens_conserved                            | decoupled (re-fetch) |
+| count_discarded      | safety: tokens_conserved                            | decoupled, no keep_on_fetch |
 | trust_payloads       | tokens_conserved (a corrupt Δ merged; no_nan too)   | decoupled, corrupt   |
 
 merge_twice needs a contribution delivered twice. Decoupled learners never send one
@@ -42,7 +42,7 @@ BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure na
     "ignore_quorum": (safety, {"quorum": 2}, KINDS, "quorum_respected"),
     "rejoin_without_fetch": (recovery, {"mixing": 0.5}, RESTARTS, "never fetched"),
     "rejoin_out_of_phase": (zero_downtime, {"mode": "streaming"}, ("kill_unit",), "no_global_downtime"),
-    "count_discarded": (safety, {}, ("partition", "reset"), "tokens_conserved"),
+    "count_discarded": (safety, {"keep_on_fetch": False}, ("partition", "reset"), "tokens_conserved"),
     "trust_payloads": (conserved, {}, ("corrupt",), "tokens_conserved"),
 }
 

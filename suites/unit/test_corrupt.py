@@ -44,21 +44,62 @@ def feed(net: MemNet, *deltas) -> list[str]:
 
 
 def test_the_guard_drops_a_norm_outlier_once_it_has_four_norms():
-    # norms per step 5 (|(3, 4)| = 5) four times: the median is 5, the bound 10 × 5 = 50
+    # norms per step 5 (|(3, 4)| = 5) four times: the largest is 5, the bound 10 × 5 = 50
     net = shard()
     feed(net, *[delta(s, [3.0, 4.0]) for s in range(1, 5)])
-    assert feed(net, delta(5, [30.0, 40.0])) == []             # 50: at the bound, kept
-    assert feed(net, delta(6, [36.0, 48.0])) == ["corrupt"]    # 60 > 50
+    assert feed(net, delta(5, [36.0, 48.0])) == ["corrupt"]    # 60 > 50
+    assert feed(net, delta(6, [30.0, 40.0], base=4)) == ["corrupt"]  # 50: at the bound, kept (no new drop)
     d = net.log("drop")[0]
-    assert (d["rms_per_step"], d["median"], d["guard_factor"]) == (60.0, 5.0, 10.0)
-    assert [m["seq"] for m in net.log("merge")] == [1, 2, 3, 4, 5]
+    assert (d["rms_per_step"], d["recent_max"], d["guard_factor"]) == (60.0, 5.0, 10.0)
+    assert [m["seq"] for m in net.log("merge")] == [1, 2, 3, 4, 6]
+
+
+def test_the_guards_reference_is_the_largest_recent_size_so_warm_up_growth_passes():
+    # sizes per step 0.1, 0.5, 1, 2 (an lr warm-up): the median would be 1 (bound 10: 15
+    # dropped), the largest is 2 (bound 20: 15 kept); 25 is over 10 × 2 and dropped
+    net = shard(theta=(1e6, 0.0))
+    feed(net, *[delta(s, [x, 0.0]) for s, x in enumerate([0.1, 0.5, 1.0, 2.0], 1)])
+    assert feed(net, delta(5, [15.0, 0.0])) == []
+    assert feed(net, delta(6, [160.0, 0.0])) == ["corrupt"]   # 160 > 10 × 15, the largest now
+    assert net.log("drop")[0]["recent_max"] == 15.0
+
+
+def test_a_learner_takes_the_shards_answer_to_a_dropped_delta_and_contributes_again():
+    """The shard drops a Δ and answers with Θ[p] at the version the Δ was taken against:
+    the learner takes it as the answer (the Δ's progress gone, the steps since kept) and
+    contributes p on its next turn. (It used to drop it as `old_version` and skip p's
+    turns for the rest of the run.)"""
+    from protocol_link import learner_math
+
+    from trainer.messages import FragmentUpdate
+    from trainer.protocol import LearnerConfig, LearnerCore, Send
+    core = LearnerCore(LearnerConfig("A", 0, ("s0",), keep_local=True), learner_math(2, 1))
+    s, _ = core.start(core.init([arr(0.0)]), 0.0)
+    s, _ = core.receive(s, 0.0, "s0", FragmentUpdate(0, 0, True, [arr(0.0)]))
+
+    def step(s, x):
+        s, acts = core.after_inner_step(s, 0.0, [arr(x)], 10, 1.0)
+        return s, [float(a.msg.payload[0][0]) for a in acts if isinstance(a, Send)]
+    s, _ = step(s, 1.0)
+    s, sent = step(s, 2.0)                      # Δ = 0 − 2 sent at version 0: dropped by the shard
+    assert sent == [-2.0]
+    s, _ = step(s, 3.0)                         # one step past the send
+    s, acts = core.receive(s, 0.0, "s0", FragmentUpdate(0, 0, False, [arr(0.0)]))  # the answer: Θ still 0
+    assert not [a for a in acts if getattr(a, "kind", None) == "drop"] and not s.in_flight
+    assert float(s.params[0][0]) == 0.0 + (3.0 - 2.0)   # the dropped Δ's 2 gone, step 3 kept
+    s, sent = step(s, 2.0)                      # step 4: due, and contributed (it was skipped forever)
+    assert sent == [-2.0]
+    s, _ = core.receive(s, 0.0, "s0", FragmentUpdate(0, 1, False, [arr(-1.0)]))  # merged: version 1
+    # the same version again, nothing in flight: an old update, as before
+    s, acts = core.receive(s, 0.0, "s0", FragmentUpdate(0, 1, False, [arr(-1.0)]))
+    assert [a.fields["reason"] for a in acts if getattr(a, "kind", None) == "drop"] == ["old_version"]
 
 
 def test_the_guard_compares_norms_per_inner_step():
     net = shard()
-    feed(net, *[delta(s, [3.0, 4.0]) for s in range(1, 5)])  # median 5 per step
-    assert feed(net, delta(5, [240.0, 320.0], steps=8)) == []  # 400 / 8 = 50 per step: kept
-    assert feed(net, delta(6, [300.0, 400.0], steps=8)) == ["corrupt"]  # 62.5 per step > 50
+    feed(net, *[delta(s, [3.0, 4.0]) for s in range(1, 5)])  # 5 per step, the largest
+    assert feed(net, delta(5, [300.0, 400.0], steps=8)) == ["corrupt"]  # 500 / 8 = 62.5 per step > 50
+    assert feed(net, delta(6, [240.0, 320.0], steps=8, base=4)) == ["corrupt"]  # 50 per step: kept
 
 
 def test_with_no_history_one_step_never_moves_a_fragment_by_its_own_norm():

@@ -109,3 +109,33 @@ def test_downlink_answer_sends_a_commit_to_the_learners_it_merged(downlink, to):
     assert [(a.to, a.msg.version) for a in acts if isinstance(a, Send)] == [("B", 2)]
     with pytest.raises(ValueError, match="downlink"):
         SyncerConfig("s0", (0,), ("A",), downlink="some")
+
+
+def _fetching(keep_on_fetch: bool, gap: int = 16):
+    core = LearnerCore(LearnerConfig("A", 0, ("s0",), keep_local=True, keep_on_fetch=keep_on_fetch, keep_gap=gap),
+                       learner_math(2, 1))
+    s, _ = core.start(core.init([arr(0.0)]), 0.0)
+    s, _ = core.receive(s, 0.0, "s0", FragmentUpdate(0, 0, True, [arr(0.0)]))
+    return core, s
+
+
+@pytest.mark.parametrize("keep,version,kept", [(True, 3, True), (True, 20, False), (False, 3, False)])
+def test_a_fetch_keeps_the_progress_within_the_staleness_bound(keep, version, kept):
+    """The link drops after a send; on reconnect the shard's fetch (Θ = 10 at `version`)
+    keeps steps 3-4 (θ = 10 + (4 − 2) = 12, counters kept, no discard line) when the fetch is
+    at most keep_gap (16) versions ahead; further ahead, or without keep_on_fetch, they go."""
+    core, s = _fetching(keep)
+    for x in (1.0, 2.0, 3.0):
+        s, _, _ = _step(core, s, x)        # Δ sent at step 2 (θ = 2); step 3: θ = 3
+    s, _, _ = _step(core, s, 4.0)          # step 4: due, unanswered: skipped
+    s, _ = core.shard_connected(s, 0.0, "s0")   # reconnected: s0's fragments await a fetch
+    s, acts = core.receive(s, 0.0, "s0", FragmentUpdate(0, version, True, [arr(10.0)]))
+    discards = [a.fields for a in acts if isinstance(a, Log) and a.kind == "discard"]
+    assert float(s.params[0][0]) == (12.0 if kept else 10.0)
+    assert (s.c_steps[0], s.c_tokens[0]) == ((2, 20) if kept else (0, 0))
+    assert discards == ([] if kept else [{"fragment": 0, "step": 4, "steps": 2, "tokens": 20, "version": version,
+                                          "why": "fetch"}])
+    s, _, _ = _step(core, s, float(s.params[0][0]) + 1)
+    s, d, logs = _step(core, s, float(s.params[0][0]) + 1)   # step 6: due
+    # kept: Δ = 10 − 14 = −4 holds steps 3-6 (from the send at 2); else −2 holds 5-6
+    assert d == (-4.0 if kept else -2.0) and logs[0]["from_step"] == (2 if kept else 4)

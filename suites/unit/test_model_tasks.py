@@ -105,26 +105,55 @@ def test_markov_batches_are_deterministic_disjoint_streams():
 
 # ---------------------------------------------------------------- corpus
 
-def test_corpus_shards_are_disjoint_regions_of_python_source():
-    cfg = TaskConfig(kind="corpus", batch_size=4, seq_len=16, corpus_mb=0.3)
+def _as_bytes(region) -> list[bytes]:
+    return [c.astype(np.uint8).tobytes() for c in region]
+
+
+def test_contiguous_corpus_shards_are_disjoint_regions_of_python_source():
+    cfg = TaskConfig(kind="corpus", batch_size=4, seq_len=16, corpus_mb=0.3, corpus_split="contiguous")
     task = tasks.make_task(cfg, SMALL, seed=0, learners=3)
     raw, _ = tasks.stdlib_corpus(300_000)
     assert len(raw) == 300_000 and b"def " in raw and b"import " in raw
     regions = task.shards + [task.eval_region]
-    assert sum(len(r) for r in regions) == 300_000
-    joined = np.concatenate(regions).astype(np.uint8).tobytes()
+    assert sum(r.size for r in regions) == 300_000
+    joined = b"".join(b for r in regions for b in _as_bytes(r))
     assert joined == raw  # contiguous, in order, nothing dropped or repeated
     for m in range(3):
-        shard = task.shards[m].astype(np.uint8).tobytes()
+        shard = _as_bytes(task.shards[m])[0]
         for row in task.batch(m, 7):
             assert row.astype(np.uint8).tobytes() in shard
     for e in task.eval_batches():
         for row in e:
-            assert row.astype(np.uint8).tobytes() in task.eval_region.astype(np.uint8).tobytes()
+            assert row.astype(np.uint8).tobytes() in _as_bytes(task.eval_region)[0]
     np.testing.assert_array_equal(task.batch(1, 7), task.batch(1, 7))
     with pytest.raises(ValueError, match="learner index 3 out of range"):
         task.batch(3, 0)
     assert task.loss_floor() is None and len(task.describe()["corpus_sha256"]) == 64
+
+
+def test_shuffled_corpus_deals_disjoint_chunks_from_the_whole_library():
+    cfg = TaskConfig(kind="corpus", batch_size=4, seq_len=16, corpus_mb=0.3, corpus_chunk=1000)
+    task = tasks.make_task(cfg, SMALL, seed=0, learners=3)
+    raw, _ = tasks.stdlib_corpus(300_000)
+    # 300 chunks of 1,000 bytes: 15 held out (5 %), 285 dealt 95 / 95 / 95
+    assert [s.shape for s in task.shards] == [(95, 1000)] * 3 and task.eval_region.shape == (15, 1000)
+    chunks = [raw[i:i + 1000] for i in range(0, 300_000, 1000)]
+    held = [_as_bytes(r) for r in task.shards + [task.eval_region]]
+    assert sorted(b for h in held for b in h) == sorted(chunks)  # every chunk once
+    # each shard samples the whole library: chunks from every third of it
+    for shard in held[:3]:
+        where = sorted(chunks.index(c) * 3 // 300 for c in shard)
+        assert set(where) == {0, 1, 2}
+    for m in range(3):
+        for row in task.batch(m, 7):  # a window lies inside one of its own chunks
+            assert any(row.astype(np.uint8).tobytes() in c for c in held[m])
+    for row in task.eval_batches()[0]:
+        assert any(row.astype(np.uint8).tobytes() in c for c in held[3])
+    # the split is the run seed's: another seed deals other chunks
+    other = tasks.make_task(cfg, SMALL, seed=1, learners=3)
+    assert _as_bytes(other.shards[0]) != held[0]
+    with pytest.raises(ValueError, match="corpus_chunk = 10 is shorter than a batch row"):
+        TaskConfig(kind="corpus", seq_len=16, corpus_chunk=10)
 
 
 # ---------------------------------------------------------------- quadratic
