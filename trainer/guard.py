@@ -8,7 +8,9 @@ and the size of the Θ[p] it would move: not finite; over `factor` × the larges
 its own size: the bound that holds with no history). The largest, not the median: the
 inner lr's warm-up grows the size per step step after step, and a run's first sizes
 (lr ≈ 0) made a median that a legitimate Δ at step 20 was 33× over (found by the
-cluster-model property); a ×1000 corruption is still ~300× the largest.
+cluster-model property); a ×1000 corruption is still ~300× the largest. A Δ of size 0
+(a fragment synced before the warm-up's first lr > 0, as at H = P) says nothing about the
+scale and is not remembered: four of them made a bound of 0 that dropped every later Δ.
 """
 from __future__ import annotations
 
@@ -34,5 +36,7 @@ def judge(size: float, c_steps: int, seen: tuple, theta_size: float, factor: flo
 
 
 def remember(seen: tuple, size: float, c_steps: int) -> tuple:
-    """`seen` with an accepted Δ's size per step, the last GUARD_WINDOW kept."""
+    """`seen` with an accepted Δ's size per step, the last GUARD_WINDOW kept (size 0: unchanged)."""
+    if not size > 0:
+        return seen
     return (seen + (size / max(c_steps, 1),))[-GUARD_WINDOW:]

@@ -64,6 +64,15 @@ def test_the_guards_reference_is_the_largest_recent_size_so_warm_up_growth_passe
     assert net.log("drop")[0]["recent_max"] == 15.0
 
 
+def test_a_delta_of_size_0_is_not_remembered_so_it_cannot_make_a_bound_of_0():
+    # H = P: a fragment's first Δs cover steps at lr 0 (size 0). Remembered, four of them
+    # made the bound 10 × 0 = 0 and every later Δ was dropped (the corpus run at H = 3)
+    net = shard()
+    feed(net, *[delta(s, [0.0, 0.0]) for s in range(1, 5)])
+    assert feed(net, delta(5, [3.0, 4.0])) == []
+    assert [m["seq"] for m in net.log("merge")] == [1, 2, 3, 4, 5]
+
+
 def test_a_learner_takes_the_shards_answer_to_a_dropped_delta_and_contributes_again():
     """The shard drops a Δ and answers with Θ[p] at the version the Δ was taken against:
     the learner takes it as the answer (the Δ's progress gone, the steps since kept) and
