@@ -1,45 +1,47 @@
-"""A syncer shard in the simulator: trainer/syncer.py's loop as discrete events.
+"""A syncer shard in the simulator: the host of trainer/syncer_driver.py on virtual time.
 
-The same SyncerCore and outer math; messages are handled the moment they arrive,
-grace-window timers fire at their virtual time. Checkpoints are snapshots
-(`core.snapshot`) kept in memory: a save started after a commit becomes durable
-`ckpt_save_s` later (coalescing while one is in flight, as the process does), and
-then `core.durable` is told. A killed shard restarts from the last durable
-snapshot, or from Θ0 if it never saved.
+The same SyncerDriver, SyncerCore and outer math as a shard process; messages are
+handled the moment they arrive, grace-window timers fire at their virtual time.
+Checkpoints are snapshots (`core.snapshot`) kept in memory: a save becomes durable
+`ckpt_save_s` after it starts, unless the process dies first. A killed shard restarts
+from the last durable snapshot, or from Θ0 if it never saved.
 """
 from __future__ import annotations
 
-from trainer.messages import describe
-from trainer.protocol import IllegalTransition, Log, SaveCheckpoint, Send, SetTimer, SyncerCore
-from trainer.syncer import CKPT_MIN_INTERVAL_S
+from trainer.protocol import SyncerCore
+from trainer.syncer_driver import SyncerDriver
 from trainer.transport import LinkStats
 from trainer.wiring import syncer_config
 
 
 class SyncerProc:
+    """One incarnation: the SyncerPort of its driver on the simulated world."""
+
     def __init__(self, unit: "SimSyncer", incarnation: int):
         self.unit, self.world, self.incarnation = unit, unit.world, incarnation
         self.alive, self.listening = True, False
         self.timers: dict[str, object] = {}
         self.stats: dict[str, LinkStats] = {}
-        self.in_flight: dict | None = None  # versions of the save being written
-        self.dirty = False
-        self.last_save = -CKPT_MIN_INTERVAL_S
-        self.deferred = None  # the clock handle of a save put off by CKPT_MIN_INTERVAL_S
+        self.driver: SyncerDriver | None = None
         self.world.clock.at(self.world.now + self.world.params.syncer_startup_s, self.started)
+
+    @property
+    def state(self):
+        return self.driver.state
 
     def started(self) -> None:
         if not self.alive:
             return
         unit, w = self.unit, self.world
-        self.core = SyncerCore(syncer_config(w.cfg, w.topology, unit.name, w.syncer_bugs), w.model.smath)
+        core = SyncerCore(syncer_config(w.cfg, w.topology, unit.name, w.syncer_bugs), w.model.smath)
         if unit.durable is not None:
             snap, step = unit.durable
-            self.state = self.core.restore(snap)
-            self.emit("checkpoint_restored", step=step, versions={str(p): v for p, v in self.state.version.items()})
+            self.driver = SyncerDriver(core, core.restore(snap), self, unit.saved)
+            self.emit("checkpoint_restored", step=step, versions=self.driver.versions())
         else:
             frags = w.topology["shards"][unit.name]
-            self.state = self.core.init({p: w.model.frag.get(w.model.params0, p) for p in frags})
+            self.driver = SyncerDriver(core, core.init({p: w.model.frag.get(w.model.params0, p) for p in frags}),
+                                       self, unit.saved)
         self.emit("unit_up", incarnation=self.incarnation, pid=None, addr=f"sim:{unit.name}")
         self.listening = True
 
@@ -49,84 +51,58 @@ class SyncerProc:
             return
         if kind == "connected":
             self.stats.setdefault(peer, LinkStats()).connects += 1
-            self.emit("link_up", peer=peer)
-            self.do("learner_connected", peer)
+            self.driver.connected(peer)
         elif kind == "disconnected":
-            self.emit("link_down", peer=peer)
-            self.do("learner_disconnected", peer)
+            self.driver.disconnected(peer)
         else:
             stats = self.stats[peer]
             stats.bytes_recv += nbytes
             stats.frames_recv += 1
-            self.emit("recv", peer=peer, bytes=nbytes, **describe(msg))
-            try:
-                self.do("receive", peer, msg)
-            except IllegalTransition as e:
-                self.emit("drop", what=type(msg).__name__, reason=f"illegal: {e}", peer=peer)
-        self.checkpoint()
+            self.driver.received(peer, msg, nbytes)
 
     def on_timer(self, key: str) -> None:
         if self.alive and self.timers.pop(key, None) is not None:
-            self.do("timer", key)
-            self.checkpoint()
-
-    def do(self, event: str, *args) -> None:
-        w = self.world
-        self.state, actions = getattr(self.core, event)(self.state, w.now, *args)
-        for a in actions:
-            if isinstance(a, Log):
-                self.emit(a.kind, **a.fields)
-        for a in actions:
-            if isinstance(a, Send):
-                nbytes = w.net.shard_send(self.unit.name, a.to, a.msg)
-                if nbytes:
-                    self.stats[a.to].bytes_sent += nbytes
-                    self.stats[a.to].frames_sent += 1
-                self.emit("send" if nbytes else "drop", peer=a.to, bytes=nbytes, **describe(a.msg))
-            elif isinstance(a, SetTimer):
-                if (old := self.timers.get(a.key)) is not None:
-                    old.cancel()
-                self.timers[a.key] = w.clock.at(max(a.at, w.now), self.on_timer, a.key)
-            elif isinstance(a, SaveCheckpoint):
-                self.dirty = True
-
-    # --- checkpoints ---------------------------------------------------------------------
-    def checkpoint(self, due: bool = False) -> None:
-        """Starts a save if the state moved on, none is in flight and the last one started
-        CKPT_MIN_INTERVAL_S ago (Syncer.checkpoint); else comes back when it may."""
-        w = self.world
-        if not self.dirty or self.in_flight is not None:
-            return
-        if not due and w.now - self.last_save < CKPT_MIN_INTERVAL_S:
-            if self.deferred is None:
-                self.deferred = w.clock.at(self.last_save + CKPT_MIN_INTERVAL_S, self._deferred)
-            return
-        self.last_save = w.now
-        self.unit.saved += 1
-        self.in_flight = dict(self.state.version)
-        snap = (self.core.snapshot(self.state), self.unit.saved)
-        self.dirty = False
-        w.clock.at(w.now + w.params.ckpt_save_s, self._saved, snap)
-
-    def _deferred(self) -> None:
-        self.deferred = None
-        if self.alive:
-            self.checkpoint(due=True)
+            self.driver.timer(key)
 
     def _saved(self, snap) -> None:
         if not self.alive:
             return  # the save died with the process
         self.unit.durable = snap
-        versions, self.in_flight = self.in_flight, None
-        self.do("durable", versions)
-        self.checkpoint()
+        self.driver.saved_landed()
+
+    # --- the SyncerPort --------------------------------------------------------------------
+    def now(self) -> float:
+        return self.world.now
+
+    def send(self, to: str, msg) -> int:
+        nbytes = self.world.net.shard_send(self.unit.name, to, msg)
+        if nbytes:
+            self.stats[to].bytes_sent += nbytes
+            self.stats[to].frames_sent += 1
+        return nbytes
+
+    def set_timer(self, key: str, at: float) -> None:
+        w = self.world
+        if (old := self.timers.get(key)) is not None:
+            old.cancel()
+        self.timers[key] = w.clock.at(max(at, w.now), self.on_timer, key)
+
+    def start_save(self, number: int, snapshot: dict) -> None:
+        self.unit.saved = number
+        self.world.clock.at(self.world.now + self.world.params.ckpt_save_s, self._saved, (snapshot, number))
+
+    def save_now(self, number: int, snapshot: dict) -> None:
+        self.unit.saved = number
+        self.unit.durable = (snapshot, number)
+
+    def emit(self, kind: str, **fields) -> None:
+        self.world.emit(kind, self.unit.name, **fields)
 
     # --- the end ---------------------------------------------------------------------------
     def kill(self) -> None:
         self.alive = self.listening = False
-        for handle in [*self.timers.values(), self.deferred]:
-            if handle is not None:
-                handle.cancel()
+        for handle in self.timers.values():
+            handle.cancel()
         self.world.net.shard_stopped(self.unit.name)
 
     def stop(self) -> None:
@@ -134,19 +110,12 @@ class SyncerProc:
         if not self.listening:  # still starting up: dies without a word
             self.kill()
             return
-        if self.dirty or self.in_flight is not None:
-            self.unit.saved += 1
-            self.unit.durable = (self.core.snapshot(self.state), self.unit.saved)
-        self.do("durable", dict(self.state.version))
+        self.driver.finish()
         self.kill()
         for learner, s in self.stats.items():  # the shard end's buffer counters live on the links
             held = self.world.net.link(learner, self.unit.name).shard_stats
             s.unsent_max, s.superseded = held.unsent_max, held.superseded
-        self.emit("done", links={p: vars(s) for p, s in self.stats.items()},
-                  versions={str(p): v for p, v in self.state.version.items()})
-
-    def emit(self, kind: str, **fields) -> None:
-        self.world.emit(kind, self.unit.name, **fields)
+        self.emit("done", links={p: vars(s) for p, s in self.stats.items()}, versions=self.driver.versions())
 
 
 class SimSyncer:

@@ -1,0 +1,104 @@
+"""One syncer shard's driver, the same code for a real process and for the simulator.
+
+The SyncerCore decides; the driver carries out its actions and keeps the shard's
+checkpoint discipline; a *host* does the I/O behind a small port. Two hosts exist:
+trainer/syncer.py (sockets, a monotonic clock, orbax) and harness/sim_syncer.py (the
+simulated network, a virtual clock, snapshots in memory). What the shard does with a
+message, a timer, a commit or a SIGTERM is therefore written once, and the simulator
+cannot drift from the processes there (issue 14: one driver per role).
+
+Checkpoints: a commit asks for a save (SaveCheckpoint). At most one save is in flight;
+commits during it coalesce into the next save, started when it lands. Only versions
+that are on disk are reported to the core as durable (`core.durable`): a learner is told
+nothing a crash could take back. On SIGTERM the current state is saved and made
+durable before the process leaves.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from trainer.messages import describe
+from trainer.protocol import IllegalTransition, Log, SaveCheckpoint, Send, SetTimer, SyncerCore, SyncerState
+
+
+class SyncerPort(Protocol):
+    """What a host offers the driver."""
+
+    def now(self) -> float: ...                       # the clock the core reads (seconds)
+    def send(self, to: str, msg) -> int: ...          # bytes framed; 0: dropped (no link)
+    def set_timer(self, key: str, at: float) -> None: ...  # call driver.timer(key) at `at`; a later set replaces
+    def emit(self, kind: str, **fields) -> None: ...  # one event-log line from this shard
+    def start_save(self, number: int, snapshot: dict) -> None: ...  # asynchronous: call driver.saved() when on disk
+    def save_now(self, number: int, snapshot: dict) -> None: ...    # synchronous (the final save)
+
+
+class SyncerDriver:
+    def __init__(self, core: SyncerCore, state: SyncerState, port: SyncerPort, saved: int = 0):
+        self.core, self.state, self.port = core, state, port
+        self.saved = saved                   # checkpoint numbers: one per save, across incarnations
+        self.in_flight: dict | None = None   # versions of the save being written
+        self.dirty = False                   # a commit since the last save started
+
+    # --- what the host feeds in ------------------------------------------------------------
+    def connected(self, peer: str) -> None:
+        self.port.emit("link_up", peer=peer)
+        self.do("learner_connected", peer)
+        self.checkpoint()
+
+    def disconnected(self, peer: str) -> None:
+        self.port.emit("link_down", peer=peer)
+        self.do("learner_disconnected", peer)
+        self.checkpoint()
+
+    def received(self, peer: str, msg, nbytes: int) -> None:
+        self.port.emit("recv", peer=peer, bytes=nbytes, **describe(msg))
+        try:
+            self.do("receive", peer, msg)
+        except IllegalTransition as e:
+            self.port.emit("drop", what=type(msg).__name__, reason=f"illegal: {e}", peer=peer)
+        self.checkpoint()
+
+    def timer(self, key: str) -> None:
+        self.do("timer", key)
+        self.checkpoint()
+
+    def saved_landed(self) -> None:
+        """The save in flight is on disk: its versions are durable; start the next if due."""
+        versions, self.in_flight = self.in_flight, None
+        self.do("durable", versions)
+        self.checkpoint()
+
+    def finish(self) -> None:
+        """SIGTERM: the current state is saved (if it moved on) and made durable."""
+        if self.dirty or self.in_flight is not None:
+            self.saved += 1
+            self.port.save_now(self.saved, self.core.snapshot(self.state))
+            self.in_flight, self.dirty = None, False
+        self.do("durable", dict(self.state.version))
+
+    def versions(self) -> dict:
+        """The `versions` field of the shard's `done` and `checkpoint_restored` lines."""
+        return {str(p): v for p, v in self.state.version.items()}
+
+    # --- carrying out the core's actions ------------------------------------------------------
+    def do(self, event: str, *args) -> None:
+        self.state, actions = getattr(self.core, event)(self.state, self.port.now(), *args)
+        for a in actions:
+            if isinstance(a, Log):
+                self.port.emit(a.kind, **a.fields)
+        for a in actions:
+            if isinstance(a, Send):
+                nbytes = self.port.send(a.to, a.msg)
+                self.port.emit("send" if nbytes else "drop", peer=a.to, bytes=nbytes, **describe(a.msg))
+            elif isinstance(a, SetTimer):
+                self.port.set_timer(a.key, a.at)
+            elif isinstance(a, SaveCheckpoint):
+                self.dirty = True
+
+    def checkpoint(self) -> None:
+        """Starts a save if the state moved on and none is in flight (coalescing)."""
+        if self.dirty and self.in_flight is None:
+            self.saved += 1
+            self.in_flight = dict(self.state.version)
+            self.dirty = False
+            self.port.start_save(self.saved, self.core.snapshot(self.state))
