@@ -1,7 +1,8 @@
 """A learner unit in the simulator: trainer/learner.py's loop as discrete events.
 
-The same LearnerCore, the same inner AdamW step (trainer/inner.py) and the same
-event lines as the process; what the process does with threads and wall time is
+The same LearnerCore, the same driver carrying out its actions and handling what the
+links deliver (trainer/learner_driver.py: this class is its port), the same inner AdamW
+step (trainer/inner.py) and the same event lines as the process; what the process does with threads and wall time is
 done here with the world's virtual clock:
 
 - compute time: each inner step costs `world.step_work(index)` seconds of the
@@ -20,8 +21,9 @@ import jax
 import numpy as np
 
 from trainer.learner import CKPT_EVERY, DRAIN_S, FETCH_WAIT_S
-from trainer.messages import SliceControl, describe
-from trainer.protocol import ApplyGrads, IllegalTransition, LearnerCore, Log, Send, SetSlices
+from trainer.learner_driver import LearnerDriver
+from trainer.messages import SliceControl
+from trainer.protocol import LearnerCore
 from trainer.sdc import Corrupter
 from trainer.wiring import learner_config, logged_combiner
 
@@ -37,8 +39,8 @@ class LearnerProc:
         self.timer = None  # (handle, work_left_s, set_at, fn): the one pending own-time wait
         self.control_seen = 0
         self.step_out = None
+        self.driver: LearnerDriver | None = None
         self.combine = logged_combiner(self.world.cfg, self.emit)  # two unsent Δs of p waiting on a link
-        self.sdc = Corrupter(self.world.cfg.seed, unit.index, incarnation)  # the `corrupt` fault
         self.wait_own(self.world.params.learner_startup_s, self.started)
 
     # --- own time: a paused or slowed process runs its waits slower ----------------------
@@ -114,10 +116,10 @@ class LearnerProc:
         if unit.ckpt is not None:
             params, self.opt_state, self.step = unit.ckpt
             self.emit("checkpoint_restored", step=self.step)
-        self.core = LearnerCore(learner_config(w.cfg, w.topology, unit.name, self.incarnation, w.learner_bugs),
-                                m.lmath)
-        self.state = self.core.init(params)
-        self.live_slices = w.cfg.diloco.slices
+        core = LearnerCore(learner_config(w.cfg, w.topology, unit.name, self.incarnation, w.learner_bugs), m.lmath)
+        self.driver = LearnerDriver(core, core.init(params), self,
+                                    Corrupter(w.cfg.seed, unit.index, self.incarnation),  # the `corrupt` fault
+                                    w.cfg.diloco.slices)
         self.emit("unit_up", incarnation=self.incarnation, pid=None, step=self.step)
         w.net.learner_started(unit.name)
         self.do("start")
@@ -156,8 +158,7 @@ class LearnerProc:
         now, out = self.world.now, self.step_out
         if self.world.dp:
             grads, self.loss = out
-            self._dp_tokens, self._dp_dt = self.tokens, now - self.t0
-            self.do("grads_ready", jax.tree.map(np.asarray, grads), self.tokens)
+            self.driver.grads_ready(jax.tree.map(np.asarray, grads), self.tokens, now - self.t0)
             if self.core.must_wait(self.state):
                 self.phase = "dpwait"
                 return
@@ -212,44 +213,42 @@ class LearnerProc:
             return
         self.close()
 
-    # --- the shell's side of the core contract (Learner.do / drain / read_control) ---------
+    # --- the LearnerPort, and the driver's state as the loop reads it ------------------------
+    @property
+    def core(self) -> LearnerCore:
+        return self.driver.core
+
+    @property
+    def state(self):
+        return self.driver.state
+
+    @property
+    def live_slices(self) -> int:
+        return self.driver.live_slices
+
     def do(self, event: str, *args) -> None:
-        self.state, actions = getattr(self.core, event)(self.state, self.world.now, *args)
+        self.driver.do(event, *args)
+
+    def now(self) -> float:
+        return self.world.now
+
+    def send(self, to: str, msg) -> int:
+        return self.world.net.learner_send(self.unit.name, to, msg, combine=self.combine)
+
+    def corruption(self) -> dict | None:
+        return self.unit.corrupt
+
+    def apply_grads(self, params, grads):
+        params, self.opt_state = self.world.model.inner.apply_grads(params, self.opt_state, grads)
+        return params
+
+    def after_event(self, event: str, args: tuple) -> None:
         if self.world.probe is not None:  # tests look at the core's state after each event
             self.world.probe(self, event, args)
-        for a in actions:
-            if isinstance(a, Log):
-                self.emit(a.kind, **a.fields)
-        for a in actions:
-            if isinstance(a, Send):
-                self.sdc.spec = self.unit.corrupt
-                msg, bad = self.sdc.apply(a.msg)
-                if bad:
-                    self.emit("corrupt", **bad)
-                nbytes = self.world.net.learner_send(self.unit.name, a.to, msg, combine=self.combine)
-                self.emit("send" if nbytes else "drop", peer=a.to, bytes=nbytes, **describe(msg),
-                          at_step=self.state.step)
-            elif isinstance(a, ApplyGrads):
-                params, self.opt_state = self.world.model.inner.apply_grads(
-                    self.core.params(self.state), self.opt_state, a.grads)
-                self.do("after_inner_step", params, self._dp_tokens, self._dp_dt)
-            elif isinstance(a, SetSlices):
-                self.live_slices = a.live_slices
 
     def drain(self) -> None:
         while self.inbox and self.alive:
-            kind, peer, msg, nbytes = self.inbox.pop(0)
-            if kind == "connected":
-                self.emit("link_up", peer=peer)
-                self.do("shard_connected", peer)
-            elif kind == "disconnected":
-                self.emit("link_down", peer=peer)
-            else:
-                self.emit("recv", peer=peer, bytes=nbytes, **describe(msg))
-                try:
-                    self.do("receive", peer, msg)
-                except IllegalTransition as e:
-                    self.emit("drop", what=type(msg).__name__, reason=f"illegal: {e}", peer=peer)
+            self.driver.handle(*self.inbox.pop(0))
 
     def read_control(self) -> None:
         unit = self.unit

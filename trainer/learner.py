@@ -21,7 +21,8 @@ from trainer import shell
 from trainer.checkpoint import Checkpointer
 from trainer.inner import make_inner, opt_state_to_tree
 from trainer.outbox import outbox_key
-from trainer.protocol import ApplyGrads, IllegalTransition, LearnerCore, Send, SetSlices
+from trainer.learner_driver import LearnerDriver
+from trainer.protocol import LearnerCore
 from trainer.sdc import Corrupter
 from trainer.tasks import task_for_run
 from trainer.transport import BufferLog, ShardLink
@@ -55,37 +56,54 @@ class Learner:
             self.step = int(restored["step"])
             self.ev.emit("checkpoint_restored", step=self.step)
         bugs = self.bugs = frozenset(b for b in args.bugs.split(",") if b)
-        self.core = LearnerCore(learner_config(self.cfg, topo, self.name, self.incarnation, bugs),
-                                learner_math(self.cfg, self.frag))
-        self.state = self.core.init(params)
-        self.live_slices = self.cfg.diloco.slices
-        self.control_mtime, self.control_live = 0.0, None
+        core = LearnerCore(learner_config(self.cfg, topo, self.name, self.incarnation, bugs),
+                           learner_math(self.cfg, self.frag))
+        self.driver = LearnerDriver(core, core.init(params), self,
+                                    Corrupter(self.cfg.seed, self.index, self.incarnation),  # the `corrupt` fault
+                                    self.cfg.diloco.slices)
+        self.control_mtime, self.control_live, self.corrupt = 0.0, None, None
         self.inbox: queue.Queue = queue.Queue()
         self.links = {shard: ShardLink(self.name, shard, addr, topo["run_id"], self.inbox)
                       for shard, addr in topo["links"][self.name].items()}
         self.buffer_log = BufferLog()
         self.resources = shell.ResourceLog(self.ev)
         self.combine = logged_combiner(self.cfg, self.ev.emit)  # two unsent Δs of p waiting on a link
-        self.sdc = Corrupter(self.cfg.seed, self.index, self.incarnation)  # the `corrupt` fault
 
-    # --- driving the core -------------------------------------------------------------------
+    # --- the LearnerPort (trainer/learner_driver.py), and the driver's state as the loop reads it
+    @property
+    def core(self) -> LearnerCore:
+        return self.driver.core
+
+    @property
+    def state(self):
+        return self.driver.state
+
+    @property
+    def live_slices(self) -> int:
+        return self.driver.live_slices
+
     def do(self, event: str, *args) -> None:
-        self.state, actions = getattr(self.core, event)(self.state, shell.monotonic(), *args)
-        shell.log_actions(self.ev, actions)
-        for a in actions:
-            if isinstance(a, Send):
-                msg, bad = self.sdc.apply(a.msg)
-                if bad:
-                    self.ev.emit("corrupt", **bad)
-                key = None if "unbounded_outbox" in self.bugs else outbox_key(msg)  # planted: plain FIFO
-                nbytes = self.links[a.to].send(msg, key=key, combine=self.combine)
-                shell.log_msg(self.ev, "send" if nbytes else "drop", a.to, a.msg, nbytes, at_step=self.state.step)
-            elif isinstance(a, ApplyGrads):
-                params, self.opt_state = self.inner.apply_grads(self.core.params(self.state), self.opt_state,
-                                                                a.grads)
-                self.do("after_inner_step", params, self._dp_tokens, self._dp_dt)
-            elif isinstance(a, SetSlices):
-                self.live_slices = a.live_slices
+        self.driver.do(event, *args)
+
+    def now(self) -> float:
+        return shell.monotonic()
+
+    def send(self, to: str, msg) -> int:
+        key = None if "unbounded_outbox" in self.bugs else outbox_key(msg)  # planted: plain FIFO
+        return self.links[to].send(msg, key=key, combine=self.combine)
+
+    def emit(self, kind: str, **fields) -> None:
+        self.ev.emit(kind, **fields)
+
+    def corruption(self) -> dict | None:
+        return self.corrupt
+
+    def apply_grads(self, params, grads):
+        params, self.opt_state = self.inner.apply_grads(params, self.opt_state, grads)
+        return params
+
+    def after_event(self, event: str, args: tuple) -> None:
+        pass
 
     def drain(self, timeout_s: float = 0.0) -> None:
         """Feeds everything the links received to the core; waits up to timeout_s for the first."""
@@ -94,17 +112,7 @@ class Learner:
         except queue.Empty:
             return
         while True:
-            if ev.kind == "connected":
-                self.ev.emit("link_up", peer=ev.peer)
-                self.do("shard_connected", ev.peer)
-            elif ev.kind == "disconnected":
-                self.ev.emit("link_down", peer=ev.peer)
-            else:
-                shell.log_msg(self.ev, "recv", ev.peer, ev.msg, ev.nbytes)
-                try:
-                    self.do("receive", ev.peer, ev.msg)
-                except IllegalTransition as e:
-                    self.ev.emit("drop", what=type(ev.msg).__name__, reason=f"illegal: {e}", peer=ev.peer)
+            self.driver.handle(ev.kind, ev.peer, ev.msg, ev.nbytes)
             try:
                 ev = self.inbox.get_nowait()
             except queue.Empty:
@@ -129,7 +137,7 @@ class Learner:
         if mtime != self.control_mtime:
             self.control_mtime = mtime
             control = json.loads(path.read_text())
-            self.sdc.spec = control.get("corrupt")
+            self.corrupt = control.get("corrupt")
             live = control.get("live_slices")
             if live is not None and live != self.control_live:  # (not when only the corruption changed)
                 from trainer.messages import SliceControl
@@ -168,8 +176,7 @@ class Learner:
             live = range(self.live_slices)
             if dp:
                 grads, metrics = self.inner.grad(params, batch, live)
-                self._dp_tokens, self._dp_dt = int(metrics["tokens"]), time.monotonic() - t0
-                self.do("grads_ready", jax.tree.map(np.asarray, grads), self._dp_tokens)
+                self.driver.grads_ready(jax.tree.map(np.asarray, grads), int(metrics["tokens"]), time.monotonic() - t0)
                 while self.core.must_wait(self.state) and not self.stopper.stop:
                     self.drain(timeout_s=0.05)
             else:

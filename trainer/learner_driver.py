@@ -1,0 +1,81 @@
+"""What a learner unit does with its core's actions and with what its links deliver,
+the same code for a real process (trainer/learner.py) and the simulator
+(harness/sim_learner.py).
+
+The LearnerCore decides; the driver carries out its actions over a host port:
+a Send leaves through the host's link (after the `corrupt` fault's corruption, if one
+is on: silent data corruption happens in the unit, before the wire), an ApplyGrads
+(data-parallel: the mean gradient came back) is applied by the host's inner optimizer
+and fed back as the inner step, a SetSlices changes how many slices the next step uses.
+`handle` is one item of the inbox: a link up or down, or a message. The loop around it
+(when to step, when to drain, how time passes) stays with each host: threads and wall
+time in the process, the virtual clock in the simulator (issue 14: one driver per role;
+the loop is the part not yet shared).
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from trainer.messages import describe
+from trainer.protocol import ApplyGrads, IllegalTransition, LearnerCore, LearnerState, Log, Send, SetSlices
+from trainer.sdc import Corrupter
+
+
+class LearnerPort(Protocol):
+    """What a host offers the driver."""
+
+    def now(self) -> float: ...                           # the clock the core reads (seconds)
+    def send(self, to: str, msg) -> int: ...              # bytes framed; 0: dropped (no link)
+    def emit(self, kind: str, **fields) -> None: ...      # one event-log line from this unit
+    def corruption(self) -> dict | None: ...              # the `corrupt` fault's spec while it is on
+    def apply_grads(self, params, grads): ...             # dp: the inner optimizer's update -> new params
+    def after_event(self, event: str, args: tuple) -> None: ...  # after each core event (sim probes)
+
+
+class LearnerDriver:
+    def __init__(self, core: LearnerCore, state: LearnerState, port: LearnerPort, corrupter: Corrupter,
+                 live_slices: int):
+        self.core, self.state, self.port, self.sdc = core, state, port, corrupter
+        self.live_slices = live_slices
+        self.dp_tokens, self.dp_dt = 0, 0.0   # the dp step whose mean gradient is awaited
+
+    def grads_ready(self, grads, tokens: int, dt: float) -> None:
+        """dp: this step's gradient is computed; its tokens and time go with the applied step."""
+        self.dp_tokens, self.dp_dt = tokens, dt
+        self.do("grads_ready", grads, tokens)
+
+    def handle(self, kind: str, peer: str, msg=None, nbytes: int = 0) -> None:
+        """One inbox item from a link to shard `peer`."""
+        if kind == "connected":
+            self.port.emit("link_up", peer=peer)
+            self.do("shard_connected", peer)
+        elif kind == "disconnected":
+            self.port.emit("link_down", peer=peer)
+        else:
+            self.port.emit("recv", peer=peer, bytes=nbytes, **describe(msg))
+            try:
+                self.do("receive", peer, msg)
+            except IllegalTransition as e:
+                self.port.emit("drop", what=type(msg).__name__, reason=f"illegal: {e}", peer=peer)
+
+    def do(self, event: str, *args) -> None:
+        port = self.port
+        self.state, actions = getattr(self.core, event)(self.state, port.now(), *args)
+        port.after_event(event, args)
+        for a in actions:
+            if isinstance(a, Log):
+                port.emit(a.kind, **a.fields)
+        for a in actions:
+            if isinstance(a, Send):
+                self.sdc.spec = port.corruption()
+                msg, bad = self.sdc.apply(a.msg)
+                if bad:
+                    port.emit("corrupt", **bad)
+                nbytes = port.send(a.to, msg)
+                port.emit("send" if nbytes else "drop", peer=a.to, bytes=nbytes, **describe(msg),
+                          at_step=self.state.step)
+            elif isinstance(a, ApplyGrads):
+                params = port.apply_grads(self.core.params(self.state), a.grads)
+                self.do("after_inner_step", params, self.dp_tokens, self.dp_dt)
+            elif isinstance(a, SetSlices):
+                self.live_slices = a.live_slices
