@@ -205,25 +205,13 @@ def _global_evals(run_dir: Path, cfg: RunConfig, topology: dict, header: dict, e
 
 
 def summarize(run_dir: Path, s: Scenario, reference: Path | None = None, expect: bool = True) -> dict:
-    from harness import checks, metrics
+    """Judges the run (harness/judge.py) and writes summary.json."""
+    from harness.judge import judge
 
     log = eventlog.read(run_dir)
     ref = eventlog.read(reference) if reference else None
-    m = metrics.compute(log, ref)
-    results = checks.verdict(log, m, dataclasses.asdict(s.expect) if expect else None)
-    summary = {**m.to_dict(), **faults_seen(log), "checks": [r.to_dict() for r in results],
-               "valid": checks.compose(results).valid, "run_dir": str(run_dir), "mode": log.config["diloco"]["mode"],
-               "reference_dir": str(reference) if reference else None}
+    summary = {**judge(log, ref, dataclasses.asdict(s.expect) if expect else None),
+               "run_dir": str(run_dir), "reference_dir": str(reference) if reference else None}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     return summary
-
-
-def faults_seen(log) -> dict:
-    """How many of the scheduled faults happened. A run ends at its token budget, so on a
-    fast machine faults due later are never applied; the summary and report say so."""
-    schedule = log.header.get("schedule") or []
-    applied = len(log.of("fault_start", src="harness"))
-    t0, t1 = log.header.get("t_start"), log.header.get("t_end")
-    return {"faults_scheduled": len(schedule), "faults_applied": applied,
-            "run_s": t1 - t0 if t0 is not None and t1 is not None else None}
 

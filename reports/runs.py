@@ -16,7 +16,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import checks, eventlog, metrics
+from harness import eventlog
+from harness import judge as judging
 from harness.eventlog import EventLog
 
 
@@ -46,13 +47,10 @@ class Run:
 
 
 def judge(log: EventLog, reference: EventLog | None = None) -> dict:
-    """The summary a runner would have written: metrics, every check, the composed verdict."""
-    m = metrics.compute(log, reference)
+    """The summary a runner would have written (harness/judge.py, the same function),
+    with the scenario's `expect` from the log's header, read leniently."""
     expect = dict((log.header.get("scenario") or {}).get("expect") or {})
-    # a log from another version of the scenario format: its safety checks are still shown
-    results = checks.verdict(log, m, expect, lenient=True)
-    return {**m.to_dict(), "checks": [r.to_dict() for r in results],
-            "valid": checks.compose(results).valid, "mode": log.config["diloco"]["mode"]}
+    return judging.judge(log, reference, expect, lenient=True)
 
 
 def _read_summary(run_dir: Path) -> dict | None:

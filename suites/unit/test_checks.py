@@ -449,7 +449,7 @@ def test_compose():
 
 
 def test_a_run_that_ended_before_its_faults_says_so():
-    from harness.runner import faults_seen
+    from harness.judge import faults_seen
 
     sched = [{"kind": "kill_unit", "target": "learner-1", "at_s": t, "down_for_s": 5.0} for t in (2.0, 30.0, 50.0)]
     b = LogBuilder(t_start=100.0, t_end=123.0, schedule=sched)

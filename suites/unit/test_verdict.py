@@ -35,3 +35,13 @@ def test_an_unreadable_expect_table_raises_for_the_runner_and_is_skipped_by_a_re
     with pytest.raises(ValueError, match="unknown key"):
         checks.verdict(log, metrics.compute(log), {"goodput": 0.8})
     assert "goodput" not in {c["name"] for c in judge(log)["checks"]}
+
+
+def test_the_report_judges_a_log_as_the_runner_summarised_it(tmp_path):
+    # the runner's summary.json and a report of the same log without it: one function
+    # (harness/judge.py); they used to differ (the report's had no faults_scheduled / run_s)
+    from harness.judge import judge as runner_judge
+    log = _log(crashes=[], t_start=0.0, t_end=7.5, schedule=[{"kind": "kill_unit"}])
+    mine, report = runner_judge(log, None, {}), judge(log)
+    assert report == mine
+    assert (mine["faults_scheduled"], mine["faults_applied"], mine["run_s"]) == (1, 0, 7.5)
