@@ -21,14 +21,14 @@ import jax
 import numpy as np
 
 from trainer.learner import CKPT_EVERY, DRAIN_S, FETCH_WAIT_S
-from trainer.learner_driver import LearnerDriver
+from trainer.learner_driver import LearnerDriver, LearnerHost
 from trainer.messages import SliceControl
 from trainer.protocol import LearnerCore
 from trainer.sdc import Corrupter
 from trainer.wiring import learner_config, logged_combiner
 
 
-class LearnerProc:
+class LearnerProc(LearnerHost):
     """One incarnation of a learner unit (a process, from spawn to death or exit)."""
 
     def __init__(self, unit: "SimLearner", incarnation: int):
@@ -214,21 +214,6 @@ class LearnerProc:
         self.close()
 
     # --- the LearnerPort, and the driver's state as the loop reads it ------------------------
-    @property
-    def core(self) -> LearnerCore:
-        return self.driver.core
-
-    @property
-    def state(self):
-        return self.driver.state
-
-    @property
-    def live_slices(self) -> int:
-        return self.driver.live_slices
-
-    def do(self, event: str, *args) -> None:
-        self.driver.do(event, *args)
-
     def now(self) -> float:
         return self.world.now
 

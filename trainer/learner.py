@@ -21,7 +21,7 @@ from trainer import shell
 from trainer.checkpoint import Checkpointer
 from trainer.inner import make_inner, opt_state_to_tree
 from trainer.outbox import outbox_key
-from trainer.learner_driver import LearnerDriver
+from trainer.learner_driver import LearnerDriver, LearnerHost
 from trainer.protocol import LearnerCore
 from trainer.sdc import Corrupter
 from trainer.tasks import task_for_run
@@ -33,7 +33,7 @@ FETCH_WAIT_S = 5.0     # at (re)start, wait this long for the global fragments b
 DRAIN_S = 1.0          # after the last step, keep receiving for this long
 
 
-class Learner:
+class Learner(LearnerHost):
     def __init__(self, args):
         self.run_dir, self.name, self.incarnation = args.run_dir, args.id, args.incarnation
         self.run_info, self.cfg = shell.load_run(self.run_dir)
@@ -70,21 +70,6 @@ class Learner:
         self.combine = logged_combiner(self.cfg, self.ev.emit)  # two unsent Δs of p waiting on a link
 
     # --- the LearnerPort (trainer/learner_driver.py), and the driver's state as the loop reads it
-    @property
-    def core(self) -> LearnerCore:
-        return self.driver.core
-
-    @property
-    def state(self):
-        return self.driver.state
-
-    @property
-    def live_slices(self) -> int:
-        return self.driver.live_slices
-
-    def do(self, event: str, *args) -> None:
-        self.driver.do(event, *args)
-
     def now(self) -> float:
         return shell.monotonic()
 

@@ -79,3 +79,24 @@ class LearnerDriver:
                 self.do("after_inner_step", params, self.dp_tokens, self.dp_dt)
             elif isinstance(a, SetSlices):
                 self.live_slices = a.live_slices
+
+
+class LearnerHost:
+    """A host's view of its driver, as its loop reads it (mixed into both hosts)."""
+
+    driver: LearnerDriver
+
+    @property
+    def core(self) -> LearnerCore:
+        return self.driver.core
+
+    @property
+    def state(self) -> LearnerState:
+        return self.driver.state
+
+    @property
+    def live_slices(self) -> int:
+        return self.driver.live_slices
+
+    def do(self, event: str, *args) -> None:
+        self.driver.do(event, *args)
