@@ -1,6 +1,6 @@
 """`diloco-chaos bench wan`: time to a held-out loss target over thin links, DP vs
 Decoupled DiLoCo at the paper preset, swept over the link rate (docs/BENCHMARKS.md,
-"wan"). Registered in harness/bench.py; machinery in harness/bench_runs.py."""
+"wan"). Registered in diloco_chaos/bench.py; machinery in harness/bench_runs.py."""
 from __future__ import annotations
 
 import math

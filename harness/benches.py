@@ -1,6 +1,6 @@
 """Three benchmarks of issue 3: `diloco-chaos bench overhead|bandwidth|parity` (`wan`: harness/bench_wan.py).
 
-Each is `run(out_dir) -> dict` (registered in harness/bench.py) and keeps its run
+Each is `run(out_dir) -> dict` (registered in diloco_chaos/bench.py) and keeps its run
 directories under out_dir/NAME/. Figures, configurations and what they mean:
 docs/BENCHMARKS.md. Machinery: harness/bench_runs.py.
 

@@ -113,19 +113,7 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
     _global_evals(run_dir, cfg, cluster.topology, header, harness_events)
     eventlog.merge(run_dir, header, harness_events)
     summary = summarize(run_dir, s, reference, expect=expect)
-    render(run_dir)
     return RunResult(run_dir, summary)
-
-
-def render(run_dir: Path) -> Path | None:
-    """The run's HTML report; a page that fails to draw never loses the run."""
-    try:
-        from reports import render_run
-
-        return render_run(run_dir)
-    except Exception as e:
-        (run_dir / "report_error.txt").write_text(repr(e))
-        return None
 
 
 class _Budget:

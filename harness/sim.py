@@ -27,7 +27,7 @@ import optax
 from harness import eventlog
 from harness.cluster import make_topology
 from harness.losses import final_eval_event
-from harness.runner import (END_GRACE_S, MAX_STEPS_FACTOR, STARTUP_TIMEOUT_S, RunResult, render, summarize,
+from harness.runner import (END_GRACE_S, MAX_STEPS_FACTOR, STARTUP_TIMEOUT_S, RunResult, summarize,
                             unique_dir)
 from harness.scenario import Scenario, scenario_from_dict, scenario_to_toml
 from harness.sim_world import SimInjector, SimParams, World
@@ -214,7 +214,7 @@ def run_sim(s: Scenario, out: Path, run_dir: Path | None = None, *, label: str |
             reference: Path | None = None, expect: bool = True, params: SimParams = SimParams(),
             bugs=frozenset()) -> RunResult:
     """The sim tier's `run_scenario` (same keywords, same files: run_dir/events.jsonl,
-    scenario.toml, summary.json, report.html). `live` is accepted and ignored; planted bugs
+    scenario.toml, summary.json; the CLI renders report.html). `live` is accepted and ignored; planted bugs
     come from `bugs`, else from DILOCO_CHAOS_BUGS as on processes."""
     from trainer.shell import planted_bugs
 
@@ -222,7 +222,6 @@ def run_sim(s: Scenario, out: Path, run_dir: Path | None = None, *, label: str |
     run = simulate(s, params=params, bugs=frozenset(bugs) or planted_bugs(), replay=f"diloco-chaos replay {shlex.quote(str(run_dir))}")
     run.write(run_dir)
     summary = summarize(run_dir, s, reference, expect=expect)
-    render(run_dir)
     return RunResult(run_dir, summary)
 
 

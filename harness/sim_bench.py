@@ -82,7 +82,7 @@ def speedup(name: str = "unit-loss", **train) -> dict:
 
 
 def bench(out_dir: Path) -> dict:
-    """Registered in harness/bench.py as `sim`."""
+    """Registered in diloco_chaos/bench.py as `sim`."""
     from harness.sim import SimParams
 
     quad = examples_per_min()

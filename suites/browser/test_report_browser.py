@@ -162,7 +162,7 @@ def test_report_command_saves_a_screenshot(tmp_path):
         pytest.skip("no Chromium on PATH; install one with scripts/install-browser.sh")
     run = tmp_path / "run"
     shutil.copytree(FIXTURE, run)
-    cmd = ("import argparse, sys; from harness import report_cmd; p = argparse.ArgumentParser(); "
+    cmd = ("import argparse, sys; from diloco_chaos import report_cmd; p = argparse.ArgumentParser(); "
            "report_cmd.register(p.add_subparsers(), ''); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
     proc = subprocess.run([sys.executable, "-c", cmd, "report", str(run), "--screenshot", str(tmp_path / "shot.png")],
                           capture_output=True, text=True, timeout=300)

@@ -56,7 +56,7 @@ def test_sigint_midway_leaves_nothing_behind(tmp_path, sig, code):
     scenario = tmp_path / "interrupted.toml"
     scenario.write_text(SCENARIO)
     out = tmp_path / "runs"
-    cli = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(scenario), "--out", str(out),
+    cli = subprocess.Popen([sys.executable, "-m", "diloco_chaos", "run", str(scenario), "--out", str(out),
                             "--reference", "none", "--no-live"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            preexec_fn=_sigint_default)
     run_dir = out / "interrupted"

@@ -84,7 +84,7 @@ def test_ctrl_c_of_a_docker_run_stops_the_engine_it_started(tmp_path, docker_eng
     folder = Path("/tmp/diloco-dockerd-ctrlc")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "DILOCO_DOCKERD_DIR": str(folder),
            "DOCKER_HOST": f"unix://{tmp_path}/nothing-here.sock"}
-    child = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "unit-loss", "--backend", "docker",
+    child = subprocess.Popen([sys.executable, "-m", "diloco_chaos", "run", "unit-loss", "--backend", "docker",
                               "--out", str(tmp_path / "runs"), "--no-live", "--reference", "none"],
                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

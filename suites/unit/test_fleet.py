@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from harness import cli, fleet
+from diloco_chaos import cli
+from harness import fleet
 from harness.fleet import PAPER, FleetParams, simulate, simulate_elastic, simulate_restart
 
 LEARNERS = [1, 2, 4, 8, 16]

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import checks, eventlog, metrics, report_cmd
+from diloco_chaos import report_cmd
+from harness import checks, eventlog, metrics
 from harness.errors import UserError
 from reports import page, render_index, render_run, series, timeline
 from reports.runs import load

@@ -63,7 +63,7 @@ def test_run_sim_writes_the_cluster_tiers_files_and_replay_reproduces_them(tmp_p
 
 
 def test_the_replay_command_keeps_a_sim_runs_parameters_and_planted_bugs(tmp_path, capsys):
-    from harness import cli
+    from diloco_chaos import cli
 
     params = SimParams(step_s=0.05, hetero=0.5)
     result = run_sim(scenario(FAULTS[:3]), tmp_path / "a", params=params, bugs={"merge_twice"})

@@ -116,6 +116,7 @@ def cmd_replay(args) -> int:
         from harness.sim import replay_sim
 
         result = replay_sim(args.run_dir, args.out)
+        render(result.run_dir)
         print_summary(result.summary)
         print(f"results: {result.run_dir}\nreport: {result.run_dir / 'report.html'}")
         return 0 if result.summary["valid"] is not False else 1
@@ -148,12 +149,13 @@ def _reference(s, out: Path, live: bool, tier: str = "cluster") -> Path | None:
     print(f"reference (fault-free) run: {ref_dir}")
     ref_dir.mkdir(parents=True, exist_ok=True)
     run_scenario(clean, out, run_dir=ref_dir, live=live)
+    render(ref_dir)
     return ref_dir
 
 
 def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluster") -> int:
     from harness.report_text import print_summary
-    from harness.runner import render, unique_dir, with_mode
+    from harness.runner import unique_dir, with_mode
 
     run_scenario = _runner(tier)
     ref = _reference(s, out, live, tier) if reference == "auto" else None
@@ -167,10 +169,23 @@ def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluste
         print(f"running {s.name} under data-parallel, same fault draw, in {dp_dir}")
         summary["dp"] = run_scenario(with_mode(s, "dp"), out, run_dir=dp_dir, live=live, reference=ref,
                                      expect=False).summary
+        render(dp_dir)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-        render(run_dir)  # again, now with the DP run beside it
+    render(run_dir)  # with the DP run beside it, if there is one
     print_summary(summary)
     print(f"results: {run_dir}  (events.jsonl, summary.json)")
     report = run_dir / "report.html"
     print(f"report: {report}" if report.exists() else f"report: not written, see {run_dir / 'report_error.txt'}")
     return 0 if summary["valid"] is not False else 1
+
+
+def render(run_dir: Path) -> Path | None:
+    """The run's HTML report; a page that fails to draw never loses the run (the error
+    goes to run_dir/report_error.txt)."""
+    try:
+        from reports import render_run
+
+        return render_run(run_dir)
+    except Exception as e:
+        (run_dir / "report_error.txt").write_text(repr(e))
+        return None

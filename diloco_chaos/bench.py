@@ -35,6 +35,15 @@ def register(sub, help_: str) -> None:
     p.set_defaults(func=main)
 
 
+def _render_runs(folder: Path) -> None:
+    """A report beside every run the bench kept that has none yet (every run writes one)."""
+    from diloco_chaos.run_cmd import render
+
+    for log in sorted(folder.glob("**/events.jsonl")) if folder.is_dir() else ():
+        if not (log.parent / "report.html").exists():
+            render(log.parent)
+
+
 def main(args) -> int:
     if args.name not in BENCHES:
         raise UserError(f"unknown benchmark {args.name!r}; valid: {', '.join(sorted(BENCHES))}")
@@ -45,6 +54,7 @@ def main(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     result = fn(out)
+    _render_runs(out / args.name)
     result = {
         "bench": args.name,
         "unix_time": round(t0),

@@ -17,13 +17,13 @@ from harness.errors import UserError  # noqa: F401  (re-exported for command mod
 
 # (command, "module:register function", one line of help). Order is the order in --help.
 COMMANDS: list[tuple[str, str, str]] = [
-    ("run", "harness.run_cmd:register_run", "run a fault scenario (a TOML file or a built-in name)"),
-    ("scenarios", "harness.run_cmd:register_scenarios", "list the built-in scenarios"),
-    ("replay", "harness.run_cmd:register_replay", "run a stored run again: same config, seed and schedule"),
-    ("demo", "harness.run_cmd:register_demo", "run the default scenario (chaos vs data-parallel), print where results are"),
-    ("report", "harness.report_cmd:register", "render a stored run's HTML report again (like Jepsen's analyze)"),
+    ("run", "diloco_chaos.run_cmd:register_run", "run a fault scenario (a TOML file or a built-in name)"),
+    ("scenarios", "diloco_chaos.run_cmd:register_scenarios", "list the built-in scenarios"),
+    ("replay", "diloco_chaos.run_cmd:register_replay", "run a stored run again: same config, seed and schedule"),
+    ("demo", "diloco_chaos.run_cmd:register_demo", "run the default scenario (chaos vs data-parallel), print where results are"),
+    ("report", "diloco_chaos.report_cmd:register", "render a stored run's HTML report again (like Jepsen's analyze)"),
     ("fleet", "harness.fleet:register", "fleet-scale goodput simulator: Decoupled DiLoCo vs data-parallel"),
-    ("bench", "harness.bench:register", "run a benchmark, writing runs/bench/NAME.json"),
+    ("bench", "diloco_chaos.bench:register", "run a benchmark, writing runs/bench/NAME.json"),
     ("toxiproxy", "harness.toxiproxy_cmd:register", "start a Toxiproxy server in the foreground (for debugging)"),
 ]
 
