@@ -98,12 +98,20 @@ class _Ledger:
             if e["kind"] in ("contribute", "discard"):
                 at = start + int(e["to_step"] if e["kind"] == "contribute" else e["step"])
                 cuts[int(e["fragment"])].append((at, int(e["tokens"]), e))
-        for p in range(self.P):  # the step line a kill cut off: its tokens from the cut that holds it
+        # Step lines a kill cut off: their tokens from the cut that holds them. A step's line
+        # is written after the next step (never waiting on the device), and a Δ leaves during
+        # the step it ends, so a kill right after it takes the lines of that step and the one
+        # before: at most two, at the end of an incarnation that did not end cleanly.
+        logged = max(steps, default=start)
+        for p in range(self.P):
             pos = start
             for at, tokens, _ in cuts[p]:
                 missing = [s for s in range(pos + 1, at + 1) if s not in steps]
-                if len(missing) == 1 and missing[0] == at:
-                    steps[at] = tokens - sum(steps.get(s, 0) for s in range(pos + 1, at))
+                tail = not inc.done and len(missing) == 2 and missing == [at - 1, at] and at - 1 > logged
+                if (len(missing) == 1 and missing[0] == at) or tail:
+                    left = tokens - sum(steps.get(s, 0) for s in range(pos + 1, at + 1))
+                    for i, s in enumerate(missing):
+                        steps[s] = left // len(missing) + (left % len(missing) if i == len(missing) - 1 else 0)
                 pos = max(pos, at)
         last = max(steps, default=start)
         # decoupled, keeping local progress: each Δ holds exactly the steps since the last cut

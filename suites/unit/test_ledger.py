@@ -2,6 +2,8 @@
 hand: every step trains 100 tokens; a fragment's share of a token is 1/P."""
 from __future__ import annotations
 
+import pytest
+
 from harness.ledger import ledger, tokens_conserved
 from suites.unit.log_builder import LogBuilder
 
@@ -61,15 +63,31 @@ def test_a_fragment_holds_one_pth_of_each_token():
     assert (row["trained"], row["merged"], row["in_flight"]) == (400, 300, 100)
 
 
-def test_the_step_line_a_kill_cut_off_is_recovered_from_the_contribution_holding_it():
+@pytest.mark.parametrize("last_line", [3, 2])
+def test_the_step_lines_a_kill_cut_off_are_recovered_from_the_contribution_holding_them(last_line):
+    # step 3's line waits for step 4; step 4's Δ leaves during step 4: a SIGKILL right after
+    # the send takes step 4's line, or both (seen on docker, when the run's end killed units)
     b = LogBuilder(learners=1)
     b.up(0.0, "syncer-0").up(0.0, "learner-0")
-    steps(b, "learner-0", 1, 3, 0.0)  # step 4 trained, its line never written (SIGKILL)
+    steps(b, "learner-0", 1, last_line, 0.0)
     b.contribute(0.41, "learner-0", 1, 0, 4, tokens=400).merge(0.5, "learner-0", 1, 4)
     b.down(0.6, "learner-0")
     row = ledger(b.log())["learners"]["learner-0"]
     assert (row["trained"], row["merged"], row["lost"]) == (400, 400, 0)
     assert tokens_conserved(b.log()).valid is True
+
+
+def test_three_missing_lines_or_two_before_a_clean_end_are_a_violation():
+    for last_line, clean in ((1, False), (2, True)):
+        b = LogBuilder(learners=1)
+        b.up(0.0, "syncer-0").up(0.0, "learner-0")
+        steps(b, "learner-0", 1, last_line, 0.0)
+        b.contribute(0.41, "learner-0", 1, 0, 4, tokens=400).merge(0.5, "learner-0", 1, 4)
+        if clean:
+            b.add(0.6, "learner-0", "done", step=4, finished=True)
+        else:
+            b.down(0.6, "learner-0")
+        assert tokens_conserved(b.log()).valid is False, (last_line, clean)
 
 
 def test_combined_contributions_are_merged_with_the_one_they_went_on_in():
