@@ -181,8 +181,39 @@ class DockerCluster(LocalCluster):
         return self._clients[self.placement[name]]
 
     def close(self) -> None:
-        """Removes every container of this run (by label, so also ones a failed spawn
+        """Stops the units as LocalCluster.close does (SIGTERM, a grace period, learners
+        first), removes every container of this run (by label, so also ones a failed spawn
         left), then does what LocalCluster.close does (proxies, Toxiproxy)."""
+        try:
+            self._stop_units()
+        finally:
+            self._remove()
+
+    def _stop_units(self, grace_s: float = 5.0) -> None:
+        """SIGTERM to every running unit, learners first, then the shards, each role given
+        `grace_s` to leave: a learner writes its last step lines and `done`, a shard makes
+        its state durable (as on local; before, the removal below killed them, and their
+        ends were logged as deaths)."""
+        import subprocess
+
+        for role in ("learner", "syncer"):
+            live = [(n, m) for n, m in self.members.items()
+                    if m.role == role and m.proc is not None and m.proc.poll() is None]
+            for name, m in live:
+                try:
+                    if m.paused:
+                        self.resume(name)  # a frozen process cannot act on SIGTERM
+                    m.proc.container.kill(signal="SIGTERM")
+                except Exception:  # noqa: BLE001 - exited meanwhile, or the engine refused: removed below
+                    pass
+            deadline = time.monotonic() + grace_s
+            for _, m in live:
+                try:
+                    m.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass  # removed (SIGKILL) below
+
+    def _remove(self) -> None:
         try:
             if self.topology.get("run_id"):
                 for client in self._clients.values():
@@ -305,11 +336,11 @@ class DockerCluster(LocalCluster):
         m.paused = False
         self._sigstopped.discard(name)
 
-    def set_speed(self, name: str, fraction: float) -> None:
+    def set_speed(self, name: str, fraction: float, period_s: float = 0.1) -> None:
         """Slower hardware: a CFS quota of `fraction` of the unit's CPU budget (`cpus`, or
         one core when the unit is unlimited: a learner of this miniature keeps about one
         core busy, so `fraction` of all the host's cores would often not slow it at all);
-        fraction >= 1 restores the budget."""
+        fraction >= 1 restores the budget. `period_s` is not used: the CFS period is the kernel's."""
         m = self.members[name]
         if m.proc is None or m.proc.poll() is not None:
             return
