@@ -289,12 +289,46 @@ def _unit_of(f: Fault) -> str:
     return f.target[5:] if f.role == "link" else f.target
 
 
+@dataclass(frozen=True)
+class LinkTarget:
+    """A link fault's target, parsed once: `learner` ("*": every learner) and `shard`
+    (None: every shard of that learner). 'link:*', 'link:learner-N', 'link:learner-N~syncer-M'
+    (the syntax ROLES checks); every reader of a link target goes through this."""
+
+    learner: str
+    shard: str | None = None
+
+    @classmethod
+    def parse(cls, target: str) -> "LinkTarget":
+        learner, _, shard = target.removeprefix("link:").partition("~")
+        return cls(learner, shard or None)
+
+    @property
+    def every(self) -> bool:
+        return self.learner == "*"
+
+    def reaches(self, learner: str) -> bool:
+        """Does it cut some link of `learner`?"""
+        return self.every or self.learner == learner
+
+    def links(self, learners: Sequence[str], shards: Sequence[str]) -> list[str]:
+        """The link names the cluster uses ('learner-N~syncer-M'), in topology order."""
+        return [f"{u}~{s}" for u in learners for s in shards
+                if self.reaches(u) and (self.shard is None or self.shard == s)]
+
+    def exists(self, learners: Sequence[str], shards: Sequence[str]) -> bool:
+        return self.every or (self.learner in learners and (self.shard is None or self.shard in shards))
+
+    def intersects(self, other: "LinkTarget") -> bool:
+        """Do the two targets share a link?"""
+        if self.every or other.every:
+            return True
+        return self == other or (self.learner == other.learner and None in (self.shard, other.shard))
+
+
 def links_intersect(a: str, b: str) -> bool:
     """Do two link specs ('link:*', 'link:learner-N', 'link:learner-N~syncer-M') share a link?"""
-    a, b = a[5:], b[5:]
-    if "*" in (a, b) or a == b:
-        return True
-    return a.split("~")[0] == b.split("~")[0] and ("~" not in a or "~" not in b)
+    return LinkTarget.parse(a).intersects(LinkTarget.parse(b))
 
 
 # Pairs of process faults on one unit that cannot be active at once, and why (the

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
-from faults.model import FAULT_KINDS, Fault, check_number, conflict, fault_from_dict
+from faults.model import FAULT_KINDS, Fault, LinkTarget, check_number, conflict, fault_from_dict
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,7 @@ def _span(prefix: str, n: int) -> str:
 
 def expand_links(target: str, shape: RunShape) -> list[str]:
     """A link spec as the link names the cluster uses ('learner-N~syncer-M')."""
-    spec = target[len("link:"):]
-    if spec == "*":
-        return [f"{u}~{s}" for u in shape.units for s in shape.syncers]
-    if "~" in spec:
-        return [spec]
-    return [f"{spec}~{s}" for s in shape.syncers]
+    return LinkTarget.parse(target).links(shape.units, shape.syncers)
 
 
 class ScheduleError(ValueError):
@@ -83,11 +78,7 @@ def _target_exists(f: Fault, shape: RunShape) -> bool:
         return f.target in shape.units
     if f.role == "syncer":
         return f.target in shape.syncers
-    spec = f.target[len("link:"):]
-    if spec == "*":
-        return True
-    learner, _, shard = spec.partition("~")
-    return learner in shape.units and (not shard or shard in shape.syncers)
+    return LinkTarget.parse(f.target).exists(shape.units, shape.syncers)
 
 
 def _when(f: Fault) -> str:

@@ -22,7 +22,7 @@ from typing import Sequence
 
 from hypothesis import strategies as st
 
-from faults.model import (Corrupt, FailureProcess, Fault, KillSlice, KillSyncer, KillUnit, Partition, PauseUnit, Reset,
+from faults.model import (Corrupt, FailureProcess, Fault, KillSlice, KillSyncer, KillUnit, LinkTarget, Partition, PauseUnit, Reset,
                           SlowUnit, Truncate, Wan)
 from faults.schedule import RunShape, Schedule, validate
 
@@ -133,8 +133,7 @@ def unit_seconds(f: Fault, shape: RunShape, until_s: float | None = None, recove
         return span * shape.learners
     if f.kind == "wan":
         return 0.0
-    spec = f.target[len("link:"):]
-    return span * (shape.learners if spec == "*" else 1)
+    return span * (shape.learners if LinkTarget.parse(f.target).every else 1)
 
 
 def fault_load(fs: Sequence[Fault], shape: RunShape, until_s: float | None = None, recovery_s: float = 0.0) -> float:

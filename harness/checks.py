@@ -20,6 +20,7 @@ from dataclasses import asdict
 
 # the Result vocabulary and the checks on what reached the model live beside this file;
 # their names stay importable from here
+from faults.model import LinkTarget
 from harness.check_base import SHOW, Result, ShardLife, _judge, _lost_merges, _shards, compose, shard_lives  # noqa: F401
 from harness.eventlog import EventLog
 from harness.history import clip, histories, intersect, learner_names, minus, norm, window
@@ -140,7 +141,7 @@ def reachable(log: EventLog, settle_s: float) -> list[tuple[float, float]]:
             continue
         up = [(i.steps[0]["t"] + settle_s, i.steps[-1]["t"] if i.done else i.end_t) for i in h.incs if i.steps]
         cut = [(a, b + settle_s) for a, b, f in faults.values()
-               if f.get("target", "").removeprefix("link:").split("~")[0] in ("*", name)]
+               if LinkTarget.parse(f.get("target", "")).reaches(name)]
         ready.append(minus(up, norm(h.dead + h.paused + cut)))
     lives = [i for s in _shards(log) if s in hs for i in hs[s].incs]
     shards = norm((i.up_t + settle_s, i.end_t) for i in lives) if lives else [(t0, t1)]  # no lines: up

@@ -20,10 +20,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from harness import procs
 from harness.toxiproxy_client import LinkProfile, ToxiproxyClient
@@ -70,6 +72,50 @@ LOCAL_MECHANISMS = {
 }
 
 
+class Cluster(Protocol):
+    """What the injector (the nemesis) may do to a cluster, whatever runs it: LocalCluster
+    (processes), DockerCluster (containers) and the simulator's World implement it, and the
+    injector reaches a backend only through these (no probing for optional methods)."""
+
+    topology: dict
+    wan: LinkProfile | None
+    client: ToxiproxyClient | None  # the links' toxics (the sim world: its own stand-in)
+
+    def mechanism(self, kind: str) -> str: ...               # how a fault kind is done here, in words
+    def pid(self, name: str) -> int | None: ...              # None: not running
+    def kill(self, name: str) -> None: ...
+    def spawn(self, name: str) -> None: ...
+    def pause(self, name: str) -> str | None: ...            # None, or the words for another way
+    def resume(self, name: str) -> None: ...
+    def set_speed(self, name: str, speed: float, period_s: float = 0.1) -> None: ...  # 1.0: full speed
+    def set_live_slices(self, learner: str, live: int) -> None: ...
+    def set_corrupt(self, learner: str, spec: dict | None) -> None: ...
+
+
+@dataclass
+class SlowCycle:
+    """Duty-cycled SIGSTOP/SIGCONT: the process runs `speed` of each `period_s`."""
+
+    pid: int
+    speed: float
+    period_s: float
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                os.kill(self.pid, signal.SIGSTOP)
+                self.stop.wait((1 - self.speed) * self.period_s)
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                return
+            self.stop.wait(self.speed * self.period_s)
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 @dataclass
 class LocalCluster:
     run_dir: Path
@@ -85,6 +131,7 @@ class LocalCluster:
     client: ToxiproxyClient | None = None
     members: dict[str, Member] = field(default_factory=dict)
     topology: dict = field(default_factory=dict)
+    slowed: dict[str, SlowCycle] = field(default_factory=dict)  # slow_unit's duty cycles
 
     BACKEND = "local"
     MECHANISMS = LOCAL_MECHANISMS
@@ -142,6 +189,8 @@ class LocalCluster:
 
     def close(self) -> None:
         """Stops everything this cluster started; safe to call twice and from `finally`."""
+        for cycle in self.slowed.values():
+            cycle.stop.set()
         for m in list(self.members.values())[::-1]:
             if m.proc is not None:
                 procs.stop(m.proc, grace_s=5.0)
@@ -208,6 +257,16 @@ class LocalCluster:
     def resume(self, name: str) -> None:
         self._signal(name, signal.SIGCONT)
         self.members[name].paused = False
+
+    def set_speed(self, name: str, speed: float, period_s: float = 0.1) -> None:
+        """slow_unit: the process runs `speed` of every `period_s` (SIGSTOP/SIGCONT from a
+        thread); 1.0 ends it. A unit restarted meanwhile is not slowed (its new pid)."""
+        if (old := self.slowed.pop(name, None)) is not None:
+            old.stop.set()
+        pid = self.pid(name)
+        if speed < 1.0 and pid is not None:
+            cycle = self.slowed[name] = SlowCycle(pid, speed, period_s)
+            threading.Thread(target=cycle.run, name=f"slow-{name}", daemon=True).start()
 
     def _signal(self, name: str, sig: int) -> None:
         pid = self.pid(name)

@@ -11,46 +11,18 @@ lasts and puts it back at its end.
 """
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
-from dataclasses import dataclass, field
 
 from faults.model import Fault
 from faults.schedule import RunShape, expand_links
-from harness.cluster import LocalCluster
+from harness.cluster import Cluster
 from harness.toxiproxy_client import STREAMS, LinkProfile, toxic_spec
 
 _STREAMS_OF = {"both": STREAMS, "upstream": ("upstream",), "downstream": ("downstream",)}
 
 
-@dataclass
-class _Slow:
-    """Duty-cycled SIGSTOP/SIGCONT: the unit runs `speed` of each `period_s`."""
-
-    pid: int
-    speed: float
-    period_s: float
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                os.kill(self.pid, signal.SIGSTOP)
-                self.stop.wait((1 - self.speed) * self.period_s)
-                os.kill(self.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                return
-            self.stop.wait(self.speed * self.period_s)
-        try:
-            os.kill(self.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-
-
 class Injector:
-    def __init__(self, cluster: LocalCluster, shape: RunShape, emit, *, dp_rollback: bool = False):
+    def __init__(self, cluster: Cluster, shape: RunShape, emit, *, dp_rollback: bool = False):
         """`emit(kind, src, **fields)` records a harness event. `dp_rollback`: data-parallel
         without elasticity — a dead learner stops every learner until it returns, and all
         restart from their checkpoints."""
@@ -58,7 +30,6 @@ class Injector:
         self.dp_rollback = dp_rollback
         self.active: dict[int, Fault] = {}
         self.ids: dict[int, int] = {}  # id(fault) -> fault number
-        self.slow: dict[int, _Slow] = {}
         self.down: set[str] = set()  # units the injector took down
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -72,8 +43,6 @@ class Injector:
                 self.end(self.active[n], final=True)
             except Exception as e:  # keep healing the others
                 self.emit("fault_end", "harness", id=n, error=str(e))
-        for s in self.slow.values():
-            s.stop.set()
 
     def _heal_links(self) -> None:
         for proxy in list(self.cluster.client.proxies()):
@@ -90,8 +59,7 @@ class Injector:
         getattr(self, f"_start_{fault.kind}")(n, fault)
 
     def _via(self, kind: str) -> str:
-        how = getattr(self.cluster, "mechanism", None)
-        return how(kind) if how is not None else kind
+        return self.cluster.mechanism(kind)
 
     def end(self, fault: Fault, final: bool = False) -> None:
         n = self.ids[id(fault)]
@@ -145,20 +113,10 @@ class Injector:
         self.emit("unit_up", f.target, reason="resumed")
 
     def _start_slow_unit(self, n, f) -> None:
-        if hasattr(self.cluster, "set_speed"):  # docker: a CPU quota, i.e. slower hardware
-            return self.cluster.set_speed(f.target, f.speed)
-        pid = self.cluster.pid(f.target)
-        if pid is None:
-            return
-        s = self.slow[n] = _Slow(pid, f.speed, f.period_ms / 1000)
-        threading.Thread(target=s.run, name=f"slow-{f.target}", daemon=True).start()
+        self.cluster.set_speed(f.target, f.speed, period_s=f.period_ms / 1000)
 
     def _end_slow_unit(self, n, f, final) -> None:
-        if hasattr(self.cluster, "set_speed"):
-            return self.cluster.set_speed(f.target, 1.0)
-        s = self.slow.pop(n, None)
-        if s is not None:
-            s.stop.set()
+        self.cluster.set_speed(f.target, 1.0)
 
     def _start_kill_slice(self, n, f) -> None:
         self.cluster.set_live_slices(f.target, max(1, self.shape.slices - f.slices))

@@ -167,7 +167,7 @@ class World:
                "corrupt": "the learner corrupts its outgoing contributions"}
         return "simulated: " + how.get(kind, LOCAL_MECHANISMS.get(kind, kind))
 
-    def set_speed(self, name: str, speed: float) -> None:
+    def set_speed(self, name: str, speed: float, period_s: float = 0.1) -> None:
         """slow_unit: the unit's process runs at `speed` (a restarted one starts at full speed)."""
         if (proc := self.learners[name].proc) is not None:
             proc.set_rate(speed=speed)

@@ -119,6 +119,17 @@ def test_expand_links():
     assert expand_links("link:learner-1~syncer-0", shape) == ["learner-1~syncer-0"]
 
 
+def test_a_link_target_is_parsed_once_and_read_the_same_everywhere():
+    from faults.model import LinkTarget
+    every, one, pair = (LinkTarget.parse(t) for t in ("link:*", "link:learner-1", "link:learner-1~syncer-0"))
+    assert (every.every, one, pair) == (True, LinkTarget("learner-1"), LinkTarget("learner-1", "syncer-0"))
+    assert [every.reaches("learner-3"), one.reaches("learner-1"), one.reaches("learner-2")] == [True, True, False]
+    units, shards = ["learner-0", "learner-1"], ["syncer-0"]
+    assert [every.exists(units, shards), pair.exists(units, shards)] == [True, True]
+    assert not LinkTarget.parse("link:learner-1~syncer-1").exists(units, shards)
+    assert not LinkTarget.parse("link:learner-2").exists(units, shards)
+
+
 SHAPE = RunShape(learners=4, run_s=60, slices=2, shards=1)
 
 
@@ -244,6 +255,9 @@ def test_fault_end_is_logged_before_the_undo_acts():
     log: list[str] = []
 
     class Cluster:  # what the injector calls for pause_unit; resuming makes the unit step
+        def mechanism(self, kind):
+            return kind
+
         def pause(self, unit):
             return None
 
