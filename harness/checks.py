@@ -18,17 +18,16 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
-# the Result vocabulary and the checks on what reached the model live beside this file;
-# their names stay importable from here
+# the Result vocabulary (check_base.py) and the checks on what reached the model
+# (model_checks.py) live beside this file
 from faults.model import LinkTarget
-from harness.check_base import SHOW, Result, ShardLife, _judge, _lost_merges, _shards, compose, shard_lives  # noqa: F401
+from harness.check_base import SHOW, Result, _judge, _shards, compose, shard_lives
 from harness.eventlog import EventLog
 from harness.history import clip, histories, intersect, learner_names, minus, norm, window
 from harness.ledger import tokens_conserved
 from harness.metrics import Metrics, commit_gaps
-from harness.model_checks import (ABSORBED, END_MAX, HELD_BYTES, RISE_MAX, WARMUP, global_curve,  # noqa: F401
-                                  global_loss_regression, link_buffers_bounded, progress_merged_once,
-                                  staleness_bounded)
+from harness.model_checks import (END_MAX, RISE_MAX, global_loss_regression, link_buffers_bounded,
+                                  progress_merged_once, staleness_bounded)
 
 # --- safety ------------------------------------------------------------------------------------
 

@@ -39,10 +39,8 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
 from harness.eventlog import EventLog
-# the unit histories moved to harness/history.py; names kept here for the reports
-from harness.history import (DP_MODES, Incarnation, UnitHistory, clip, first_step_start,  # noqa: F401
-                             fragment_count, histories, intersect, is_process_up, learner_names, measure,
-                             minus, norm, step_lag, window)
+from harness.history import (DP_MODES, Incarnation, UnitHistory, clip, first_step_start, fragment_count, histories,
+                             learner_names, measure, minus, norm, step_lag, window)
 from harness.losses import batch_losses, excess_loss_ratio, final_loss, loss_floor, mean_ci, parity_ci
 from harness.ledger import ledger
 from harness.participation import participation

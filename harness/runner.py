@@ -22,7 +22,8 @@ from harness.cluster import LocalCluster
 from harness.injector import Injector, wait_until
 from harness.losses import final_eval_event
 from harness.progress import Progress
-from harness.scenario import Scenario, scenario_to_toml
+from harness.scenario import Scenario
+from harness.scenario_toml import scenario_to_toml
 from trainer.config import RunConfig
 
 MAX_STEPS_FACTOR = 2.0  # learners may step past their share while another one is down

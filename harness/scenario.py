@@ -3,7 +3,7 @@
 A scenario is TOML on disk (`scenarios/NAME.toml`) or the same frozen dataclasses
 in Python; docs/SCENARIOS.md describes every key. `load_scenario` reads a file (a
 bare name looks in the repo's scenarios/ folder), `scenario_from_dict` builds from
-a dict, `Scenario.to_dict` and `scenario_to_toml` write one back out; all round-trip.
+a dict, `Scenario.to_dict` and `harness.scenario_toml.scenario_to_toml` write one back out; all round-trip.
 
 Durations are strings with a unit ("500ms", "15s", "2m", "1h") or plain numbers of
 seconds; a field named `x_s` is written `x` or `x_s`. Fields named `_ms` take
@@ -32,8 +32,7 @@ from typing import Any
 from faults.model import FAULT_KINDS, FailureProcess, Fault, FieldError, check_choice, check_number, suggest
 from faults.schedule import RunShape, Schedule, ScheduleError, validate
 from harness.toxiproxy_client import LinkProfile
-from harness.scenario_toml import scenario_to_toml  # noqa: F401 - writing, in its own file
-from harness.units import _Bad, _convert, _describe, _shown, _what, parse_bandwidth_kbps, parse_duration  # noqa: F401
+from harness.units import _Bad, _convert, _describe, _shown, _what
 from trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, PRESETS, TASK_KINDS, InnerOptConfig, RunConfig,
                             with_preset)
 

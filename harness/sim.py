@@ -29,7 +29,8 @@ from harness.cluster import make_topology
 from harness.losses import final_eval_event
 from harness.runner import (END_GRACE_S, MAX_STEPS_FACTOR, STARTUP_TIMEOUT_S, RunResult, summarize,
                             unique_dir)
-from harness.scenario import Scenario, scenario_from_dict, scenario_to_toml
+from harness.scenario import Scenario, scenario_from_dict
+from harness.scenario_toml import scenario_to_toml
 from harness.sim_world import SimInjector, SimParams, World
 from trainer.config import RunConfig
 from trainer.events import _plain

@@ -13,7 +13,7 @@ from harness.checks import faults_note
 from reports import charts, fates, series
 from reports import timeline as tlmod
 from reports.runs import Run
-from reports.check_rows import CHECKS, STATUS, UNKNOWN_WHY, _bytes, _short, _why_failed, check_rows, ci_text, fmt  # noqa: F401
+from reports.check_rows import STATUS, check_rows, ci_text, fmt
 
 
 SECTIONS = [("verdict", "Verdict"), ("run", "Run"), ("timeline", "Timeline"), ("loss", "Loss"),

@@ -18,7 +18,7 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
-from reports import assets, page, runs
+from reports import assets, check_rows, page, runs
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -106,13 +106,13 @@ def index_row(e: IndexEntry, out_dir: Path) -> dict:
     return {
         "name": sc.get("name") or e.run_dir.name, "label": e.label, "outcome": e.outcome,
         "href": os.path.relpath(e.page, out_dir) if e.page.exists() else None,
-        "status": page.STATUS.get(s.get("valid")) if s else "unknown", "failed": failed,
+        "status": check_rows.STATUS.get(s.get("valid")) if s else "unknown", "failed": failed,
         "seed": h.get("seed", "–"), "mode": s.get("mode") or ((h.get("config") or {}).get("diloco") or {}).get("mode", "–"),
         "faults": len(h.get("schedule") or []),
-        "goodput": page.fmt(s.get("goodput"), "pct"), "goodput_v": s.get("goodput") or 0.0,
-        "uptime": page.fmt(s.get("uptime"), "pct"), "parity": page.fmt(s.get("loss_parity"), "parity"),
-        "recovery": page.fmt(s.get("recovery_max_s"), "s"), "bpt": page.fmt(s.get("bytes_per_token"), "int"),
-        "restarts": s.get("restarts", "–"), "duration": page.fmt(s.get("duration_s"), "s"),
+        "goodput": check_rows.fmt(s.get("goodput"), "pct"), "goodput_v": s.get("goodput") or 0.0,
+        "uptime": check_rows.fmt(s.get("uptime"), "pct"), "parity": check_rows.fmt(s.get("loss_parity"), "parity"),
+        "recovery": check_rows.fmt(s.get("recovery_max_s"), "s"), "bpt": check_rows.fmt(s.get("bytes_per_token"), "int"),
+        "restarts": s.get("restarts", "–"), "duration": check_rows.fmt(s.get("duration_s"), "s"),
         "replay": h.get("replay", ""),
     }
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from harness import metrics
+from harness import history
 from harness.eventlog import EventLog
 from reports.timeline import link_hit
 
@@ -21,8 +21,8 @@ def loss_rows(log: EventLog, who: str) -> tuple[list[dict], list[dict]]:
     `global: true` is the assembled global model: the runner evaluates it after the run,
     along it (from the syncer shards' kept checkpoints, at the times they were taken) and
     at the end (harness/global_eval.py)."""
-    t0, t1 = metrics.window(log)
-    learners = set(metrics.learner_names(log))
+    t0, t1 = history.window(log)
+    learners = set(history.learner_names(log))
     points = [{"who": who, "learner": e["src"], "t": round(e["t"] - t0, 3), "step": e.get("step"),
                "loss": e["loss"]} for e in log.of("eval") if e["src"] in learners and _finite(e.get("loss"))]
     # the runner evaluates the final Θ after the run: shown where the run ended
@@ -59,8 +59,8 @@ def link_rates(log: EventLog, lo: float, hi: float) -> tuple[list[dict], float]:
     """Bytes per second on every (learner, shard) link and direction, in buckets over
     [lo, hi] (seconds from t_start), from the learners' own send / recv lines: `up` is
     learner → shard, `down` shard → learner. Empty buckets are zeros (a gap is real)."""
-    t0, _ = metrics.window(log)
-    learners = set(metrics.learner_names(log))
+    t0, _ = history.window(log)
+    learners = set(history.learner_names(log))
     w = bucket_s(max(hi - lo, 1e-9))
     n = int(math.ceil((hi - lo) / w)) or 1
     acc: dict = defaultdict(lambda: [0] * n)
@@ -84,7 +84,7 @@ def link_limits(log: EventLog, links: list[str], faults: list[dict], lo: float, 
     two rows per piece: the scenario's base `wan.bandwidth_kbps`, a `wan` fault's bandwidth
     while it lasts (the latest started wins), 0 while partitioned. Unlimited stretches have
     no rows. `faults` from timeline.faults_of (absolute times)."""
-    t0, _ = metrics.window(log)
+    t0, _ = history.window(log)
     base = _kbps_Bps(((log.header.get("scenario") or {}).get("wan") or {}).get("bandwidth_kbps"))
     rows = []
     for link in links:
@@ -125,7 +125,7 @@ def link_buffer_rows(log: EventLog) -> list[dict]:
     A long run (more than MAX_BUFFER_POINTS lines) keeps, per link, stretch and time bucket
     (`bucket_s`), the line with the most waiting and the one with the least, in time order:
     peaks and emptyings both stay."""
-    t0, _ = metrics.window(log)
+    t0, _ = history.window(log)
     by: dict = defaultdict(list)
     for e in log.of("link_buffer"):
         if e.get("peer"):
@@ -182,7 +182,7 @@ def staleness_rows(log: EventLog) -> tuple[list[dict], float | None]:
     """Every merge's staleness over time: {t, learner, staleness, fragment, seq, shard (when
     there are several)}, and the bucket (s) when a long run was thinned to one point per
     learner and bucket (the stalest merge in it, with n: the merges in the bucket), else None."""
-    t0, _ = metrics.window(log)
+    t0, _ = history.window(log)
     rows = [{"t": round(e["t"] - t0, 3), "learner": e.get("learner"), "staleness": int(e["staleness"]),
              "fragment": e.get("fragment"), "shard": e["src"], "seq": e.get("seq")}
             for e in log.of("merge") if isinstance(e.get("staleness"), (int, float))]
@@ -209,7 +209,7 @@ def staleness_rows(log: EventLog) -> tuple[list[dict], float | None]:
 def stale_drop_rows(log: EventLog) -> list[dict]:
     """Contributions a shard dropped as too stale (`drop` reason stale): {t, learner,
     staleness, max_staleness, fragment, seq, shard}."""
-    t0, _ = metrics.window(log)
+    t0, _ = history.window(log)
     return [{"t": round(e["t"] - t0, 3), "learner": e.get("learner"), "staleness": e.get("staleness"),
              "max_staleness": e.get("max_staleness"), "fragment": e.get("fragment"), "seq": e.get("seq"),
              "shard": e["src"]}

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness import metrics
+from harness import history
 from harness.eventlog import EventLog
 
 UNIT_STATES = ("starting", "up", "waiting", "recovering", "slow", "paused", "down", "finished")
@@ -51,12 +51,12 @@ def _paint(layers: list[tuple[str, list, str]]) -> list[tuple[str, float, float,
     """[(state, intervals, detail)] low → high precedence -> disjoint (state, a, b, detail)."""
     out: list[tuple[str, float, float, str]] = []
     for state, iv, detail in layers:
-        iv = metrics.norm(iv)
+        iv = history.norm(iv)
         if not iv:
             continue
         kept = []
         for s, a, b, d in out:
-            kept += [(s, x, y, d) for x, y in metrics.minus([(a, b)], iv)]
+            kept += [(s, x, y, d) for x, y in history.minus([(a, b)], iv)]
         out = kept + [(state, a, b, detail) for a, b in iv]
     return sorted(out, key=lambda r: r[1])
 
@@ -105,7 +105,7 @@ def _params_text(f: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in f.items() if k not in skip and v is not None)
 
 
-def _first_line(h: metrics.UnitHistory, log: EventLog) -> float | None:
+def _first_line(h: history.UnitHistory, log: EventLog) -> float | None:
     for e in log.events:
         if e["src"] == h.unit:
             return e["t"]
@@ -114,16 +114,16 @@ def _first_line(h: metrics.UnitHistory, log: EventLog) -> float | None:
 
 def _down_reasons(log: EventLog, unit: str) -> list[tuple[float, str]]:
     return [(e["t"], e.get("reason", "?")) for e in log.of("unit_down") if e["src"] == unit
-            and not metrics.is_process_up(e)]
+            and not history.is_process_up(e)]
 
 
-def _unit_layers(h: metrics.UnitHistory, log: EventLog, t1: float, hi: float, lag: int,
+def _unit_layers(h: history.UnitHistory, log: EventLog, t1: float, hi: float, lag: int,
                  recov: dict, faults: list[dict]) -> list[tuple[str, list, str]]:
     starting, up, waiting, recovering, finished = [], [], [], [], []
     first = _first_line(h, log)
     for i, inc in enumerate(h.incs):
         avail = (first if first is not None else inc.up_t) if i == 0 else inc.restart_t
-        step0 = metrics.first_step_start(inc, lag)
+        step0 = history.first_step_start(inc, lag)
         if inc.steps:  # a learner
             starting.append((avail, step0))
             last = inc.steps[-1]["t"] if inc.done else inc.end_t
@@ -160,12 +160,12 @@ def _unit_layers(h: metrics.UnitHistory, log: EventLog, t1: float, hi: float, la
 
 def build(log: EventLog, summary: dict) -> Timeline:
     """The timeline of one run (see the module docstring)."""
-    t0, t1 = metrics.window(log)
+    t0, t1 = history.window(log)
     ev_ts = [e["t"] for e in log.events if e["src"] != "harness"] or [t0, t1]
     lo, hi = min(min(ev_ts), t0), max(max(ev_ts), t1)
-    hs = metrics.histories(log, t1)
-    lag = metrics.step_lag(hs)
-    learners = metrics.learner_names(log)
+    hs = history.histories(log, t1)
+    lag = history.step_lag(hs)
+    learners = history.learner_names(log)
     topo = log.header.get("topology") or {}
     shards = sorted(set((topo.get("shards") or {})) | {s for s in hs if s.startswith("syncer")})
     slices = int(((log.header.get("scenario") or {}).get("cluster") or {}).get("slices")
@@ -181,20 +181,20 @@ def build(log: EventLog, summary: dict) -> Timeline:
 
     tl.lanes.append({"lane": "global model", "group": "global", "unit": "global"})
     for name in learners:
-        h = hs.get(name, metrics.UnitHistory(name))
+        h = hs.get(name, history.UnitHistory(name))
         add(name, "learner", name, _paint(_unit_layers(h, log, t1, hi, lag, recov, faults)))
     lost = {n: [f for f in faults if f["kind"] == "kill_slice" and f["target"] == n] for n in learners}
     if slices > 1 or any(lost.values()):
         for name in learners:
-            h = hs.get(name, metrics.UnitHistory(name))
-            alive = metrics.minus([(i.up_t, i.end_t) for i in h.incs], h.dead)
+            h = hs.get(name, history.UnitHistory(name))
+            alive = history.minus([(i.up_t, i.end_t) for i in h.incs], h.dead)
             layers = [("all live", alive, f"{slices} of {slices} slices")]
             layers += [("slice lost", [(f["a"], f["b"])], f"{f['params'].get('slices', 1)} of {slices} slices lost")
                        for f in lost[name]]
             layers.append(("down", h.dead, "the unit is down"))
             add(f"{name} slices", "slices", name, _paint(layers))
     for s in shards:
-        h = hs.get(s, metrics.UnitHistory(s))
+        h = hs.get(s, history.UnitHistory(s))
         add(s, "shard", s, _paint(_unit_layers(h, log, t1, hi, lag, {}, faults)))
     links = topo.get("links") or {n: {s: None for s in shards} for n in learners}
     for learner in learners:

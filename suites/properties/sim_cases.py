@@ -23,7 +23,8 @@ from hypothesis import settings
 from faults.schedule import Schedule
 from harness import checks, metrics
 from harness.runner import with_mode
-from harness.scenario import Scenario, scenario_from_dict, scenario_to_toml
+from harness.scenario import Scenario, scenario_from_dict
+from harness.scenario_toml import scenario_to_toml
 from harness.sim import SimParams, SimRun, simulate
 from harness.sim_bench import PROPERTY_BASE, PROPERTY_WINDOW
 from trainer.messages import FragmentUpdate

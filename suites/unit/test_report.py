@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from diloco_chaos import report_cmd
-from harness import checks, eventlog, metrics
+from harness import checks, eventlog, metrics, model_checks
 from harness.errors import UserError
-from reports import page, render_index, render_run, series, timeline
+from reports import check_rows, page, render_index, render_run, series, timeline
 from reports.runs import load
 
 FIXTURE = Path(__file__).parent / "data" / "report_run"
@@ -120,7 +120,7 @@ def test_bucket_keeps_a_long_run_light(duration, bucket):
 
 
 def test_check_rows_pass_results_through_failures_first():
-    rows = page.check_rows([
+    rows = check_rows.check_rows([
         {"name": "no_nan", "valid": True, "value": 0, "bound": 0, "details": {"violations": []}},
         {"name": "loss_parity_max", "valid": None, "value": None, "bound": 0.05, "details": {}},
         {"name": "goodput_min", "valid": False, "value": 0.6567, "bound": 0.7, "details": {}},
@@ -303,7 +303,7 @@ def test_recovery_splits_into_boot_and_rejoin_on_the_real_run():
          "details": {"late": [vars(rec)], "never": [], "censored": []}}]}
     row, = page.recovery_rows(argparse.Namespace(summary=summary))
     assert (row["rejoin"], row["mark"]) == ("2 steps (0.33 cycles)", "late (rejoin)")
-    chk, = page.check_rows(summary["checks"])
+    chk, = check_rows.check_rows(summary["checks"])
     assert (chk["status"], chk["value"], chk["bound"]) == ("fail", "0.33 cycles", "0.25 cycles")
     assert "first had a contribution merged after 2 inner steps (0.33 cycles of H = 6)" in chk["why"]
 
@@ -313,7 +313,7 @@ def test_a_failed_check_without_a_time_is_told_field_by_field():
     # (this path raised NameError before, so such a run got no report at all)
     d = {"violations": [{"learner": "learner-2", "fragment": 0, "seqs": [99, 102], "overlap_steps": 5,
                          "weight": 0.123456789}]}
-    text, span = page._why_failed("progress_merged_once", d, None)
+    text, span = check_rows._why_failed("progress_merged_once", d, None)
     assert text == "learner=learner-2, fragment=0, seqs=[99, 102], overlap_steps=5, weight=0.1235" and span is None
 
 
@@ -401,9 +401,9 @@ def test_page_draws_what_waits_on_each_link_and_who_starved(run):
         ("syncer-0 → learner-1", 30.0, 100_000), ("syncer-0 → learner-1", 31.0, 0)]
     chk = next(c for c in _summary(run)["checks"] if c["name"] == "link_buffers_bounded")
     frame = max(e["bytes"] for e in eventlog.read(run).of("send"))
-    assert chk["valid"] is True and chk["bound"] == checks.HELD_BYTES + (3 + 2) * frame
+    assert chk["valid"] is True and chk["bound"] == model_checks.HELD_BYTES + (3 + 2) * frame
     rule, = specs["buffers"]["datasets"]["bound"]
-    assert (rule["bytes"], rule["held_bytes"], rule["frame_bytes"]) == (chk["bound"], checks.HELD_BYTES, frame)
+    assert (rule["bytes"], rule["held_bytes"], rule["frame_bytes"]) == (chk["bound"], model_checks.HELD_BYTES, frame)
     assert _y_scale(specs["buffers"]).get("type") is None  # 950 kB under a 1.27 MB bound: a linear axis
     # the done lines' counters, a table
     row = re.search(r"<tr><td>syncer-0 → learner-1</td>(.*?)</tr>", html).group(1)
@@ -470,7 +470,7 @@ def test_link_buffer_check_failure_names_the_worst_link():
     d = {"violations": [{"src": "learner-1", "peer": "syncer-0", "unsent_max": 26_468_068, "bound": 1_267_478},
                         {"src": "syncer-0", "peer": "learner-1", "unsent_max": 74_608_968, "bound": 1_267_478}],
          "held_bytes": 360_448, "frame_bytes": 181_406, "peaks": {}}
-    row, = page.check_rows([{"name": "link_buffers_bounded", "valid": False, "value": 74_608_968,
+    row, = check_rows.check_rows([{"name": "link_buffers_bounded", "valid": False, "value": 74_608_968,
                              "bound": 1_267_478, "details": d}])
     assert (row["value"], row["bound"], row["section"]) == ("74.6 MB", "1.27 MB", "buffers")
     assert row["why"] == "syncer-0 → learner-1 had up to 74.6 MB waiting unsent (bound 1.27 MB) (2 links over)"

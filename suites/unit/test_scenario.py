@@ -10,8 +10,9 @@ import pytest
 
 from faults.model import FailureProcess, KillUnit, Partition
 from harness.scenario import (SCENARIOS_DIR, ClusterSpec, Expect, Scenario, ScenarioError, TrainSpec,
-                              list_scenarios, load_scenario, parse_bandwidth_kbps, parse_duration,
-                              scenario_from_dict, scenario_to_toml)
+                              list_scenarios, load_scenario, scenario_from_dict)
+from harness.scenario_toml import scenario_to_toml
+from harness.units import parse_bandwidth_kbps, parse_duration
 
 BUILT_INS = [name for name, _ in list_scenarios()]
 REQUIRED = {"baseline", "unit-loss", "rolling-kills", "heterogeneous", "wan-brownout", "partition",
