@@ -111,6 +111,8 @@ class TrainSpec:
     batch_size: int | None = None
     seq_len: int | None = None
     lr: float | None = None  # inner AdamW peak learning rate
+    outer_lr: float | None = None  # the outer SGD's learning rate (trainer/config.py OuterOptConfig)
+    outer_momentum: float | None = None  # its Nesterov momentum; 0 = none
     corpus_split: str | None = None  # corpus: "shuffled" (default) | "contiguous" (non-IID shards)
 
     def __post_init__(self) -> None:
@@ -157,7 +159,8 @@ _TRAINER_KEYS = {"DilocoConfig.learners": "cluster.learners", "DilocoConfig.slic
                                                                  "merge", "mode", "max_staleness", "starve_cycles",
                                                                  "keep_local", "keep_on_fetch", "fleet_share",
                                                                  "downlink", "grace_factor")},
-                 "TaskConfig.batch_size": "train.batch_size", "TaskConfig.seq_len": "train.seq_len"}
+                 "TaskConfig.batch_size": "train.batch_size", "TaskConfig.seq_len": "train.seq_len",
+                 "OuterOptConfig.lr": "train.outer_lr", "OuterOptConfig.momentum": "train.outer_momentum"}
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,7 @@ class Scenario:
                                "keep_local", "keep_on_fetch", "fleet_share", "downlink"))},
             "task": {"kind": t.task, **set_(("batch_size", "seq_len", "corpus_split"))},
             "inner": {"total_steps": t.steps, "warmup_steps": warmup, **set_(("lr",))},
+            "outer": {k[len("outer_"):]: v for k, v in set_(("outer_lr", "outer_momentum")).items()},
         }, t.preset))
 
     def to_dict(self) -> dict[str, Any]:

@@ -116,6 +116,17 @@ def test_the_paper_preset_sets_its_keys_and_keys_beside_it_win():
     assert Scenario(name="py", seed=3, train=TrainSpec(steps=50, duration_s=30)).run_config().diloco.downlink == "all"
 
 
+def test_the_outer_optimizer_is_set_by_its_own_keys_and_errors_name_them():
+    d = {"name": "x", "seed": 1, "train": {"steps": 10, "duration": 5, "outer_lr": 0.7, "outer_momentum": 0.9}}
+    s = scenario_from_dict(d)
+    outer = s.run_config().outer
+    assert (outer.lr, outer.momentum, outer.nesterov) == (0.7, 0.9, True)
+    assert scenario_from_dict(tomllib.loads(scenario_to_toml(s))) == s
+    d["train"]["outer_momentum"] = 1.5
+    with pytest.raises(ScenarioError, match=r"train.outer_momentum: OuterOptConfig.momentum = 1.5 is out of range"):
+        scenario_from_dict(d)
+
+
 def test_failure_process_avoids_explicit_faults_and_defaults_to_the_scenario_seed():
     d = {"name": "x", "seed": 5, "train": {"steps": 10, "duration": "2m"},
          "faults": [{"kind": "kill_unit", "target": "learner-0", "at": 1, "down_for": "never"}],
