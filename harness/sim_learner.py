@@ -1,15 +1,15 @@
-"""A learner unit in the simulator: trainer/learner.py's loop as discrete events.
+"""A learner unit in the simulator: the loop of trainer/learner_loop.py in virtual time.
 
-The same LearnerCore, the same driver carrying out its actions and handling what the
-links deliver (trainer/learner_driver.py: this class is its port), the same inner AdamW
-step (trainer/inner.py) and the same event lines as the process; what the process does with threads and wall time is
-done here with the world's virtual clock:
+The same loop, the same LearnerCore, the same driver carrying out its actions and
+handling what the links deliver (trainer/learner_driver.py), the same inner AdamW step
+(trainer/inner.py) and the same event lines as the process (trainer/learner.py); what
+the process does with threads and wall time is done here with the world's clock:
 
-- compute time: each inner step costs `world.step_work(index)` seconds of the
-  unit's own time, which runs at `rate` (1, a slow_unit's speed, 0 while paused);
-  the step's numbers are real JAX, computed when the step starts;
-- the inbox: what the links deliver waits in `inbox` and is fed to the core
-  between two steps (`drain`), as the process does; while the unit waits (for its
+- compute time (the loop's `Compute`): each inner step costs `world.step_work(index)`
+  seconds of the unit's own time, which runs at `rate` (1, a slow_unit's speed, 0 while
+  paused); the step's numbers are real JAX, computed when the step starts;
+- the inbox: what the links deliver waits in `inbox` and is fed to the core between two
+  steps (`drain`), as the process does; while the loop waits (`Idle`, `Until`: its
   fetch, a streaming/dp block, the final drain) it is fed as it arrives;
 - checkpoints: every CKPT_EVERY steps a snapshot (θ, inner state, step) becomes
   durable `ckpt_save_s` later, unless the process dies first; a restart restores
@@ -20,8 +20,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from trainer.learner import CKPT_EVERY, DRAIN_S, FETCH_WAIT_S
 from trainer.learner_driver import LearnerDriver, LearnerHost
+from trainer.learner_loop import Compute, Idle, Until, learner_loop
 from trainer.messages import SliceControl
 from trainer.protocol import LearnerCore
 from trainer.sdc import Corrupter
@@ -38,7 +38,9 @@ class LearnerProc(LearnerHost):
         self.inbox: list[tuple] = []
         self.timer = None  # (handle, work_left_s, set_at, fn): the one pending own-time wait
         self.control_seen = 0
-        self.step_out = None
+        self.waiting = None  # what the loop waits for (trainer/learner_loop.py)
+        self.stopping = False
+        self.max_steps, self.cfg = self.world.max_steps, self.world.cfg
         self.driver: LearnerDriver | None = None
         self.combine = logged_combiner(self.world.cfg, self.emit)  # two unsent Δs of p waiting on a link
         self.wait_own(self.world.params.learner_startup_s, self.started)
@@ -89,26 +91,20 @@ class LearnerProc(LearnerHost):
         """What the process does when something lands while it is blocked on its inbox."""
         if self.paused or not self.inbox or not self.alive:
             return
-        if self.phase == "fetch":
+        if isinstance(self.waiting, Idle):
+            self.resume()
+        elif isinstance(self.waiting, Until):
             self.drain()
-            if not self.state.awaiting:
+            if self.waiting.cond is not None and self.waiting.cond():
                 self.cancel_wait()
-                self.boundary()
-        elif self.phase == "wait":
-            self.boundary()
-        elif self.phase == "dpwait":
-            self.drain()
-            if not self.core.must_wait(self.state):
-                self.finish_step()
-        elif self.phase == "drain":
-            self.drain()
+                self.resume()
 
     def kill(self) -> None:
         self.alive, self.phase = False, "dead"
         self.cancel_wait()
         self.world.net.learner_stopped(self.unit.name)
 
-    # --- the process -----------------------------------------------------------------------
+    # --- the process: trainer/learner_loop.py in virtual time --------------------------------
     def started(self) -> None:
         unit, w = self.unit, self.world
         m = w.model
@@ -120,65 +116,93 @@ class LearnerProc(LearnerHost):
         self.driver = LearnerDriver(core, core.init(params), self,
                                     Corrupter(w.cfg.seed, unit.index, self.incarnation),  # the `corrupt` fault
                                     w.cfg.diloco.slices)
-        self.emit("unit_up", incarnation=self.incarnation, pid=None, step=self.step)
-        w.net.learner_started(unit.name)
-        self.do("start")
-        self.phase = "fetch"
-        self.drain()
-        if self.state.awaiting:
-            self.wait_own(FETCH_WAIT_S, self.boundary)
-        else:
-            self.boundary()
+        self.phase, self.loop = "running", learner_loop(self)
+        self.resume()
 
-    def boundary(self) -> None:
-        """The top of the loop in Learner.run."""
-        if self.step >= self.world.max_steps:
-            self.phase = "drain"
-            self.drain()
-            self.wait_own(DRAIN_S, self.close)
-            return
-        self.drain()
-        self.read_control()
-        if self.core.must_wait(self.state):
-            self.phase = "wait"
-            return
-        self.start_step()
-
-    def start_step(self) -> None:
-        w, m = self.world, self.world.model
-        self.phase, self.t0 = "step", w.now
-        batch = m.task.batch(self.unit.index, self.step)
-        batch = batch[: batch.shape[0] * self.live_slices // m.slices]  # the live slices' share
-        self.tokens = batch.shape[0] * m.tokens_per_row
-        params = self.core.params(self.state)
-        self.step_out = m.grad(params, batch) if w.dp else m.step(params, self.opt_state, batch)
-        self.wait_own(w.step_work(self.unit.index), self.end_step)
-
-    def end_step(self) -> None:
-        now, out = self.world.now, self.step_out
-        if self.world.dp:
-            grads, self.loss = out
-            self.driver.grads_ready(jax.tree.map(np.asarray, grads), self.tokens, now - self.t0)
-            if self.core.must_wait(self.state):
-                self.phase = "dpwait"
+    def resume(self, value=None) -> None:
+        """Runs the loop up to its next wait that takes time, and sets that wait up."""
+        self.waiting = None
+        while self.alive:
+            try:
+                w = self.loop.send(value)
+            except StopIteration:
                 return
-        else:
-            params, self.opt_state, self.loss = out
-            self.do("after_inner_step", params, self.tokens, now - self.t0)
-        self.finish_step()
+            value = None
+            if isinstance(w, Compute):
+                out = w.fn()  # real JAX now; the step's time passes on the unit's own clock
+                self.waiting = w
+                self.wait_own(self.world.step_work(self.unit.index), lambda: self.resume(out))
+                return
+            if isinstance(w, Until):
+                if self.stopping or (w.timeout_s is not None and w.timeout_s <= 0):
+                    continue
+                self.drain()
+                if w.cond is not None and w.cond():
+                    continue
+                self.waiting = w
+                if w.timeout_s is not None:
+                    self.wait_own(w.timeout_s, self.resume)
+                return
+            if self.stopping:  # Idle
+                continue
+            self.waiting = w
+            return
 
-    def finish_step(self) -> None:
+    def stop(self) -> None:
+        """SIGTERM at the end of the run: the loop ends at its next check. Virtual time does
+        not run after the teardown, so a step in progress never ends: the loop is told so."""
+        if self.phase == "starting":  # still importing: the default handler kills it
+            self.kill()
+            self.unit.exited()
+            return
+        self.stopping = True
+        self.cancel_wait()
+        self.resume()
+
+    # --- the LearnerLoopHost ------------------------------------------------------------------
+    def pid(self) -> None:
+        return None  # the sim has no pids
+
+    def open_links(self) -> None:
+        self.world.net.learner_started(self.unit.name)
+
+    def links_up(self) -> bool:
+        return all(link.conn is not None and not link.conn.closed
+                   for link in self.world.net.links.values() if link.learner == self.unit.name)
+
+    def log_buffers(self) -> None:
+        pass
+
+    def _batch(self, step: int):
+        m = self.world.model
+        batch = m.task.batch(self.unit.index, step)
+        batch = batch[: batch.shape[0] * self.live_slices // m.slices]  # the live slices' share
+        return batch, batch.shape[0] * m.tokens_per_row
+
+    def train_step(self, params, step: int):
+        batch, tokens = self._batch(step)
+        params, self.opt_state, loss = self.world.model.step(params, self.opt_state, batch)
+        return params, tokens, loss
+
+    def grad_step(self, params, step: int):
+        batch, tokens = self._batch(step)
+        grads, loss = self.world.model.grad(params, batch)
+        return jax.tree.map(np.asarray, grads), tokens, loss
+
+    def step_line(self, **fields) -> None:
         w = self.world
-        self.step += 1
-        self.emit("step", step=self.step, tokens=self.tokens, loss=float(self.loss),
-                  dt=round(w.now - self.t0, 6), live_slices=self.live_slices)
-        w.tokens += self.tokens
+        self.emit("step", **{**fields, "loss": float(fields["loss"])})
+        w.tokens += fields["tokens"]
         w.first_step.setdefault(self.unit.name, w.now)
-        if self.step % w.cfg.eval_every == 0 or self.step == w.cfg.steps:
-            self.emit("eval", step=self.step, loss=w.model.evaluate(self.core.params(self.state)))
-        if self.step % CKPT_EVERY == 0:
-            self.save()
-        self.boundary()
+
+    def flush_step_line(self) -> None:
+        pass
+
+    def evaluate(self, params) -> float:
+        return self.world.model.evaluate(params)
+
+    def saved_step(self) -> int:
+        return self.unit.ckpt[2] if self.unit.ckpt is not None else 0
 
     def save(self, final: bool = False) -> None:
         snap = (self.core.params(self.state), self.opt_state, self.step)
@@ -192,11 +216,8 @@ class LearnerProc(LearnerHost):
         if self.alive:  # an async save dies with its process
             self.unit.ckpt = snap
 
-    def close(self) -> None:
-        """The end of Learner.run: the final θ is saved (dp's global model), links close."""
-        if self.step > (self.unit.ckpt[2] if self.unit.ckpt is not None else 0):
-            self.save(final=True)
-        finished = self.step >= self.world.cfg.steps
+    def close(self, finished: bool) -> None:
+        """The end of the loop: links close, the unit has exited."""
         self.alive, self.phase = False, "exited"
         self.cancel_wait()
         self.world.net.learner_stopped(self.unit.name)
@@ -204,14 +225,6 @@ class LearnerProc(LearnerHost):
                  if link.learner == self.unit.name}
         self.emit("done", step=self.step, finished=finished, links=links)
         self.unit.exited()
-
-    def stop(self) -> None:
-        """SIGTERM at the end of the run: the loop ends at its next check."""
-        if self.phase == "starting":  # still importing: the default handler kills it
-            self.kill()
-            self.unit.exited()
-            return
-        self.close()
 
     # --- the LearnerPort, and the driver's state as the loop reads it ------------------------
     def now(self) -> float:

@@ -22,15 +22,13 @@ from trainer.checkpoint import Checkpointer
 from trainer.inner import make_inner, opt_state_to_tree
 from trainer.outbox import outbox_key
 from trainer.learner_driver import LearnerDriver, LearnerHost
+from trainer.learner_loop import POLL_S, Compute, Idle, learner_loop
 from trainer.protocol import LearnerCore
 from trainer.sdc import Corrupter
 from trainer.tasks import task_for_run
 from trainer.transport import BufferLog, ShardLink
 from trainer.wiring import fragmenter_for, learner_config, learner_math, logged_combiner
 
-CKPT_EVERY = 50        # inner steps between learner checkpoints
-FETCH_WAIT_S = 5.0     # at (re)start, wait this long for the global fragments before stepping
-DRAIN_S = 1.0          # after the last step, keep receiving for this long
 
 
 class Learner(LearnerHost):
@@ -48,7 +46,10 @@ class Learner(LearnerHost):
         self.opt_state = self.inner.init(params)
         self.frag = fragmenter_for(self.cfg, params)
         self.ckpt = Checkpointer(self.run_dir / "ckpt" / self.name)
-        self.step = 0
+        self.step, self.pending_step = 0, None
+        # The harness ends the run (SIGTERM) once the job's token budget is spent,
+        # whoever trained it; the step cap only bounds a learner run on its own.
+        self.max_steps = int(self.run_info.get("max_steps_factor", 1.0) * self.cfg.steps)
         restored = self.ckpt.restore()
         if restored is not None:
             params = restored["params"]
@@ -129,80 +130,79 @@ class Learner(LearnerHost):
                 self.control_live = live = int(live)
                 self.do("receive", "harness", SliceControl(max(1, min(live, self.cfg.diloco.slices))))
 
-    # --- the loop ---------------------------------------------------------------------------
+    # --- the loop (trainer/learner_loop.py), carried out with threads and wall time -----------
     def run(self) -> int:
-        ev = self.ev
-        ev.emit("unit_up", incarnation=self.incarnation, pid=os.getpid(), step=self.step)
+        loop, value = learner_loop(self), None
+        while True:
+            try:
+                wait = loop.send(value)
+            except StopIteration:
+                return 0
+            value = self.wait(wait)
+
+    def wait(self, w):
+        if isinstance(w, Compute):
+            return w.fn()
+        if isinstance(w, Idle):
+            self.drain(timeout_s=POLL_S)
+            return None
+        deadline = time.monotonic() + (w.timeout_s if w.timeout_s is not None else float("inf"))
+        while not (w.cond is not None and w.cond()) and not self.stopper.stop and time.monotonic() < deadline:
+            self.drain(timeout_s=POLL_S)
+        return None
+
+    @property
+    def stopping(self) -> bool:
+        return self.stopper.stop
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def open_links(self) -> None:
         for link in self.links.values():
             link.start()
-        self.do("start")
-        dp = self.cfg.diloco.mode in ("dp", "elastic_dp")
-        deadline = time.monotonic() + FETCH_WAIT_S
-        # DiLoCo modes wait for the global fragments; dp for its links (a gradient
-        # sent before the link's `connected` event is handled would be sent twice)
-        while (self.state.awaiting or (dp and not all(link.up for link in self.links.values()))) \
-                and time.monotonic() < deadline and not self.stopper.stop:
-            self.drain(timeout_s=0.05)
-        self.drain()
-        pending_loss = None
-        # The harness ends the run (SIGTERM) once the job's token budget is spent,
-        # whoever trained it; the step cap only bounds a learner run on its own.
-        max_steps = int(self.run_info.get("max_steps_factor", 1.0) * self.cfg.steps)
-        while self.step < max_steps and not self.stopper.stop:
-            self.drain()
-            self.read_control()
-            self.log_buffers()
-            if self.core.must_wait(self.state):
-                self.drain(timeout_s=0.05)
-                continue
-            t0 = time.monotonic()
-            params = self.core.params(self.state)
-            batch = self.task.batch(self.index, self.step)
-            live = range(self.live_slices)
-            if dp:
-                grads, metrics = self.inner.grad(params, batch, live)
-                self.driver.grads_ready(jax.tree.map(np.asarray, grads), int(metrics["tokens"]), time.monotonic() - t0)
-                while self.core.must_wait(self.state) and not self.stopper.stop:
-                    self.drain(timeout_s=0.05)
-            else:
-                params, self.opt_state, metrics = self.inner.step(params, self.opt_state, batch, live)
-                self.do("after_inner_step", params, int(metrics["tokens"]), time.monotonic() - t0)
-            self.step += 1
-            # metrics reach the host one step late, so the device is never waited on for a log line
-            if pending_loss is not None:
-                ev.emit("step", **{**pending_loss, "loss": float(pending_loss["loss"])})
-            pending_loss = {"t": time.time(), "step": self.step, "tokens": int(metrics["tokens"]),
-                            "loss": metrics["loss"], "dt": round(time.monotonic() - t0, 6),
-                            "live_slices": self.live_slices}
-            if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps:
-                ev.emit("eval", step=self.step, loss=self.inner.evaluate(self.core.params(self.state),
-                                                                         self.eval_batches))
-            if self.step % CKPT_EVERY == 0:
-                self.save()
-        if pending_loss is not None:
-            pending_loss["loss"] = float(pending_loss["loss"])
-            ev.emit("step", **pending_loss)
-        end = time.monotonic() + (0 if self.stopper.stop else DRAIN_S)
-        while time.monotonic() < end:
-            self.drain(timeout_s=0.05)
-        if self.step > (self.ckpt.latest_step() or 0):
-            self.save()  # the final θ (the data-parallel baseline's global model)
-        return self.close(finished=self.step >= self.cfg.steps)
 
-    def save(self) -> None:
+    def links_up(self) -> bool:
+        return all(link.up for link in self.links.values())
+
+    def train_step(self, params, step: int):
+        batch = self.task.batch(self.index, step)
+        params, self.opt_state, metrics = self.inner.step(params, self.opt_state, batch, range(self.live_slices))
+        return params, int(metrics["tokens"]), metrics["loss"]
+
+    def grad_step(self, params, step: int):
+        grads, metrics = self.inner.grad(params, self.task.batch(self.index, step), range(self.live_slices))
+        return jax.tree.map(np.asarray, grads), int(metrics["tokens"]), metrics["loss"]
+
+    def step_line(self, **fields) -> None:
+        """Metrics reach the host one step late, so the device is never waited on for a log line."""
+        self.flush_step_line()
+        self.pending_step = {"t": time.time(), **fields}
+
+    def flush_step_line(self) -> None:
+        if self.pending_step is not None:
+            self.ev.emit("step", **{**self.pending_step, "loss": float(self.pending_step["loss"])})
+            self.pending_step = None
+
+    def evaluate(self, params) -> float:
+        return self.inner.evaluate(params, self.eval_batches)
+
+    def saved_step(self) -> int:
+        return self.ckpt.latest_step() or 0
+
+    def save(self, final: bool = False) -> None:  # orbax: durable when its async write ends
         params = self.core.params(self.state)
         self.ckpt.save(self.step, {"params": jax.tree.map(np.asarray, params),
                                    "opt": opt_state_to_tree(self.opt_state), "step": np.int64(self.step)})
         self.ev.emit("checkpoint_saved", step=self.step)
 
-    def close(self, finished: bool) -> int:
+    def close(self, finished: bool) -> None:
         for link in self.links.values():
             link.close()
         stats = {s: vars(link.stats) for s, link in self.links.items()}
         self.ckpt.close()
         self.ev.emit("done", step=self.step, finished=finished, links=stats)
         self.ev.close()
-        return 0
 
 
 def main(argv=None) -> int:

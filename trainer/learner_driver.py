@@ -8,9 +8,9 @@ is on: silent data corruption happens in the unit, before the wire), an ApplyGra
 (data-parallel: the mean gradient came back) is applied by the host's inner optimizer
 and fed back as the inner step, a SetSlices changes how many slices the next step uses.
 `handle` is one item of the inbox: a link up or down, or a message. The loop around it
-(when to step, when to drain, how time passes) stays with each host: threads and wall
-time in the process, the virtual clock in the simulator (issue 14: one driver per role;
-the loop is the part not yet shared).
+(when to step, when to drain) is trainer/learner_loop.py, also shared; how time passes
+stays with each host: threads and wall time in the process, the virtual clock in the
+simulator.
 """
 from __future__ import annotations
 

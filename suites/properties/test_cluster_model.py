@@ -26,7 +26,7 @@ from harness.eventlog import EventLog
 from harness.sim import finish, launch, simulate
 from sim_cases import REPORTS, SIM, Case, RejoinProbe, examples, report, scenario
 from sim_props import quorum_respected, weights_match_staleness
-from trainer.learner import FETCH_WAIT_S
+from trainer.learner_loop import FETCH_WAIT_S
 
 LEARNERS = [f"learner-{i}" for i in range(3)]
 SHARDS = ["syncer-0", "syncer-1"]

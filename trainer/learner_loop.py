@@ -1,0 +1,114 @@
+"""A learner unit's loop, written once for the real process (trainer/learner.py) and the
+simulator (harness/sim_learner.py).
+
+The loop is a generator: it runs the unit's inner steps and feeds its core between
+them, and wherever time has to pass it yields what it waits for. Each host carries the
+waits out its own way:
+
+- `Compute(fn)`: an inner step. The process calls fn (the step takes its wall time);
+  the simulator calls fn and then lets `step_work` seconds of the unit's own time pass
+  (longer while slowed, frozen while paused).
+- `Idle()`: the core holds the next step back (its fetch, a staleness bound, dp's mean
+  gradient): wait for the next thing a link delivers. The process polls its inbox for
+  at most POLL_S, then comes back to read its control file and its stop flag.
+- `Until(cond, timeout_s)`: take what the links deliver as it arrives until cond()
+  holds (None: never) or timeout_s of the unit's own time has passed (None: no limit).
+
+A stop (SIGTERM at the end of the run) ends the loop at its next check: the unit writes
+its last step line, saves its final θ and exits. The host's port is `LearnerLoopHost`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+CKPT_EVERY = 50        # inner steps between learner checkpoints
+FETCH_WAIT_S = 5.0     # at (re)start, wait this long for the global fragments before stepping
+DRAIN_S = 1.0          # after the last step, keep receiving for this long
+POLL_S = 0.05          # a process's longest wait on its inbox before it looks at its controls
+
+
+@dataclass(frozen=True)
+class Compute:
+    fn: Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class Idle:
+    pass
+
+
+@dataclass(frozen=True)
+class Until:
+    cond: Callable[[], bool] | None
+    timeout_s: float | None
+
+
+class LearnerLoopHost(Protocol):
+    """What the loop reads and calls on its host (besides LearnerHost's core, state, do)."""
+
+    cfg: Any
+    step: int                 # inner steps done, this incarnation's count (restored from a checkpoint)
+    max_steps: int            # the unit's own step cap (the harness ends the run before it)
+    incarnation: int
+
+    @property
+    def stopping(self) -> bool: ...     # SIGTERM seen
+    def pid(self) -> int | None: ...
+    def open_links(self) -> None: ...
+    def links_up(self) -> bool: ...     # every link connected (dp sends nothing before)
+    def drain(self) -> None: ...        # feed what the links delivered to the driver, without waiting
+    def read_control(self) -> None: ... # the harness's slice control and corruption
+    def log_buffers(self) -> None: ...
+    def train_step(self, params, step: int): ...  # -> (params, tokens, loss): one inner AdamW step
+    def grad_step(self, params, step: int): ...   # dp -> (grads as numpy, tokens, loss)
+    def step_line(self, **fields) -> None: ...    # the `step` line (a process writes it a step late)
+    def flush_step_line(self) -> None: ...
+    def evaluate(self, params) -> float: ...
+    def save(self, final: bool = False) -> None: ...
+    def saved_step(self) -> int: ...    # the latest checkpoint's step (0: none)
+    def close(self, finished: bool) -> None: ...
+
+
+def learner_loop(h):
+    """The unit from `unit_up` to `done`: a generator of waits (see the module docstring)."""
+    dp = h.cfg.diloco.mode in ("dp", "elastic_dp")
+    h.emit("unit_up", incarnation=h.incarnation, pid=h.pid(), step=h.step)
+    h.open_links()
+    h.do("start")
+    # DiLoCo modes wait for the global fragments; dp for its links (a gradient
+    # sent before the link's `connected` event is handled would be sent twice)
+    yield Until(lambda: not (h.state.awaiting or (dp and not h.links_up())), FETCH_WAIT_S)
+    h.drain()
+    while h.step < h.max_steps and not h.stopping:
+        h.drain()
+        h.read_control()
+        h.log_buffers()
+        if h.core.must_wait(h.state):
+            yield Idle()
+            continue
+        t0 = h.now()
+        params = h.core.params(h.state)
+        step = h.grad_step if dp else h.train_step
+        out = yield Compute(lambda: step(params, h.step))
+        if out is None:  # stopped mid-step where time no longer runs (the simulator's teardown)
+            break
+        if dp:
+            grads, tokens, loss = out
+            h.driver.grads_ready(grads, tokens, h.now() - t0)
+            if h.core.must_wait(h.state):  # the mean gradient comes back through the inbox
+                yield Until(lambda: not h.core.must_wait(h.state), None)
+        else:
+            params, tokens, loss = out
+            h.do("after_inner_step", params, tokens, h.now() - t0)
+        h.step += 1
+        h.step_line(step=h.step, tokens=tokens, loss=loss, dt=round(h.now() - t0, 6), live_slices=h.live_slices)
+        if h.step % h.cfg.eval_every == 0 or h.step == h.cfg.steps:
+            h.emit("eval", step=h.step, loss=h.evaluate(h.core.params(h.state)))
+        if h.step % CKPT_EVERY == 0:
+            h.save()
+    h.flush_step_line()
+    yield Until(None, 0.0 if h.stopping else DRAIN_S)
+    if h.step > h.saved_step():
+        h.save(final=True)  # the final θ (the data-parallel baseline's global model)
+    h.close(finished=h.step >= h.cfg.steps)
