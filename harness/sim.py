@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jax
-import optax
 
 from harness import eventlog
 from harness.cluster import make_topology
@@ -46,7 +45,7 @@ __all__ = ["SimParams", "SimRun", "launch", "simulate", "finish", "run_sim", "re
 class Model:
     """Everything numeric a run needs, built once per config (jit caches included).
 
-    `step` / `grad` are InnerLoop's own optimizer (`inner.tx`) and loss, jitted for one
+    `step` / `grad` are InnerLoop's own functions (`step_fn`, `grad_fn`), jitted for one
     device: bit for bit what `InnerLoop.step` / `grad` compute on one slice (tested),
     without re-placing every leaf on a mesh each step, which costs more than the step
     on the small tasks. The simulator cuts the batch to the live slices itself."""
@@ -81,13 +80,12 @@ def _model(cfg: RunConfig) -> Model:
     frag = fragmenter_for(cfg, params0)
 
     def step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(inner.loss_fn)(params, batch)
-        updates, opt_state = inner.tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        params, opt_state, metrics = inner.step_fn(params, opt_state, batch)
+        return params, opt_state, metrics["loss"]
 
     def grad(params, batch):
-        loss, grads = jax.value_and_grad(inner.loss_fn)(params, batch)
-        return grads, loss
+        grads, metrics = inner.grad_fn(params, batch)
+        return grads, metrics["loss"]
 
     return Model(task, inner, frag, learner_math(cfg, frag), syncer_math(cfg, frag), params0,
                  task.eval_batches(), task.eval_batches(cfg.task.final_eval_batches), cfg.diloco.slices, cfg.task.tokens_per_row, jax.jit(step), jax.jit(grad))

@@ -74,9 +74,16 @@ class InnerLoop:
 
     # ------------------------------------------------------------ pure functions
 
-    def _grad_impl(self, params, batch):
+    def grad_fn(self, params, batch):  # unjitted, as step_fn
         loss, grads = jax.value_and_grad(self.loss_fn)(params, batch)
         return grads, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+    def step_fn(self, params, opt_state, batch):
+        """One inner AdamW step, unjitted: what `step` compiles over a mesh of the live
+        slices and the simulator compiles for one device (harness/sim.py)."""
+        grads, metrics = self.grad_fn(params, batch)
+        updates, opt_state = self.tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, metrics
 
     def _apply_impl(self, params, opt_state, grads):
         self.trace_counts[("apply_grads", None)] += 1
@@ -105,13 +112,11 @@ class InnerLoop:
 
         def step_impl(params, opt_state, batch):
             self.trace_counts[("step", live)] += 1
-            grads, metrics = self._grad_impl(params, batch)
-            updates, opt_state = self.tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, metrics
+            return self.step_fn(params, opt_state, batch)
 
         def grad_impl(params, batch):
             self.trace_counts[("grad", live)] += 1
-            return self._grad_impl(params, batch)
+            return self.grad_fn(params, batch)
 
         fns = {
             "repl": repl, "data": data,
