@@ -16,19 +16,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from faults.schedule import Schedule
 from harness import eventlog
 from harness.cluster import LocalCluster
 from harness.injector import Injector, wait_until
 from harness.losses import final_eval_event
 from harness.progress import Progress
+from harness.run_loop import MAX_STEPS_FACTOR, Budget, log_header, training_start, walk
 from harness.scenario import Scenario
 from harness.scenario_toml import scenario_to_toml
 from trainer.config import RunConfig
 
-MAX_STEPS_FACTOR = 2.0  # learners may step past their share while another one is down
-END_GRACE_S = 20.0
-STARTUP_TIMEOUT_S = 180.0  # after `duration`, learners still stepping get this long to finish
 
 
 @dataclass(frozen=True)
@@ -61,12 +58,8 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
     the data-parallel comparison, which the expectations are not written for)."""
     cfg = s.run_config()
     run_dir = run_dir or unique_dir(out, label or s.name)
-    schedule = s.schedule()
     (run_dir / "scenario.toml").write_text(scenario_to_toml(s))
-    header = {
-        "seed": s.seed, "config": cfg.to_dict(), "scenario": s.to_dict(), "tier": "cluster",
-        "schedule": schedule.to_dicts(), "replay": f"diloco-chaos replay {shlex.quote(str(run_dir))}",
-    }
+    header = log_header(s, cfg, "cluster", f"diloco-chaos replay {shlex.quote(str(run_dir))}")
     from trainer.shell import planted_bugs
     if bugs := planted_bugs():  # DILOCO_CHAOS_BUGS: every process runs with these
         header["bugs"] = sorted(bugs)
@@ -94,15 +87,18 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
             header["t_launch"] = time.time()
             injector = Injector(cluster, shape, emit, dp_rollback=cfg.diloco.mode == "dp")
             injector.setup()
-            budget = _Budget(cfg, cluster, injector, progress)
+            watch = _Watch(cluster, injector, progress)
+            budget = Budget(cfg, cluster, injector, lambda: progress.tokens)
+            clock = _WallClock(watch.poll)
             try:
-                header["t_start"] = t0 = _training_start(budget, cfg)
-                _walk(schedule, budget, injector, t0, s.train.duration_s)
+                header["t_start"] = t0 = training_start(
+                    clock, lambda: bool(watch.crashes) or len(progress.first_step) >= cfg.diloco.learners)
+                walk(s.schedule(), clock, injector, budget, t0, s.train.duration_s)
             finally:
                 header["t_end"] = time.time()
                 injector.teardown()
                 progress.stop()
-                header["crashes"] = budget.crashes
+                header["crashes"] = watch.crashes
     except BaseException:
         header.setdefault("t_end", time.time())
         header.setdefault("t_start", header.get("t_launch", header["t_end"]))
@@ -117,62 +113,37 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
     return RunResult(run_dir, summary)
 
 
-class _Budget:
-    """The run ends once the job has trained its token budget, M × steps × batch
-    tokens, whoever trained them (a dead learner's share is taken by the others),
-    or when every learner has exited, or `duration + END_GRACE_S` after launch."""
+class _WallClock:
+    """harness/run_loop.py's clock on wall time: waiting is polling the cluster."""
 
-    def __init__(self, cfg: RunConfig, cluster: LocalCluster, injector: Injector, progress: Progress):
-        self.tokens = cfg.diloco.learners * cfg.steps * cfg.task.batch_size * cfg.task.tokens_per_row
+    def __init__(self, poll):
+        self.poll = poll
+
+    def now(self) -> float:
+        return time.time()
+
+    def run_until(self, t: float, until) -> None:
+        wait_until(t, self.poll, until=until)
+
+
+class _Watch:
+    """What the harness looks at while it waits: the live progress, and units that died by
+    themselves (we reap what we kill): crashes, not faults."""
+
+    def __init__(self, cluster: LocalCluster, injector: Injector, progress: Progress):
         self.cluster, self.injector, self.progress = cluster, injector, progress
-        self.learners = cluster.topology["learners"]
         self.crashes: list[dict] = []
 
     def poll(self) -> None:
         self.progress.update(self.injector)
         for name, m in self.cluster.members.items():
             if m.proc is not None and m.proc.poll() not in (None, 0):
-                # died by itself (we reap what we kill): a crash, not a fault
                 log = self.cluster.run_dir / "stdout" / f"{name}.{m.incarnation}.log"
                 tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
                 self.crashes.append({"unit": name, "incarnation": m.incarnation, "rc": m.proc.returncode,
                                      "stdout_tail": tail})
                 self.injector.emit("unit_down", name, reason="crashed", rc=m.proc.returncode)
                 m.proc = None
-
-    def spent(self) -> bool:
-        if self.progress.tokens >= self.tokens:
-            return True
-        return all(self.cluster.pid(u) is None and u not in self.injector.down for u in self.learners)
-
-
-def _walk(schedule: Schedule, budget: _Budget, injector: Injector, t0: float, duration_s: float) -> None:
-    for t, what, fault in schedule.timeline():
-        if t >= duration_s and what == "start":
-            break
-        wait_until(t0 + t, budget.poll, until=budget.spent)
-        if budget.spent():
-            return
-        injector.start(fault) if what == "start" else injector.end(fault)
-    deadline = t0 + duration_s + END_GRACE_S
-    while time.time() < deadline and not budget.spent():
-        budget.poll()
-        time.sleep(0.1)
-
-
-def _training_start(budget: _Budget, cfg: RunConfig, timeout_s: float = STARTUP_TIMEOUT_S) -> float:
-    """Waits until every learner has made its first inner step: time zero of the
-    fault schedule and of the measurement window. The first start-up (Python, JAX
-    import, compilation: seconds, and many more on a loaded machine) is the same for
-    every mode and would otherwise decide a miniature run; restarts later in the run
-    pay their start-up as badput. The header's `t_launch` keeps the launch time."""
-    deadline = time.time() + timeout_s
-    while len(budget.progress.first_step) < cfg.diloco.learners:
-        budget.poll()
-        if budget.crashes or time.time() > deadline:
-            break  # the run goes on; the crash or the missing learner shows in the log
-        time.sleep(0.05)
-    return time.time()
 
 
 def _global_evals(run_dir: Path, cfg: RunConfig, topology: dict, header: dict, events: list) -> None:

@@ -26,8 +26,8 @@ import jax
 from harness import eventlog
 from harness.cluster import make_topology
 from harness.losses import final_eval_event
-from harness.runner import (END_GRACE_S, MAX_STEPS_FACTOR, STARTUP_TIMEOUT_S, RunResult, summarize,
-                            unique_dir)
+from harness.run_loop import MAX_STEPS_FACTOR, Budget, log_header, training_start, walk
+from harness.runner import RunResult, summarize, unique_dir
 from harness.scenario import Scenario, scenario_from_dict
 from harness.scenario_toml import scenario_to_toml
 from harness.sim_world import SimInjector, SimParams, World
@@ -143,8 +143,7 @@ def launch(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), re
     world = World(cfg, topology, model_for(cfg), params, wan=s.wan, bugs=bugs, seed=s.seed,
                   max_steps=int(MAX_STEPS_FACTOR * cfg.steps))
     world.probe = probe
-    header = {"seed": s.seed, "config": cfg.to_dict(), "scenario": s.to_dict(), "tier": "sim",
-              "schedule": s.schedule().to_dicts(), "replay": replay,
+    header = {**log_header(s, cfg, "sim", replay),
               "sim": {**dataclasses.asdict(params), "bugs": sorted(bugs)},
               "task": world.model.task.describe(), "topology": topology, "t_launch": 0.0}
     injector = SimInjector(world, s.shape(), world.emit, dp_rollback=cfg.diloco.mode == "dp")
@@ -155,29 +154,27 @@ def launch(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), re
 
 def simulate(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), replay: str | None = None,
              probe=None) -> SimRun:
-    """Runs `s` in virtual time, as harness/runner.py runs it on the cluster (the fault
-    timeline, the token budget, END_GRACE_S, teardown, SIGTERM, the global eval)."""
+    """Runs `s` in virtual time through the cluster tier's run loop (harness/run_loop.py:
+    time zero, the fault timeline, the token budget), then teardown, SIGTERM, the global eval."""
     world, injector, header = launch(s, params=params, bugs=bugs, replay=replay, probe=probe)
-    cfg, learners = world.cfg, world.topology["learners"]
-    budget = cfg.diloco.learners * cfg.steps * cfg.task.batch_size * cfg.task.tokens_per_row
-
-    def spent() -> bool:
-        return world.tokens >= budget or all(world.pid(u) is None and u not in injector.down for u in learners)
-
-    # time zero of the schedule and of the measurement window: every learner has stepped
-    world.clock.run_until(STARTUP_TIMEOUT_S, until=lambda: len(world.first_step) == len(learners))
-    header["t_start"] = t0 = world.now
-    over = False
-    for t, what, fault in s.schedule().timeline():
-        if t >= s.train.duration_s and what == "start":
-            break
-        over = world.clock.run_until(t0 + t, until=spent) or spent()
-        if over:
-            break
-        injector.start(fault) if what == "start" else injector.end(fault)
-    if not over and not spent():
-        world.clock.run_until(t0 + s.train.duration_s + END_GRACE_S, until=spent)
+    n = len(world.topology["learners"])
+    budget, clock = Budget(world.cfg, world, injector, lambda: world.tokens), _VirtualClock(world.clock)
+    header["t_start"] = t0 = training_start(clock, lambda: len(world.first_step) == n)
+    walk(s.schedule(), clock, injector, budget, t0, s.train.duration_s)
     return finish(s, world, injector, header)
+
+
+class _VirtualClock:
+    """harness/run_loop.py's clock on the world's virtual seconds: waiting runs the events."""
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def now(self) -> float:
+        return self.clock.now
+
+    def run_until(self, t: float, until) -> bool:
+        return self.clock.run_until(t, until=until)
 
 
 def finish(s: Scenario, world: World, injector: SimInjector, header: dict) -> SimRun:
