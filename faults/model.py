@@ -21,7 +21,7 @@ import difflib
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence, Union
+from typing import Any, ClassVar, Mapping, Sequence
 
 
 class FieldError(ValueError):
@@ -72,13 +72,39 @@ TARGET_FORMS = {  # what a fault's target must look like, by the role it hits
 _POSITIVE_S = "> 0 seconds"
 
 
+FAULT_KINDS: dict[str, type] = {}  # kind -> its class, in the order they are defined (the fault table)
+
+
 @dataclass(frozen=True)
 class _Fault:
-    """Common fields: `target` and `at_s` (seconds from the run's start)."""
+    """Common fields: `target` and `at_s` (seconds from the run's start).
+
+    A fault kind is one subclass, and everything the rest of the code needs to know of it
+    is declared here (docs/ARCHITECTURE.md "Adding a fault kind"): defining the class
+    registers it in FAULT_KINDS, which the scenario reader, the schedule checks, the
+    strategies, the injector, the checks and the report's timeline all read."""
 
     kind: ClassVar[str] = ""
     role: ClassVar[str] = "learner"  # which TARGET_FORMS the target must match
     length_field: ClassVar[str] = "duration_s"  # the field that says how long it lasts
+    # how it is done, in words, where a backend's own table does not say (a fault_start's `via`)
+    mechanism: ClassVar[str] = ""
+    # link faults: whether a learner behind it cannot reach its shard (the reachability
+    # the liveness checks allow for), and the link's state on the report's timeline
+    cuts_link: ClassVar[bool] = False
+    link_state: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "kind" in cls.__dict__:
+            FAULT_KINDS[cls.kind] = cls
+
+    def toxics(self) -> list[tuple[str, tuple[str, ...], dict]]:
+        """A link fault done by Toxiproxy toxics on each of its links, added at its start
+        and removed at its end: [(toxic type, streams, attributes)]. The injector applies
+        these on every backend, the simulator's links model each toxic type
+        (harness/sim_net.py). Empty: the injector has its own `_start_<kind>`."""
+        return []
 
     target: str
     at_s: float
@@ -183,6 +209,8 @@ class Wan(_Fault):
 
     kind: ClassVar[str] = "wan"
     role: ClassVar[str] = "link"
+    mechanism: ClassVar[str] = "Toxiproxy bandwidth/latency toxics"
+    link_state: ClassVar[str] = "slow"  # "throttled" when it limits the bandwidth (reports/timeline.py)
     duration_s: float | None = field(default=None, metadata={"none_word": "end"})
     bandwidth_kbps: float | None = None  # kilobits per second; None = unlimited
     latency_ms: float = 0.0
@@ -201,6 +229,8 @@ class Wan(_Fault):
 
 
 DIRECTIONS = ("both", "upstream", "downstream")  # upstream = learner → syncer
+STREAMS = ("upstream", "downstream")  # Toxiproxy's streams of a link
+_STREAMS_OF = {"both": STREAMS, "upstream": ("upstream",), "downstream": ("downstream",)}
 
 
 @dataclass(frozen=True)
@@ -209,12 +239,20 @@ class Partition(_Fault):
 
     kind: ClassVar[str] = "partition"
     role: ClassVar[str] = "link"
+    mechanism: ClassVar[str] = "Toxiproxy timeout toxic (black hole)"
+    cuts_link: ClassVar[bool] = True
+    link_state: ClassVar[str] = "partitioned"
     duration_s: float
     direction: str = "both"
 
     def _check(self) -> None:
         super()._check()
         check_choice(self, "direction", DIRECTIONS)
+
+    def toxics(self):
+        # a timeout toxic with timeout 0 holds every byte forever: a black hole, as
+        # a partition looks to TCP (no reset, no refusal)
+        return [("timeout", _STREAMS_OF[self.direction], {"timeout": 0})]
 
 
 @dataclass(frozen=True)
@@ -223,7 +261,13 @@ class Reset(_Fault):
 
     kind: ClassVar[str] = "reset"
     role: ClassVar[str] = "link"
+    mechanism: ClassVar[str] = "Toxiproxy reset_peer toxic"
+    cuts_link: ClassVar[bool] = True
+    link_state: ClassVar[str] = "reset"
     duration_s: float
+
+    def toxics(self):
+        return [("reset_peer", STREAMS, {"timeout": 0})]
 
 
 @dataclass(frozen=True)
@@ -233,12 +277,18 @@ class Truncate(_Fault):
 
     kind: ClassVar[str] = "truncate"
     role: ClassVar[str] = "link"
+    mechanism: ClassVar[str] = "Toxiproxy limit_data toxic"
+    cuts_link: ClassVar[bool] = True
+    link_state: ClassVar[str] = "truncated"
     duration_s: float
     bytes: int
 
     def _check(self) -> None:
         super()._check()
         check_number(self, "bytes", ">= 1 byte", lambda v: v >= 1, integer=True)
+
+    def toxics(self):
+        return [("limit_data", ("downstream", "upstream"), {"bytes": self.bytes})]
 
 
 @dataclass(frozen=True)
@@ -263,9 +313,7 @@ class Corrupt(_Fault):
 
 
 CORRUPT_MODES = ("scale", "bitflip", "nonfinite")  # trainer/sdc.py MODES
-Fault = Union[KillUnit, KillSlice, PauseUnit, SlowUnit, KillSyncer, Wan, Partition, Reset, Truncate, Corrupt]
-FAULT_KINDS: dict[str, type] = {c.kind: c for c in (KillUnit, KillSlice, PauseUnit, SlowUnit, KillSyncer,
-                                                    Wan, Partition, Reset, Truncate, Corrupt)}
+Fault = _Fault  # any of FAULT_KINDS
 
 
 def fault_from_dict(d: Mapping[str, Any]) -> Fault:

@@ -20,7 +20,7 @@ from dataclasses import asdict
 
 # the Result vocabulary (check_base.py) and the checks on what reached the model
 # (model_checks.py) live beside this file
-from faults.model import LinkTarget
+from faults.model import FAULT_KINDS, LinkTarget
 from harness.check_base import SHOW, Result, _judge, _shards, compose, shard_lives
 from harness.eventlog import EventLog
 from harness.history import clip, histories, intersect, learner_names, minus, norm, window
@@ -109,7 +109,7 @@ def durable_rounds_kept(log: EventLog) -> Result:
     return _judge("durable_rounds_kept", bad, restarts=restarts)
 
 
-LINK_FAULTS = ("partition", "reset", "truncate")
+LINK_FAULTS = tuple(k for k, c in FAULT_KINDS.items() if c.cuts_link)  # partition, reset, truncate, ...
 
 
 def quorum_k(log: EventLog) -> int:

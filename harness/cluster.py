@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from faults.model import FAULT_KINDS
 from harness import procs
 from harness.toxiproxy_client import LinkProfile, ToxiproxyClient
 from harness.toxiproxy_server import ToxiproxyServer, free_port
@@ -65,11 +66,14 @@ LOCAL_MECHANISMS = {
     "slow_unit": "SIGSTOP/SIGCONT duty cycle",
     "kill_slice": "slice control message",
     "corrupt": "control file: the learner corrupts its outgoing contributions",
-    "wan": "Toxiproxy bandwidth/latency toxics",
-    "partition": "Toxiproxy timeout toxic (black hole)",
-    "reset": "Toxiproxy reset_peer toxic",
-    "truncate": "Toxiproxy limit_data toxic",
 }
+
+
+def mechanism_words(table: dict, kind: str) -> str:
+    """How a fault of `kind` is done: the backend's table, else what the fault's class says
+    (link faults: the same Toxiproxy toxics on every backend), else its name."""
+    cls = FAULT_KINDS.get(kind)
+    return table.get(kind) or (cls.mechanism if cls is not None else "") or kind
 
 
 class Cluster(Protocol):
@@ -138,7 +142,7 @@ class LocalCluster:
 
     def mechanism(self, kind: str) -> str:
         """How a fault of `kind` is done here, in words (the report's timeline shows it)."""
-        return self.MECHANISMS.get(kind, kind)
+        return mechanism_words(self.MECHANISMS, kind)
 
     # lifecycle -------------------------------------------------------------
     def start(self, *, start_learners: bool = True) -> "LocalCluster":

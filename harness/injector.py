@@ -7,7 +7,9 @@ Every action returns and records a record of what it did (harness events
 
 Toxics a fault adds are named `f<id>_<type>_<stream>`, so faults never touch each
 other's toxics; a `wan` fault replaces the base WAN profile on its links while it
-lasts and puts it back at its end.
+lasts and puts it back at its end. A fault kind with no `_start_<kind>` here is a link
+fault made of the toxics its class declares (faults/model.py `toxics`): added at its
+start, removed at its end.
 """
 from __future__ import annotations
 
@@ -16,9 +18,7 @@ import time
 from faults.model import Fault
 from faults.schedule import RunShape, expand_links
 from harness.cluster import Cluster
-from harness.toxiproxy_client import STREAMS, LinkProfile, toxic_spec
-
-_STREAMS_OF = {"both": STREAMS, "upstream": ("upstream",), "downstream": ("downstream",)}
+from harness.toxiproxy_client import LinkProfile, toxic_spec
 
 
 class Injector:
@@ -56,7 +56,8 @@ class Injector:
         n = self.ids.setdefault(id(fault), len(self.ids))
         self.active[n] = fault
         self.emit("fault_start", "harness", id=n, fault=fault.to_dict(), via=self._via(fault.kind))
-        getattr(self, f"_start_{fault.kind}")(n, fault)
+        start = getattr(self, f"_start_{fault.kind}", None)
+        start(n, fault) if start is not None else self._add_toxics(n, fault)
 
     def _via(self, kind: str) -> str:
         return self.cluster.mechanism(kind)
@@ -69,7 +70,8 @@ class Injector:
         # acts at once, and what it does must not precede the fault's end in the log (a
         # step logged 2 ms before a `fault_end` written after SIGCONT returned)
         self.emit("fault_end", "harness", id=n, fault=fault.to_dict(), healed_at_teardown=final)
-        getattr(self, f"_end_{fault.kind}")(n, fault, final)
+        end = getattr(self, f"_end_{fault.kind}", None)
+        end(n, fault, final) if end is not None else self._remove(n, fault)
 
     # units -------------------------------------------------------------------------------
     def _down(self, unit: str, reason: str) -> None:
@@ -134,10 +136,14 @@ class Injector:
     def _links(self, f) -> list[str]:
         return expand_links(f.target, self.shape)
 
-    def _add(self, n: int, f, kind: str, streams, **attrs) -> None:
+    def _add_toxics(self, n: int, f) -> None:
+        """A link fault that is Toxiproxy toxics (faults/model.py `toxics`), on each of its links."""
+        if not f.toxics():
+            raise ValueError(f"fault kind {f.kind!r} has no toxics and the injector no _start_{f.kind}")
         for link in self._links(f):
-            for stream in streams:
-                self.cluster.client.add_toxic(link, toxic_spec(kind, stream, name=f"f{n}_{kind}_{stream}", **attrs))
+            for kind, streams, attrs in f.toxics():
+                for stream in streams:
+                    self.cluster.client.add_toxic(link, toxic_spec(kind, stream, name=f"f{n}_{kind}_{stream}", **attrs))
 
     def _remove(self, n: int, f) -> None:
         prefix = f"f{n}_"
@@ -159,22 +165,6 @@ class Injector:
         if self.cluster.wan is not None and not final:
             for link in self._links(f):
                 self.cluster.client.apply_profile(link, self.cluster.wan)
-
-    def _start_partition(self, n, f) -> None:
-        # a timeout toxic with timeout 0 holds every byte forever: a black hole, as
-        # a partition looks to TCP (no reset, no refusal)
-        self._add(n, f, "timeout", _STREAMS_OF[f.direction], timeout=0)
-
-    def _start_reset(self, n, f) -> None:
-        self._add(n, f, "reset_peer", STREAMS, timeout=0)
-
-    def _start_truncate(self, n, f) -> None:
-        self._add(n, f, "limit_data", ("downstream", "upstream"), bytes=f.bytes)
-
-    def _end_link_fault(self, n, f, final) -> None:
-        self._remove(n, f)
-
-    _end_partition = _end_reset = _end_truncate = _end_link_fault
 
 
 def wait_until(t_wall: float, poll, interval_s: float = 0.1, until=lambda: False) -> None:

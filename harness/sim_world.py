@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.cluster import LOCAL_MECHANISMS
+from harness.cluster import LOCAL_MECHANISMS, mechanism_words
 from harness.injector import Injector
 from harness.sim_learner import SimLearner
 from harness.sim_net import Net
@@ -165,7 +165,7 @@ class World:
                "kill_unit": "process gone; a new one after down_for",
                "kill_syncer": "process gone; a new one restores the checkpoint",
                "corrupt": "the learner corrupts its outgoing contributions"}
-        return "simulated: " + how.get(kind, LOCAL_MECHANISMS.get(kind, kind))
+        return "simulated: " + mechanism_words({**LOCAL_MECHANISMS, **how}, kind)
 
     def set_speed(self, name: str, speed: float, period_s: float = 0.1) -> None:
         """slow_unit: the unit's process runs at `speed` (a restarted one starts at full speed)."""

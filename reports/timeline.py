@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from faults.model import FAULT_KINDS
 from harness import history
 from harness.eventlog import EventLog
 
@@ -30,7 +31,8 @@ UNIT_STATES = ("starting", "up", "waiting", "recovering", "slow", "paused", "dow
 SLICE_STATES = ("all live", "slice lost")
 LINK_STATES = ("disconnected", "slow", "throttled", "reset", "truncated", "partitioned")
 GLOBAL_STATES = ("no commit yet", "advancing", "stalled", "downtime")
-LINK_FAULT_STATE = {"partition": "partitioned", "reset": "reset", "truncate": "truncated"}
+# a link's state under each link fault kind (faults/model.py `link_state`): partitioned, reset, ...
+LINK_FAULT_STATE = {k: c.link_state for k, c in FAULT_KINDS.items() if c.role == "link"}
 
 
 @dataclass
@@ -240,12 +242,11 @@ def _link_layers(log: EventLog, learner: str, shard: str, faults: list[dict], lo
     layers = [("up", [(first_up if first_up is not None else lo, hi)], ""),
               ("disconnected", downs, "the transport saw the connection drop")]
     for f in faults:
-        if f["kind"] not in ("wan", "partition", "reset", "truncate") or not link_hit(f["target"], learner, shard):
+        if f["kind"] not in LINK_FAULT_STATE or not link_hit(f["target"], learner, shard):
             continue
-        if f["kind"] == "wan":
-            state = "throttled" if f["params"].get("bandwidth_kbps") else "slow"
-        else:
-            state = LINK_FAULT_STATE[f["kind"]]
+        state = LINK_FAULT_STATE[f["kind"]]
+        if f["kind"] == "wan" and f["params"].get("bandwidth_kbps"):
+            state = "throttled"
         layers.append((state, [(f["a"], f["b"])], f"{f['kind']}: {_params_text(f['params'])}"))
     # precedence: partitioned over the rest
     layers.sort(key=lambda l: ("up", "disconnected", "slow", "throttled", "reset", "truncated",

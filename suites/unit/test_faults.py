@@ -27,11 +27,15 @@ ONE_OF_EACH = [
     Truncate("link:learner-1", 4.0, duration_s=2.0, bytes=4096),
     Corrupt("learner-2", 12.0, duration_s=10.0, mode="bitflip", flips=4),
 ]
+_TARGET_OF_ROLE = {"learner": "learner-1", "syncer": "syncer-0", "link": "link:learner-1"}
+# a kind added since (docs/ARCHITECTURE.md "Adding a fault kind"): its defaults make its example
+ONE_OF_EACH += [cls(_TARGET_OF_ROLE[cls.role], 1.0, **{cls.length_field: 2.0})
+                for kind, cls in FAULT_KINDS.items() if kind not in {f.kind for f in ONE_OF_EACH}]
 UNITS = [f"learner-{i}" for i in range(4)]
 
 
 def test_every_kind_has_an_example():
-    assert {f.kind for f in ONE_OF_EACH} == set(FAULT_KINDS)
+    assert {f.kind for f in ONE_OF_EACH} == set(FAULT_KINDS) and len(ONE_OF_EACH) == len(FAULT_KINDS) + 1
 
 
 @pytest.mark.parametrize("fault", ONE_OF_EACH, ids=lambda f: f.kind)
