@@ -72,8 +72,14 @@ def link_faults(request, tmp_path_factory):
         {"kind": "kill_syncer", "target": "syncer-1", "at": "7s", "down_for": "3s"},
         {"kind": "reset", "target": "link:learner-1~syncer-0", "at": "12s", "duration": "2s"},
         {"kind": "truncate", "target": "link:learner-0~syncer-1", "at": "16s", "duration": "3s", "bytes": 1000},
+        LATENCY_SPIKE,
     ], shards=2, backend=request.param)
     return _run(request, tmp_path_factory, s)
+
+
+# docs/ARCHITECTURE.md "Adding a fault kind": the worked example, tested on both tiers
+LATENCY_SPIKE = {"kind": "latency_spike", "target": "link:learner-1~syncer-0", "at": "21s", "duration": "4s",
+                 "latency_ms": 800}
 
 
 def test_kill_slice_shrinks_the_batch(unit_faults):
@@ -220,3 +226,33 @@ def test_global_model_is_evaluated_along_the_run(link_faults):
     assert along[0]["loss"] > along[-1]["loss"], [round(e["loss"], 3) for e in along]
     floor = log.header["task"]["loss_floor"]
     assert floor < along[-1]["loss"] < floor + 0.25 and floor < final["loss"] < floor + 0.25, (along[-1], final)
+
+
+def _one_way_s(log, learner, shard, t0, t1) -> list[float]:
+    """How long each message `learner` sent to `shard` in [t0, t1) took to be received."""
+    key = lambda e: (e["msg"], e.get("seq"), e.get("fragment"))  # noqa: E731
+    sent = {key(e): e["t"] for e in log.of("send", src=learner) if e["peer"] == shard and t0 <= e["t"] < t1}
+    return sorted(r["t"] - sent[key(r)] for r in log.of("recv", src=shard) if r["peer"] == learner and key(r) in sent)
+
+
+def _latency_spike_delays_its_link(log, via_prefix: str) -> None:
+    start = next(e for e in log.of("fault_start") if e["fault"]["kind"] == "latency_spike")
+    t0, t1 = _window(log, "latency_spike")
+    assert start["via"].startswith(via_prefix) and "latency toxic" in start["via"], start["via"]
+    during = _one_way_s(log, "learner-1", "syncer-0", t0 + 0.2, t1 - 1.0)
+    before = _one_way_s(log, "learner-1", "syncer-0", t0 - 4.0, t0 - 0.5)
+    other = _one_way_s(log, "learner-0", "syncer-0", t0 + 0.2, t1 - 1.0)  # a link it does not target
+    assert during and before and other, (len(during), len(before), len(other))
+    assert during[len(during) // 2] >= 0.8 and during[0] >= 0.75, during  # 800 ms, no jitter
+    assert before[len(before) // 2] < 0.4 and other[len(other) // 2] < 0.4, (before, other)
+
+
+def test_latency_spike_delays_its_link(link_faults):
+    _latency_spike_delays_its_link(link_faults[0], "Toxiproxy")
+
+
+def test_latency_spike_delays_its_link_in_the_sim():
+    from harness.sim import simulate
+
+    s = _scenario("latency-spike", [LATENCY_SPIKE], shards=2, backend="local")
+    _latency_spike_delays_its_link(simulate(s).log(), "simulated: Toxiproxy")
