@@ -33,9 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
+from harness import units
 from harness.errors import UserError
 
-YEAR_S = 365 * 86400.0
+YEAR_S = float(units.PER_S["y"])
 BLOCK_CHIPS = 1 << 16  # failures are drawn per block of chips, so a chip's history never depends on N
 DEFAULT_CHIPS = "150k,300k,600k,1.2M,2.4M"
 DEFAULT_LEARNERS = "1,2,4,8,16"
@@ -230,20 +231,22 @@ def simulate(chips: list[int], learners: list[int], p: FleetParams, seed: int) -
 
 
 # ---------------------------------------------------------------- input parsing
-_DUR = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|sec|m|min|h|d|w|y)?\s*$", re.I)
-_DUR_UNIT_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": YEAR_S}
 _COUNT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKM]?)\s*$")
 
 
 def parse_duration(text: str, where: str, allow_inf: bool = False) -> float:
+    """A duration on the command line (harness/units.py reads it, as in scenario files)."""
     if allow_inf and text.strip().lower() in ("inf", "never"):
         return math.inf
-    m = _DUR.match(text)
-    if not m:
+    try:
+        seconds = units.parse_duration(text)
+    except ValueError:
+        seconds = -1.0
+    if not (0 <= seconds < math.inf):
         extra = "; or 'never' for no failures" if allow_inf else ""
         raise UserError(f"{where}: cannot read {text!r} as a duration; use a number and a unit "
                         f"(s, m or min, h, d, w, y), e.g. 90s, 15m, 2h, 30d, 1y{extra}")
-    return float(m.group(1)) * _DUR_UNIT_S[(m.group(2) or "s").lower()]
+    return seconds
 
 
 def format_duration(seconds: float) -> str:
@@ -251,8 +254,8 @@ def format_duration(seconds: float) -> str:
     if math.isinf(seconds):
         return "never"
     for unit in ("y", "d", "h", "min"):
-        if seconds >= _DUR_UNIT_S[unit] and seconds % _DUR_UNIT_S[unit] == 0:
-            return f"{seconds / _DUR_UNIT_S[unit]:g}{unit}"
+        if seconds >= units.PER_S[unit] and seconds % units.PER_S[unit] == 0:
+            return f"{seconds / units.PER_S[unit]:g}{unit}"
     return f"{seconds:g}s"
 
 

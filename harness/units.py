@@ -10,8 +10,9 @@ from typing import Any
 
 
 _NUM = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
-_DURATION = re.compile(rf"\s*({_NUM})\s*(ms|s|m|min|h)?\s*")
-_PER_S = {"s": 1, "m": 60, "min": 60, "h": 3600}
+_DURATION = re.compile(rf"\s*({_NUM})\s*(ms|s|sec|m|min|h|d|w|y)?\s*", re.I)
+# seconds per unit; days, weeks and (365-day) years for the fleet model's failure rates
+PER_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 _RATE = re.compile(rf"\s*({_NUM})\s*(kbps|mbps|gbps)?\s*", re.I)
 _KBPS = {"kbps": 1, "mbps": 1000, "gbps": 1_000_000}
 
@@ -39,12 +40,12 @@ def parse_duration(value: Any, unit: str = "s") -> float:
     """A number (already in `unit`) or a string with a unit, in `unit` ("s" or "ms")."""
     num, u = _number_and_unit(value, _DURATION, "a duration", f'a number of {"seconds" if unit == "s" else "ms"},'
                               ' or a string with a unit ms, s, m or h, e.g. "500ms", "15s", "2m"')
-    u = u or unit
+    u = (u or unit).lower()
     if u == unit:
         return num
     if u == "ms":  # divide: 500 / 1000 is exactly 0.5, 500 * 0.001 is not
         return num / 1000
-    return num * _PER_S[u] * (1000 if unit == "ms" else 1)
+    return num * PER_S[u] * (1000 if unit == "ms" else 1)
 
 
 def parse_bandwidth_kbps(value: Any) -> float:
