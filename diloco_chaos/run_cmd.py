@@ -86,10 +86,10 @@ def cmd_run(args) -> int:
 
 def _on_backend(s, tier: str, go) -> int:
     """Calls `go()`; a docker run first gets an engine (starting a private one when none
-    answers, stopped after: harness.docker_cluster.engine_for_run)."""
+    answers, stopped after: harness.docker_engine.engine_for_run)."""
     if s.cluster.backend != "docker" or tier == "sim":
         return go()
-    from harness.docker_cluster import engine_for_run
+    from harness.docker_engine import engine_for_run
 
     try:
         with engine_for_run():

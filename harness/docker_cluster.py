@@ -40,9 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.cluster import JAX_CACHE, LOCAL_MECHANISMS, LocalCluster
-# the engine and the image live in docker_engine.py; their names are kept here for callers
-from harness.docker_engine import (HOST_IMAGE_REPO, LABEL, REPO, engine, engine_for_run,  # noqa: F401
-                                   host_image, host_mounts, reachable, remove_all, rootfs_tar)
+from harness.docker_engine import LABEL, REPO, engine, host_image, host_mounts, remove_all
 
 UNIT_LABEL = "diloco-chaos.unit"
 CPU_PERIOD_US = 100_000

@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 
 from harness.eventlog import EventLog
 
-DP_MODES = ("dp", "elastic_dp")
-
 
 # --- intervals: lists of (a, b), a ≤ b ------------------------------------------------------
 

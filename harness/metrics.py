@@ -39,11 +39,12 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
 from harness.eventlog import EventLog
-from harness.history import (DP_MODES, Incarnation, UnitHistory, clip, first_step_start, fragment_count, histories,
+from harness.history import (Incarnation, UnitHistory, clip, first_step_start, fragment_count, histories,
                              learner_names, measure, minus, norm, step_lag, window)
 from harness.losses import batch_losses, excess_loss_ratio, final_loss, loss_floor, mean_ci, parity_ci
 from harness.ledger import ledger
 from harness.participation import participation
+from trainer.protocol_base import DP_MODES
 
 BADPUT = ("startup", "waiting_on_sync", "rolled_back", "lost", "stale", "recovery", "paused", "dead", "finished",
           "other")

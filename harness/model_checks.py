@@ -9,7 +9,8 @@ import math
 
 from harness.check_base import SHOW, Result, _judge, _lost_merges
 from harness.eventlog import EventLog
-from harness.history import DP_MODES, histories, window
+from harness.history import histories, window
+from trainer.protocol_base import DP_MODES
 
 
 ABSORBED = ("combined", "superseded")  # shard drop reasons: the contribution went on inside by_seq's

@@ -60,9 +60,9 @@ def unavailable():
 @pytest.fixture(scope="session")
 def docker_engine():
     """A `docker.DockerClient` for a reachable engine (started here if need be)."""
-    from harness import docker_cluster
+    from harness import docker_engine
 
-    why = docker_cluster.reachable()
+    why = docker_engine.reachable()
     started, old_host = False, os.environ.get("DOCKER_HOST")
     if why is not None:
         try:
@@ -75,13 +75,13 @@ def docker_engine():
         if host is not None:
             started = True
             atexit.register(_stop_private_engine)
-    client = docker_cluster.engine()
+    client = docker_engine.engine()
     try:
         yield client
     finally:
         try:
             if started:  # an engine we did not start may hold other people's runs
-                docker_cluster.remove_all(client)
+                docker_engine.remove_all(client)
         finally:
             client.close()
             if started:

@@ -144,7 +144,7 @@ def _done_the_backends_way(log, run) -> None:
 def _nothing_outlives(log, run, request) -> None:
     """After the run: no process of it is alive (local), no container of it exists (docker)."""
     if run["backend"]["name"] == "docker":  # a unit's own pid is its container's, not ours
-        from harness.docker_cluster import LABEL
+        from harness.docker_engine import LABEL
 
         engine = request.getfixturevalue("docker_engine")
         assert not engine.containers.list(all=True, filters={"label": f"{LABEL}={run['topology']['run_id']}"})

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from harness import eventlog, runner
-from harness.docker_cluster import LABEL
+from harness.docker_engine import LABEL
 from harness.scenario import load_scenario
 
 pytestmark = [pytest.mark.docker, pytest.mark.cluster, pytest.mark.slow]

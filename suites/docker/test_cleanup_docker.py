@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.docker_cluster import LABEL, DockerCluster
+from harness.docker_cluster import DockerCluster
+from harness.docker_engine import LABEL
 from harness.scenario import scenario_from_dict
 
 pytestmark = [pytest.mark.docker, pytest.mark.cluster]
@@ -79,7 +80,7 @@ def test_ctrl_c_of_a_docker_run_stops_the_engine_it_started(tmp_path, docker_eng
     """`diloco-chaos run --backend docker` with no engine answering starts a private one
     (scripts/dockerd.sh, here in its own folder); a Ctrl-C in the middle of the run
     leaves no container, no dockerd and no containerd of it behind."""
-    from harness.docker_cluster import engine
+    from harness.docker_engine import engine
 
     folder = Path("/tmp/diloco-dockerd-ctrlc")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "DILOCO_DOCKERD_DIR": str(folder),

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from harness import eventlog, runner
-from harness.docker_cluster import LABEL, UNIT_LABEL, DockerCluster, engine
+from harness.docker_cluster import UNIT_LABEL, DockerCluster
+from harness.docker_engine import LABEL, engine
 from harness.scenario import scenario_from_dict
 
 pytestmark = [pytest.mark.docker, pytest.mark.cluster, pytest.mark.slow]
