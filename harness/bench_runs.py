@@ -200,8 +200,8 @@ def _global_loss(run_dir: Path, cfg: RunConfig, names: list[str]) -> float | Non
         return None
     from harness.global_eval import final
 
-    loss, _ = final(run_dir, cfg, {"shards": {"syncer-0": list(range(cfg.n_fragments))}, "learners": names})
-    return loss
+    losses, _ = final(run_dir, cfg, {"shards": {"syncer-0": list(range(cfg.n_fragments))}, "learners": names})
+    return None if not losses else sum(losses) / len(losses)  # (final gives each held-out batch's loss)
 
 
 # ------------------------------------------------------------------ rates
