@@ -120,8 +120,106 @@ class SlowCycle:
             pass
 
 
+class Units(Protocol):
+    """How a cluster's units run: `Processes` (below) or containers (harness/docker_cluster.py
+    `Containers`). A cluster holds one and hands it every unit-level action; the run
+    directory, Toxiproxy, the topology and the control files are the cluster's, shared."""
+
+    backend: str                                             # topology.backend.name
+    mechanisms: dict                                         # fault kind -> how, in words
+
+    def prepare(self, cluster: "LocalCluster") -> None: ...  # before the cluster lays anything out
+    def backend_info(self, cluster: "LocalCluster") -> dict: ...
+    def spawn(self, cluster: "LocalCluster", m: Member): ...  # -> a Popen-like (poll, wait, pid, returncode)
+    def kill(self, cluster: "LocalCluster", m: Member) -> None: ...
+    def pause(self, cluster: "LocalCluster", m: Member) -> str | None: ...
+    def resume(self, cluster: "LocalCluster", m: Member) -> None: ...
+    def set_speed(self, cluster: "LocalCluster", m: Member, speed: float, period_s: float) -> None: ...
+    def pid(self, m: Member) -> int | None: ...
+    def stop_all(self, cluster: "LocalCluster") -> None: ...  # the end: every unit, gracefully
+
+
+@dataclass
+class Processes:
+    """Units as processes of this host: SIGKILL, SIGSTOP/SIGCONT, a SIGSTOP duty cycle."""
+
+    backend: str = "local"
+    mechanisms: dict = field(default_factory=lambda: dict(LOCAL_MECHANISMS))
+    slowed: dict[str, SlowCycle] = field(default_factory=dict)  # slow_unit's duty cycles
+
+    def prepare(self, cluster: "LocalCluster") -> None:
+        pass
+
+    def backend_info(self, cluster: "LocalCluster") -> dict:
+        return {"name": "local", "host": os.uname().nodename}
+
+    def spawn(self, cluster: "LocalCluster", m: Member) -> subprocess.Popen:
+        module = "trainer.learner" if m.role == "learner" else "trainer.syncer"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if m.role == "learner":
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cluster.slices}"
+        env.setdefault("JAX_PLATFORMS", "cpu")
+        # A restarted unit recompiles nothing: XLA programs persist across processes
+        # (real fleets keep compilation caches for the same reason).
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+        out = open(cluster.run_dir / "stdout" / f"{m.name}.{m.incarnation}.log", "wb")
+        argv = [cluster.python, "-m", module, "--run-dir", str(cluster.run_dir), "--id", m.name,
+                "--incarnation", str(m.incarnation)]
+        with out:
+            return procs.spawn(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def pid(self, m: Member) -> int | None:
+        return m.proc.pid if m.proc is not None and m.proc.poll() is None else None
+
+    def kill(self, cluster: "LocalCluster", m: Member) -> None:
+        """SIGKILL: the process gets no chance to clean up, as with a machine failure."""
+        if m.proc is not None:
+            if m.proc.poll() is None:
+                os.kill(m.proc.pid, signal.SIGKILL)
+            m.proc.wait()
+            m.proc = None
+
+    def pause(self, cluster: "LocalCluster", m: Member) -> str | None:
+        self._signal(m, signal.SIGSTOP)
+        m.paused = True
+        return None
+
+    def resume(self, cluster: "LocalCluster", m: Member) -> None:
+        self._signal(m, signal.SIGCONT)
+        m.paused = False
+
+    def set_speed(self, cluster: "LocalCluster", m: Member, speed: float, period_s: float) -> None:
+        """The process runs `speed` of every `period_s` (SIGSTOP/SIGCONT from a thread); 1.0
+        ends it. A unit restarted meanwhile is not slowed (its new pid)."""
+        if (old := self.slowed.pop(m.name, None)) is not None:
+            old.stop.set()
+        pid = self.pid(m)
+        if speed < 1.0 and pid is not None:
+            cycle = self.slowed[m.name] = SlowCycle(pid, speed, period_s)
+            threading.Thread(target=cycle.run, name=f"slow-{m.name}", daemon=True).start()
+
+    def _signal(self, m: Member, sig: int) -> None:
+        if (pid := self.pid(m)) is not None:
+            os.kill(pid, sig)
+
+    def stop_all(self, cluster: "LocalCluster") -> None:
+        """SIGTERM, a grace period, SIGKILL: learners first (members are shards, then learners)."""
+        for cycle in self.slowed.values():
+            cycle.stop.set()
+        for m in list(cluster.members.values())[::-1]:
+            if m.proc is not None:
+                procs.stop(m.proc, grace_s=5.0)
+                m.proc = None
+
+
 @dataclass
 class LocalCluster:
+    """A cluster on this host: the run directory, a Toxiproxy server with one proxy per
+    learner↔shard link, the control files, and the units, run by `units` (processes by
+    default; harness/docker_cluster.py passes containers: composition, not a subclass)."""
+
     run_dir: Path
     config: dict  # RunConfig.to_dict()
     shards: int = 1
@@ -131,22 +229,20 @@ class LocalCluster:
     max_steps_factor: float = 1.0  # learners stop by themselves after this × cfg.steps
     python: str = sys.executable
     listen: str = "127.0.0.1"  # where the link proxies and the syncer shards listen
+    units: Units = field(default_factory=Processes)
     toxiproxy: ToxiproxyServer | None = None
     client: ToxiproxyClient | None = None
     members: dict[str, Member] = field(default_factory=dict)
     topology: dict = field(default_factory=dict)
-    slowed: dict[str, SlowCycle] = field(default_factory=dict)  # slow_unit's duty cycles
-
-    BACKEND = "local"
-    MECHANISMS = LOCAL_MECHANISMS
 
     def mechanism(self, kind: str) -> str:
         """How a fault of `kind` is done here, in words (the report's timeline shows it)."""
-        return mechanism_words(self.MECHANISMS, kind)
+        return mechanism_words(self.units.mechanisms, kind)
 
     # lifecycle -------------------------------------------------------------
     def start(self, *, start_learners: bool = True) -> "LocalCluster":
         try:
+            self.units.prepare(self)
             self._start(start_learners)
         except BaseException:
             self.close()
@@ -169,8 +265,8 @@ class LocalCluster:
                 links[learner][shard] = self.client.create_proxy(name, upstream=addr, listen=f"{self.listen}:0")
                 if self.wan is not None:
                     self.client.apply_profile(name, self.wan)
-        self.topology.update(shard_addrs=shard_addrs, links=links, run_id=uuid.uuid4().hex[:12],
-                             backend=self._backend_info())
+        self.topology.update(shard_addrs=shard_addrs, links=links, run_id=uuid.uuid4().hex[:12])
+        self.topology["backend"] = self.units.backend_info(self)  # (docker: reads the run_id)
         run = {"seed": self.seed, "config": self.config, "topology": self.topology, "slices": self.slices,
                "toxiproxy": {"pid": self.toxiproxy.pid, "url": self.toxiproxy.url},
                "max_steps_factor": self.max_steps_factor, "backend": self.topology["backend"]}
@@ -183,30 +279,23 @@ class LocalCluster:
             if start_learners:
                 self.spawn(learner)
 
-    def _backend_info(self) -> dict:
-        """Where the units run; the runner copies topology (so this) into the log header."""
-        return {"name": "local", "host": os.uname().nodename}
-
     def _fragments(self) -> int:
         d, m = self.config["diloco"], self.config["model"]
         return d["fragments"] or m["n_layers"] + 1
 
     def close(self) -> None:
         """Stops everything this cluster started; safe to call twice and from `finally`."""
-        for cycle in self.slowed.values():
-            cycle.stop.set()
-        for m in list(self.members.values())[::-1]:
-            if m.proc is not None:
-                procs.stop(m.proc, grace_s=5.0)
-                m.proc = None
-        if self.client is not None:
-            try:
-                self.client.delete_all()
-            except Exception:  # the server may be gone already; stopping it below removes all
-                pass
-        if self.toxiproxy is not None:
-            self.toxiproxy.stop()
-            self.toxiproxy = None
+        try:
+            self.units.stop_all(self)
+        finally:
+            if self.client is not None:
+                try:
+                    self.client.delete_all()
+                except Exception:  # the server may be gone already; stopping it below removes all
+                    pass
+            if self.toxiproxy is not None:
+                self.toxiproxy.stop()
+                self.toxiproxy = None
 
     def __enter__(self) -> "LocalCluster":
         return self.start()
@@ -214,68 +303,33 @@ class LocalCluster:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # process control (what faults use) -------------------------------------
-    def spawn(self, name: str) -> subprocess.Popen:
+    # unit control (what faults use): the cluster's members, run by `units` --------
+    def spawn(self, name: str):
         m = self.members[name]
         if m.proc is not None and m.proc.poll() is None:
             raise RuntimeError(f"{name} is already running (pid {m.proc.pid})")
         m.incarnation += 1
-        module = "trainer.learner" if m.role == "learner" else "trainer.syncer"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if m.role == "learner":
-            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={self.slices}"
-        env.setdefault("JAX_PLATFORMS", "cpu")
-        # A restarted unit recompiles nothing: XLA programs persist across processes
-        # (real fleets keep compilation caches for the same reason).
-        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
-        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-        env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-        out = open(self.run_dir / "stdout" / f"{name}.{m.incarnation}.log", "wb")
-        argv = [self.python, "-m", module, "--run-dir", str(self.run_dir), "--id", name,
-                "--incarnation", str(m.incarnation)]
-        with out:
-            m.proc = procs.spawn(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        m.proc = self.units.spawn(self, m)
         m.paused = False
         return m.proc
 
     def pid(self, name: str) -> int | None:
-        m = self.members[name]
-        return m.proc.pid if m.proc is not None and m.proc.poll() is None else None
+        return self.units.pid(self.members[name])
 
     def kill(self, name: str) -> None:
-        """SIGKILL: the process gets no chance to clean up, as with a machine failure."""
-        m = self.members[name]
-        if m.proc is not None:
-            if m.proc.poll() is None:
-                os.kill(m.proc.pid, signal.SIGKILL)
-            m.proc.wait()
-            m.proc = None
+        self.units.kill(self, self.members[name])
 
     def pause(self, name: str) -> str | None:
-        """SIGSTOP. Returns None: done the way `mechanism("pause_unit")` says (a backend
-        that had to do it another way returns its words, and the log records them)."""
-        self._signal(name, signal.SIGSTOP)
-        self.members[name].paused = True
-        return None
+        """Returns None: done the way `mechanism("pause_unit")` says (a backend that had to
+        do it another way returns its words, and the log records them)."""
+        return self.units.pause(self, self.members[name])
 
     def resume(self, name: str) -> None:
-        self._signal(name, signal.SIGCONT)
-        self.members[name].paused = False
+        self.units.resume(self, self.members[name])
 
     def set_speed(self, name: str, speed: float, period_s: float = 0.1) -> None:
-        """slow_unit: the process runs `speed` of every `period_s` (SIGSTOP/SIGCONT from a
-        thread); 1.0 ends it. A unit restarted meanwhile is not slowed (its new pid)."""
-        if (old := self.slowed.pop(name, None)) is not None:
-            old.stop.set()
-        pid = self.pid(name)
-        if speed < 1.0 and pid is not None:
-            cycle = self.slowed[name] = SlowCycle(pid, speed, period_s)
-            threading.Thread(target=cycle.run, name=f"slow-{name}", daemon=True).start()
-
-    def _signal(self, name: str, sig: int) -> None:
-        pid = self.pid(name)
-        if pid is not None:
-            os.kill(pid, sig)
+        """slow_unit: the unit runs at `speed` × full speed (each backend its own way); 1.0 ends it."""
+        self.units.set_speed(self, self.members[name], speed, period_s)
 
     def set_live_slices(self, learner: str, live: int) -> None:
         """A slice control message: the learner reshards its batch over `live` slices."""

@@ -1,7 +1,8 @@
 """The cluster tier, `docker` backend: every learner unit and syncer shard a container.
 
-`DockerCluster` is a `LocalCluster` whose members are containers on the engine that
-DOCKER_HOST names (or the default socket), driven through the `docker` Python SDK.
+`DockerCluster(...)` is a `LocalCluster` whose units are `Containers` (composition: the
+cluster hands every unit-level action to its `units`) on the engine that DOCKER_HOST
+names (or the default socket), driven through the `docker` Python SDK.
 Everything else is shared: the run directory, Toxiproxy (on the harness's host; the
 containers use host networking, so 127.0.0.1 is the same loopback), slice control
 files, the Injector. Faults the container way:
@@ -101,33 +102,41 @@ class ContainerProc:
 
 
 # ------------------------------------------------------------------ the cluster
-@dataclass
-class DockerCluster(LocalCluster):
-    """`LocalCluster` with containers. Extra keywords: `image` ("host": the registry-free
-    host image, else an image reference), `cpus` (each unit's CPU budget in cores; None:
-    unlimited), `docker_client` (default: from DOCKER_HOST), `engines` (DOCKER_HOST URLs
-    to spread the learner units over: learner-i on engines[i % n]; the syncer shards run
-    on the first, beside Toxiproxy; empty: every unit on `docker_client`'s engine)."""
+def DockerCluster(run_dir: Path, config: dict, *, image: str = "host", cpus: float | None = None,
+                  docker_client=None, engines=(), **kw) -> LocalCluster:
+    """A `LocalCluster` whose units are containers (`Containers`). `image` ("host": the
+    registry-free host image, else an image reference), `cpus` (each unit's CPU budget in
+    cores; None: unlimited), `docker_client` (default: from DOCKER_HOST), `engines`
+    (DOCKER_HOST URLs to spread the learner units over: learner-i on engines[i % n]; the
+    syncer shards run on the first, beside Toxiproxy; empty: every unit on
+    `docker_client`'s engine). The other keywords are LocalCluster's."""
+    units = Containers(image=image, cpus=cpus, docker_client=docker_client, engines=tuple(engines))
+    return LocalCluster(run_dir, config, units=units, **kw)
 
-    BACKEND = "docker"
-    MECHANISMS = {**LOCAL_MECHANISMS,
-                  "kill_unit": "docker kill; a new container after down_for",
-                  "kill_syncer": "docker kill; a new container restores the checkpoint",
-                  "pause_unit": "docker pause / unpause (cgroup freezer)",
-                  "slow_unit": "docker update: CPU quota"}
+
+@dataclass
+class Containers:
+    """A cluster's units as containers (harness/cluster.py `Units`)."""
 
     image: str = "host"
     cpus: float | None = None
     docker_client: object | None = None
     engines: tuple = ()
-    run_id: str = ""
+    backend: str = "docker"
+    mechanisms: dict = field(default_factory=lambda: {
+        **LOCAL_MECHANISMS,
+        "kill_unit": "docker kill; a new container after down_for",
+        "kill_syncer": "docker kill; a new container restores the checkpoint",
+        "pause_unit": "docker pause / unpause (cgroup freezer)",
+        "slow_unit": "docker update: CPU quota"})
     placement: dict = field(default_factory=dict)  # unit -> engine URL
     _clients: dict = field(default_factory=dict)  # engine URL -> client
     _image_ref: str = ""
     _mounts: list = field(default_factory=list)
     _sigstopped: set = field(default_factory=set)  # paused by the SIGSTOP fallback
 
-    def _start(self, start_learners: bool) -> None:
+    def prepare(self, cluster: LocalCluster) -> None:
+        """The engines, the image and the mounts, before the cluster lays out its run."""
         if self.engines:
             for url in self.engines:
                 if url not in self._clients:
@@ -138,10 +147,10 @@ class DockerCluster(LocalCluster):
                 self.docker_client = engine()
             self._clients = {self._engine_name(self.docker_client): self.docker_client}
         urls = list(self._clients)
-        d = self.config["diloco"]
+        d = cluster.config["diloco"]
         self.placement = {f"learner-{i}": urls[i % len(urls)] for i in range(d["learners"])}
-        self.run_dir = Path(self.run_dir).resolve()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        cluster.run_dir = Path(cluster.run_dir).resolve()
+        cluster.run_dir.mkdir(parents=True, exist_ok=True)
         JAX_CACHE.mkdir(parents=True, exist_ok=True)
         if self.image == "host":
             self._mounts = host_mounts()
@@ -151,12 +160,10 @@ class DockerCluster(LocalCluster):
             self._mounts = [(str(REPO), True)]
             self._image_ref = self.image
         # read-write: the run directory and the shared XLA compilation cache
-        self._mounts = [*self._mounts, (str(self.run_dir), False), (str(JAX_CACHE.resolve()), False)]
-        super()._start(start_learners)  # sets topology["run_id"] and ["backend"], then spawns
-        self.run_id = self.topology["run_id"]
+        self._mounts = [*self._mounts, (str(cluster.run_dir), False), (str(JAX_CACHE.resolve()), False)]
 
-    def _backend_info(self) -> dict:
-        for shard in self.topology["shards"]:
+    def backend_info(self, cluster: LocalCluster) -> dict:
+        for shard in cluster.topology["shards"]:
             self.placement[shard] = next(iter(self._clients))
         return {"name": "docker", "image": self._image_ref, "engine": next(iter(self._clients)),
                 "engines": list(self._clients), "placement": dict(self.placement), "cpus": self.cpus}
@@ -178,67 +185,57 @@ class DockerCluster(LocalCluster):
         """The client of the engine that runs unit `name`."""
         return self._clients[self.placement[name]]
 
-    def close(self) -> None:
-        """Stops the units as LocalCluster.close does (SIGTERM, a grace period, learners
-        first), removes every container of this run (by label, so also ones a failed spawn
-        left), then does what LocalCluster.close does (proxies, Toxiproxy)."""
+    def stop_all(self, cluster: LocalCluster) -> None:
+        """Stops the units as on local (SIGTERM, a grace period, learners first), then
+        removes every container of this run (by label, so also ones a failed spawn left)."""
         try:
-            self._stop_units()
+            self._stop_units(cluster)
         finally:
-            self._remove()
+            if cluster.topology.get("run_id"):
+                for client in self._clients.values():
+                    remove_all(client, cluster.topology["run_id"])
+            for m in cluster.members.values():
+                m.proc = None
 
-    def _stop_units(self, grace_s: float = 5.0) -> None:
+    def _stop_units(self, cluster: LocalCluster, grace_s: float = 5.0) -> None:
         """SIGTERM to every running unit, learners first, then the shards, each role given
         `grace_s` to leave: a learner writes its last step lines and `done`, a shard makes
-        its state durable (as on local; before, the removal below killed them, and their
-        ends were logged as deaths)."""
+        its state durable (as on local; before, the removal killed them, and their ends
+        were logged as deaths)."""
         import subprocess
 
         for role in ("learner", "syncer"):
-            live = [(n, m) for n, m in self.members.items()
+            live = [m for m in cluster.members.values()
                     if m.role == role and m.proc is not None and m.proc.poll() is None]
-            for name, m in live:
+            for m in live:
                 try:
                     if m.paused:
-                        self.resume(name)  # a frozen process cannot act on SIGTERM
+                        self.resume(cluster, m)  # a frozen process cannot act on SIGTERM
                     m.proc.container.kill(signal="SIGTERM")
                 except Exception:  # noqa: BLE001 - exited meanwhile, or the engine refused: removed below
                     pass
             deadline = time.monotonic() + grace_s
-            for _, m in live:
+            for m in live:
                 try:
                     m.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass  # removed (SIGKILL) below
 
-    def _remove(self) -> None:
-        try:
-            if self.topology.get("run_id"):
-                for client in self._clients.values():
-                    remove_all(client, self.topology["run_id"])
-            for m in self.members.values():
-                m.proc = None
-        finally:
-            super().close()
-
-    # process control -----------------------------------------------------------------
-    def spawn(self, name: str) -> ContainerProc:
-        m = self.members[name]
-        if m.proc is not None and m.proc.poll() is None:
-            raise RuntimeError(f"{name} is already running (container {m.proc.container.name})")
-        m.incarnation += 1
+    # unit control ----------------------------------------------------------------------
+    def spawn(self, cluster: LocalCluster, m) -> ContainerProc:
+        name = m.name
         module = "trainer.learner" if m.role == "learner" else "trainer.syncer"
         env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
         env["PYTHONUNBUFFERED"] = "1"
         if m.role == "learner":
-            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={self.slices}"
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cluster.slices}"
         env.setdefault("JAX_PLATFORMS", "cpu")
         env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE.resolve()))
         env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
         env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-        env["DILOCO_CHAOS_LOG"] = str(self.run_dir / "stdout" / f"{name}.{m.incarnation}.log")
-        python = self.python if self.image == "host" else "python"
-        argv = [python, "-m", module, "--run-dir", str(self.run_dir), "--id", name,
+        env["DILOCO_CHAOS_LOG"] = str(cluster.run_dir / "stdout" / f"{name}.{m.incarnation}.log")
+        python = cluster.python if self.image == "host" else "python"
+        argv = [python, "-m", module, "--run-dir", str(cluster.run_dir), "--id", name,
                 "--incarnation", str(m.incarnation)]
         # stdout/stderr to the run directory, as on local; `exec` keeps python the main process
         cmd = ["/bin/sh", "-c", 'exec "$@" >>"$DILOCO_CHAOS_LOG" 2>&1', "sh", *argv]
@@ -247,21 +244,19 @@ class DockerCluster(LocalCluster):
         kwargs = {}
         if self.cpus is not None:
             kwargs["nano_cpus"] = int(self.cpus * 1e9)
+        run_id = cluster.topology["run_id"]
         c = self.client_of(name).containers.run(
-            self._image_ref, cmd, detach=True, name=f"dc-{self.topology['run_id']}-{name}-{m.incarnation}",
+            self._image_ref, cmd, detach=True, name=f"dc-{run_id}-{name}-{m.incarnation}",
             environment=env, network_mode="host", working_dir=str(REPO), init=False,
             mounts=[Mount(target=p, source=p, type="bind", read_only=ro) for p, ro in self._mounts],
-            labels={LABEL: self.topology["run_id"], UNIT_LABEL: name, "diloco-chaos.incarnation": str(m.incarnation)},
+            labels={LABEL: run_id, UNIT_LABEL: name, "diloco-chaos.incarnation": str(m.incarnation)},
             stop_signal="SIGTERM", **kwargs)
-        m.proc = ContainerProc(c)
-        m.paused = False
-        return m.proc
+        return ContainerProc(c)
 
-    def kill(self, name: str) -> None:
+    def kill(self, cluster: LocalCluster, m) -> None:
         """`docker kill` (SIGKILL to the container: no chance to clean up), then removed."""
         import docker
 
-        m = self.members[name]
         if m.proc is None:
             return
         c = m.proc.container
@@ -278,7 +273,7 @@ class DockerCluster(LocalCluster):
         m.proc = None
         m.paused = False
 
-    def pause(self, name: str) -> str | None:
+    def pause(self, cluster: LocalCluster, m) -> str | None:
         """`docker pause` (the cgroup freezer). Returns how the unit was paused: None for
         the freezer, or the fallback's words; a no-op on a unit that is not running (as
         SIGSTOP to no pid is on local): it may have exited since the last look.
@@ -293,7 +288,6 @@ class DockerCluster(LocalCluster):
         the fault still happens, the container way, and the log says which way."""
         import docker
 
-        m = self.members[name]
         if m.proc is None:
             return None
         for attempt in range(PAUSE_TRIES):
@@ -313,18 +307,17 @@ class DockerCluster(LocalCluster):
                 time.sleep(PAUSE_BACKOFF_S * (attempt + 1))
         m.proc.container.kill(signal="SIGSTOP")
         m.paused = True
-        self._sigstopped.add(name)
+        self._sigstopped.add(m.name)
         # The engine's kill returns once the signal is sent; on a loaded machine the
         # group stop takes effect a few milliseconds later, thread by thread. The fault
         # starts when the unit has stopped, so wait for it (where this host sees it).
         _wait_job_state(m.proc.pid, m.proc.container.id, stopped=True)
         return PAUSE_FALLBACK
 
-    def resume(self, name: str) -> None:
-        m = self.members[name]
+    def resume(self, cluster: LocalCluster, m) -> None:
         if m.proc is not None and m.paused:
             try:
-                if name in self._sigstopped:
+                if m.name in self._sigstopped:
                     m.proc.container.kill(signal="SIGCONT")
                     _wait_job_state(m.proc.pid, m.proc.container.id, stopped=False)
                 else:
@@ -332,14 +325,13 @@ class DockerCluster(LocalCluster):
             except Exception:  # noqa: BLE001 - killed while paused
                 pass
         m.paused = False
-        self._sigstopped.discard(name)
+        self._sigstopped.discard(m.name)
 
-    def set_speed(self, name: str, fraction: float, period_s: float = 0.1) -> None:
+    def set_speed(self, cluster: LocalCluster, m, fraction: float, period_s: float = 0.1) -> None:
         """Slower hardware: a CFS quota of `fraction` of the unit's CPU budget (`cpus`, or
         one core when the unit is unlimited: a learner of this miniature keeps about one
         core busy, so `fraction` of all the host's cores would often not slow it at all);
         fraction >= 1 restores the budget. `period_s` is not used: the CFS period is the kernel's."""
-        m = self.members[name]
         if m.proc is None or m.proc.poll() is not None:
             return
         budget = self.cpus if self.cpus is not None else 1.0
@@ -349,9 +341,8 @@ class DockerCluster(LocalCluster):
             quota = max(1000, int(fraction * budget * CPU_PERIOD_US))
         m.proc.container.update(cpu_period=CPU_PERIOD_US, cpu_quota=quota)
 
-    def pid(self, name: str) -> int | None:
+    def pid(self, m) -> int | None:
         """The container's main process (python) as the host sees it, while it runs."""
-        m = self.members[name]
         if m.proc is None or m.proc.poll() is not None:
             return None
         return m.proc.pid

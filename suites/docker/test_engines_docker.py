@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness import eventlog, runner
-from harness.docker_cluster import UNIT_LABEL, DockerCluster
+from harness.docker_cluster import UNIT_LABEL, Containers
 from harness.docker_engine import LABEL, engine
 from harness.scenario import scenario_from_dict
 
@@ -55,7 +55,7 @@ def _events(client, run_id: str, since: float, until: float) -> list[tuple[str, 
 
 def test_a_run_over_two_engines(tmp_path, docker_engine, second_engine):
     url_b, client_b = second_engine
-    url_a = DockerCluster._engine_name(docker_engine)
+    url_a = Containers._engine_name(docker_engine)
     s = scenario_from_dict({
         "name": "two-engines", "seed": 3,
         "cluster": {"learners": 2, "shards": 1, "backend": "docker", "engines": [url_a, url_b],
