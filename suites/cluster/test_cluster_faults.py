@@ -233,10 +233,20 @@ def test_global_model_is_evaluated_along_the_run(link_faults):
 
 
 def _one_way_s(log, learner, shard, t0, t1) -> list[float]:
-    """How long each message `learner` sent to `shard` in [t0, t1) took to be received."""
-    key = lambda e: (e["msg"], e.get("seq"), e.get("fragment"))  # noqa: E731
-    sent = {key(e): e["t"] for e in log.of("send", src=learner) if e["peer"] == shard and t0 <= e["t"] < t1}
-    return sorted(r["t"] - sent[key(r)] for r in log.of("recv", src=shard) if r["peer"] == learner and key(r) in sent)
+    """How long each numbered message (a contribution: `seq` is unique per incarnation)
+    `learner` sent to `shard` in [t0, t1) took to be received. Messages without a seq (a
+    Hello at each reconnect) would pair with an earlier one of the same shape."""
+    key = lambda e: (e["msg"], e.get("incarnation"), e.get("seq"), e.get("fragment"))  # noqa: E731
+    sent: dict = {}  # key -> its send times (a message resent after a reconnect keeps its seq)
+    for e in log.of("send", src=learner):
+        if e["peer"] == shard and t0 <= e["t"] < t1 and e.get("seq") is not None:
+            sent.setdefault(key(e), []).append(e["t"])
+    out = []
+    for r in log.of("recv", src=shard):
+        before = [t for t in sent.get(key(r), ()) if t <= r["t"]] if r["peer"] == learner else []
+        if before:
+            out.append(r["t"] - max(before))
+    return sorted(out)
 
 
 def _latency_spike_delays_its_link(log, via_prefix: str) -> None:
