@@ -26,7 +26,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 @pytest.fixture(scope="session")
 def toxiproxy_server():
     """One real Toxiproxy server for the test session, stopped at the end whatever happens."""
-    from harness.toxiproxy_server import ToxiproxyServer
+    from harness.backends.toxiproxy_server import ToxiproxyServer
 
     with ToxiproxyServer(seed=0) as server:
         yield server

@@ -16,15 +16,15 @@ from harness.errors import UserError
 
 # name -> ("module:function", one line of what it measures)
 BENCHES: dict[str, tuple[str, str]] = {
-    "fleet": ("harness.fleet:bench", "seconds for the full fleet goodput table"),
-    "overhead": ("harness.benches:overhead", "learner tokens/s in the full system / bare inner loop"),
-    "bandwidth": ("harness.benches:bandwidth", "bytes per trained token, DP vs Decoupled DiLoCo (fp32, int4)"),
-    "parity": ("harness.benches:parity", "final held-out loss, Decoupled DiLoCo vs DP at equal tokens"),
+    "fleet": ("harness.fleet.model:bench", "seconds for the full fleet goodput table"),
+    "overhead": ("harness.bench.benches:overhead", "learner tokens/s in the full system / bare inner loop"),
+    "bandwidth": ("harness.bench.benches:bandwidth", "bytes per trained token, DP vs Decoupled DiLoCo (fp32, int4)"),
+    "parity": ("harness.bench.benches:parity", "final held-out loss, Decoupled DiLoCo vs DP at equal tokens"),
     "report": ("reports.bench:report", "page weight and time to draw a run's HTML report (<= 5 MB, < 2 s)"),
-    "wan": ("harness.bench_wan:wan", "time to a target loss over throttled links (rate sweep), DP vs Decoupled DiLoCo"),
-    "grace": ("harness.bench_grace:grace", "heterogeneous units: K = M vs K = 1 without / with the grace window "
+    "wan": ("harness.bench.wan:wan", "time to a target loss over throttled links (rate sweep), DP vs Decoupled DiLoCo"),
+    "grace": ("harness.bench.grace:grace", "heterogeneous units: K = M vs K = 1 without / with the grace window "
               "(goodput, final loss with intervals)"),
-    "sim": ("harness.sim_bench:bench", "simulator: property examples/min (quadratic), simulated s per wall s (LM)"),
+    "sim": ("harness.bench.sim:bench", "simulator: property examples/min (quadratic), simulated s per wall s (LM)"),
 }
 
 

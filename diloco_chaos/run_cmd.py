@@ -59,7 +59,7 @@ def register_replay(sub, help_: str) -> None:
 
 
 def _load(name_or_path: str, seed: int | None):
-    from harness.scenario import ScenarioError, load_scenario
+    from harness.scenarios.scenario import ScenarioError, load_scenario
 
     try:
         s = load_scenario(name_or_path)
@@ -69,7 +69,7 @@ def _load(name_or_path: str, seed: int | None):
 
 
 def cmd_scenarios(args) -> int:
-    from harness.scenario import list_scenarios
+    from harness.scenarios.scenario import list_scenarios
 
     for name, line in list_scenarios():
         print(f"{name:16s} {line}")
@@ -86,10 +86,10 @@ def cmd_run(args) -> int:
 
 def _on_backend(s, tier: str, go) -> int:
     """Calls `go()`; a docker run first gets an engine (starting a private one when none
-    answers, stopped after: harness.docker_engine.engine_for_run)."""
+    answers, stopped after: harness.backends.docker_engine.engine_for_run)."""
     if s.cluster.backend != "docker" or tier == "sim":
         return go()
-    from harness.docker_engine import engine_for_run
+    from harness.backends.docker_engine import engine_for_run
 
     try:
         with engine_for_run():
@@ -100,7 +100,7 @@ def _on_backend(s, tier: str, go) -> int:
 
 def cmd_replay(args) -> int:
     from harness import eventlog
-    from harness.scenario import scenario_from_dict
+    from harness.scenarios.scenario import scenario_from_dict
 
     try:
         header = eventlog.read(args.run_dir).header
@@ -112,8 +112,8 @@ def cmd_replay(args) -> int:
     s = scenario_from_dict(d, source=str(args.run_dir / "events.jsonl"))
     tier = args.tier or header.get("tier", "cluster")
     if tier == "sim" and header.get("tier") == "sim":  # its sim parameters and planted bugs too
-        from harness.report_text import print_summary
-        from harness.sim import replay_sim
+        from harness.judging.report_text import print_summary
+        from harness.sim.run import replay_sim
 
         result = replay_sim(args.run_dir, args.out)
         render(result.run_dir)
@@ -126,10 +126,10 @@ def cmd_replay(args) -> int:
 
 def _runner(tier: str):
     if tier == "sim":
-        from harness.sim import run_sim
+        from harness.sim.run import run_sim
 
         return run_sim
-    from harness.runner import run_scenario
+    from harness.backends.runner import run_scenario
 
     return run_scenario
 
@@ -154,8 +154,8 @@ def _reference(s, out: Path, live: bool, tier: str = "cluster") -> Path | None:
 
 
 def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluster") -> int:
-    from harness.report_text import print_summary
-    from harness.runner import unique_dir, with_mode
+    from harness.judging.report_text import print_summary
+    from harness.backends.runner import unique_dir, with_mode
 
     run_scenario = _runner(tier)
     ref = _reference(s, out, live, tier) if reference == "auto" else None

@@ -103,7 +103,7 @@ class _Fault:
         """A link fault done by Toxiproxy toxics on each of its links, added at its start
         and removed at its end: [(toxic type, streams, attributes)]. The injector applies
         these on every backend, the simulator's links model each toxic type
-        (harness/sim_net.py). Empty: the injector has its own `_start_<kind>`."""
+        (harness/sim/net.py). Empty: the injector has its own `_start_<kind>`."""
         return []
 
     target: str
@@ -134,7 +134,7 @@ class _Fault:
         return {"kind": self.kind, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
 
 
-# `never` / `end` name None in scenario files (metadata read by harness/scenario.py).
+# `never` / `end` name None in scenario files (metadata read by harness/scenarios/scenario.py).
 NEVER = {"none_word": "never"}
 
 

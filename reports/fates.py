@@ -1,6 +1,6 @@
-"""The run page's "Token fates" section: the token-fate ledger (harness/ledger.py) as a
+"""The run page's "Token fates" section: the token-fate ledger (harness/judging/ledger.py) as a
 stacked bar per learner and a table, and participation (learners merged per committed
-round, harness/participation.py) as a histogram. Formatting only."""
+round, harness/judging/participation.py) as a histogram. Formatting only."""
 from __future__ import annotations
 
 import altair as alt

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from harness.checks import faults_note
+from harness.judging.checks import faults_note
 from reports import charts, fates, series
 from reports import timeline as tlmod
 from reports.runs import Run

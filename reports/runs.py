@@ -3,7 +3,7 @@
 A run directory holds `events.jsonl` (the contract, harness/eventlog.py) and, once the
 runner has judged it, `summary.json` (metrics + check results + the composed verdict).
 A page shows those and nothing else: when `summary.json` is missing (an interrupted
-run, a hand-made log) the checks are run here through harness.checks, never judged here.
+run, a hand-made log) the checks are run here through harness.judging.checks, never judged here.
 
 Companions: with `--compare dp` the data-parallel run of the same fault draw lives in
 `run_dir/dp/` (and summary.json has a `dp` object); the fault-free reference run's
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import eventlog
-from harness import judge as judging
+from harness.judging import judge as judging
 from harness.eventlog import EventLog
 
 
@@ -47,7 +47,7 @@ class Run:
 
 
 def judge(log: EventLog, reference: EventLog | None = None) -> dict:
-    """The summary a runner would have written (harness/judge.py, the same function),
+    """The summary a runner would have written (harness/judging/judge.py, the same function),
     with the scenario's `expect` from the log's header, read leniently."""
     expect = dict((log.header.get("scenario") or {}).get("expect") or {})
     return judging.judge(log, reference, expect, lenient=True)

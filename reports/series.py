@@ -2,13 +2,13 @@
 held-out loss over time, bytes per link over time and each link's bandwidth limit, what
 waits unsent on each link direction (`link_buffer` lines, the `done` lines' counters) and
 each merge's staleness (with the shards' stale drops). Only counting and bucketing here;
-every judgement is in harness.checks."""
+every judgement is in harness.judging.checks."""
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 
-from harness import history
+from harness.judging import history
 from harness.eventlog import EventLog
 from reports.timeline import link_hit
 
@@ -20,7 +20,7 @@ def loss_rows(log: EventLog, who: str) -> tuple[list[dict], list[dict]]:
     A learner's eval line is its own model on held-out data; the harness's eval with
     `global: true` is the assembled global model: the runner evaluates it after the run,
     along it (from the syncer shards' kept checkpoints, at the times they were taken) and
-    at the end (harness/global_eval.py)."""
+    at the end (harness/judging/global_eval.py)."""
     t0, t1 = history.window(log)
     learners = set(history.learner_names(log))
     points = [{"who": who, "learner": e["src"], "t": round(e["t"] - t0, 3), "step": e.get("step"),

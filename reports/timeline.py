@@ -1,7 +1,7 @@
 """The timeline's data: one lane per learner unit, slice group, syncer shard and link,
 the state of each over time, fault bands and outer-round commits.
 
-Everything comes from the event log (unit histories from harness.metrics, the
+Everything comes from the event log (unit histories from harness.judging.metrics, the
 harness's fault_start / fault_end lines, the transports' link_up / link_down lines,
 round_commit lines); times are seconds from the measurement window's start
 (t_start). Painting is by precedence: a later layer covers an earlier one (a dead
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from faults.model import FAULT_KINDS
-from harness import history
+from harness.judging import history
 from harness.eventlog import EventLog
 
 UNIT_STATES = ("starting", "up", "waiting", "recovering", "slow", "paused", "down", "finished")

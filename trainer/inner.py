@@ -80,7 +80,7 @@ class InnerLoop:
 
     def step_fn(self, params, opt_state, batch):
         """One inner AdamW step, unjitted: what `step` compiles over a mesh of the live
-        slices and the simulator compiles for one device (harness/sim.py)."""
+        slices and the simulator compiles for one device (harness/sim/run.py)."""
         grads, metrics = self.grad_fn(params, batch)
         updates, opt_state = self.tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, metrics

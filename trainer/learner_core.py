@@ -343,7 +343,7 @@ class LearnerCore:
         logs = sent
         reset = fetch and not kept and "count_discarded" not in self.config.bugs  # the bug: the next Δ claims them
         if reset or (p in state.skipped and not self.config.keep_local):  # local progress overwritten: count afresh
-            if state.c_tokens[p]:  # the token-fate ledger's "superseded" (harness/ledger.py)
+            if state.c_tokens[p]:  # the token-fate ledger's "superseded" (harness/judging/ledger.py)
                 logs = logs + [Log("discard", {"fragment": p, "step": state.step, "steps": state.c_steps[p],
                                                "tokens": state.c_tokens[p], "version": version,
                                                "why": "fetch" if fetch else "overwritten"})]

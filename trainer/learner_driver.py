@@ -1,6 +1,6 @@
 """What a learner unit does with its core's actions and with what its links deliver,
 the same code for a real process (trainer/learner.py) and the simulator
-(harness/sim_learner.py).
+(harness/sim/learner.py).
 
 The LearnerCore decides; the driver carries out its actions over a host port:
 a Send leaves through the host's link (after the `corrupt` fault's corruption, if one

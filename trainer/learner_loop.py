@@ -1,5 +1,5 @@
 """A learner unit's loop, written once for the real process (trainer/learner.py) and the
-simulator (harness/sim_learner.py).
+simulator (harness/sim/learner.py).
 
 The loop is a generator: it runs the unit's inner steps and feeds its core between
 them, and wherever time has to pass it yields what it waits for. Each host carries the

@@ -4,7 +4,7 @@ A learner needs the newest global fragment Θ[p], not every version of it. On a 
 link (8-16 kbit/s) a shard commits faster than the link carries a fragment; a FIFO
 queue then grows without bound, and when the link recovers the backlog of stale
 versions lands at once. `Outbox` is the queue both ends of a link use
-(trainer/transport.py) and the simulator models (harness/sim_net.py): a frame put
+(trainer/transport.py) and the simulator models (harness/sim/net.py): a frame put
 with a key replaces, in place, a waiting frame with the same key, so at most one
 unsent frame per key waits, and the bytes waiting on a link stay bounded by a few
 fragments whatever its speed. A frame already taken for writing is never replaced

@@ -2,7 +2,7 @@
 
 The SyncerCore decides; the driver carries out its actions and keeps the shard's
 checkpoint discipline; a *host* does the I/O behind a small port. Two hosts exist:
-trainer/syncer.py (sockets, a monotonic clock, orbax) and harness/sim_syncer.py (the
+trainer/syncer.py (sockets, a monotonic clock, orbax) and harness/sim/syncer.py (the
 simulated network, a virtual clock, snapshots in memory). What the shard does with a
 message, a timer, a commit or a SIGTERM is therefore written once, and the simulator
 cannot drift from the processes there (issue 14: one driver per role).

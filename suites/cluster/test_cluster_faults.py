@@ -15,8 +15,8 @@ import os
 import pytest
 
 from harness import eventlog
-from harness.runner import run_scenario
-from harness.scenario import scenario_from_dict
+from harness.backends.runner import run_scenario
+from harness.scenarios.scenario import scenario_from_dict
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -144,7 +144,7 @@ def _done_the_backends_way(log, run) -> None:
 def _nothing_outlives(log, run, request) -> None:
     """After the run: no process of it is alive (local), no container of it exists (docker)."""
     if run["backend"]["name"] == "docker":  # a unit's own pid is its container's, not ours
-        from harness.docker_engine import LABEL
+        from harness.backends.docker_engine import LABEL
 
         engine = request.getfixturevalue("docker_engine")
         assert not engine.containers.list(all=True, filters={"label": f"{LABEL}={run['topology']['run_id']}"})
@@ -266,7 +266,7 @@ def test_latency_spike_delays_its_link(link_faults):
 
 
 def test_latency_spike_delays_its_link_in_the_sim():
-    from harness.sim import simulate
+    from harness.sim.run import simulate
 
     s = _scenario("latency-spike", [LATENCY_SPIKE], shards=2, backend="local")
     _latency_spike_delays_its_link(simulate(s).log(), "simulated: Toxiproxy")

@@ -11,8 +11,12 @@ import dataclasses
 
 import pytest
 
-from harness import checks, eventlog, runner
-from harness.scenario import load_scenario
+from harness import eventlog
+
+from harness.judging import checks
+
+from harness.backends import runner
+from harness.scenarios.scenario import load_scenario
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

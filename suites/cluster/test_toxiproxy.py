@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from harness.procs import pid_alive
-from harness.toxiproxy_client import LinkProfile, toxic_spec
-from harness.toxiproxy_server import ToxiproxyServer
+from harness.backends.procs import pid_alive
+from harness.links import LinkProfile, toxic_spec
+from harness.backends.toxiproxy_server import ToxiproxyServer
 
 pytestmark = pytest.mark.cluster
 
@@ -164,7 +164,7 @@ def test_stop_on_exception_leaves_no_process():
 
 def test_harness_killed_takes_server_with_it(tmp_path):
     """Even a SIGKILL of the process that started the server leaves no server behind."""
-    script = ("from harness.toxiproxy_server import ToxiproxyServer\n"
+    script = ("from harness.backends.toxiproxy_server import ToxiproxyServer\n"
               "import time\ns = ToxiproxyServer().start()\nprint(s.pid, flush=True)\ntime.sleep(60)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:

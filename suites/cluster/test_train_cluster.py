@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import eventlog, global_eval
-from harness.cluster import LocalCluster
-from harness.procs import pid_alive
+from harness import eventlog
+
+from harness.judging import global_eval
+from harness.backends.cluster import LocalCluster
+from harness.backends.procs import pid_alive
 from trainer.config import DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig
 from trainer.tasks import task_for_run
 

@@ -8,9 +8,11 @@ import json
 
 import pytest
 
-from harness import eventlog, runner
-from harness.docker_engine import LABEL
-from harness.scenario import load_scenario
+from harness import eventlog
+
+from harness.backends import runner
+from harness.backends.docker_engine import LABEL
+from harness.scenarios.scenario import load_scenario
 
 pytestmark = [pytest.mark.docker, pytest.mark.cluster, pytest.mark.slow]
 

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import eventlog, runner
-from harness.docker_cluster import UNIT_LABEL, Containers
-from harness.docker_engine import LABEL, engine
-from harness.scenario import scenario_from_dict
+from harness import eventlog
+
+from harness.backends import runner
+from harness.backends.docker_cluster import UNIT_LABEL, Containers
+from harness.backends.docker_engine import LABEL, engine
+from harness.scenarios.scenario import scenario_from_dict
 
 pytestmark = [pytest.mark.docker, pytest.mark.cluster, pytest.mark.slow]
 

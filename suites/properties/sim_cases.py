@@ -21,12 +21,12 @@ import numpy as np
 from hypothesis import settings
 
 from faults.schedule import Schedule
-from harness import checks, metrics
-from harness.runner import with_mode
-from harness.scenario import Scenario, scenario_from_dict
-from harness.scenario_toml import scenario_to_toml
-from harness.sim import SimParams, SimRun, simulate
-from harness.sim_bench import PROPERTY_BASE, PROPERTY_WINDOW
+from harness.judging import checks, metrics
+from harness.backends.runner import with_mode
+from harness.scenarios.scenario import Scenario, scenario_from_dict
+from harness.scenarios.scenario_toml import scenario_to_toml
+from harness.sim.run import SimParams, SimRun, simulate
+from harness.bench.sim import PROPERTY_BASE, PROPERTY_WINDOW
 from trainer.messages import FragmentUpdate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,7 +146,7 @@ def report(case: Case, prop: str, detail: str, out: Path = REPORTS) -> str:
     case.run.header["replay"] = f"diloco-chaos replay {run_dir}"
     case.run.write(run_dir)
     bugs = (f"\n  planted bugs: {', '.join(sorted(case.bugs))}: the commands run without them; "
-            f"harness.sim.replay_sim({str(run_dir)!r}, Path('runs')) keeps them") if case.bugs else ""
+            f"harness.sim.run.replay_sim({str(run_dir)!r}, Path('runs')) keeps them") if case.bugs else ""
     return (f"{prop}: {detail}\n"
             f"  the schedule, shrunk by Hypothesis, as a scenario file ({run_dir / 'scenario.toml'}):\n"
             + "".join(f"    {line}\n" for line in toml.splitlines()) +

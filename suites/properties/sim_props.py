@@ -2,7 +2,7 @@
 
 The suites run them under Hypothesis (test_*.py here); test_planted_bugs.py runs the
 same functions against the cores' planted bugs and expects them to fail. Judging is
-done on the event log with harness/metrics.py and harness/checks.py; the three checks
+done on the event log with harness/judging/metrics.py and harness/judging/checks.py; the three checks
 those do not have yet (quorum, weights, fetch before contribute) are here.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 
 from faults.schedule import Schedule
 from faults.strategies import fault_load
-from harness import checks
+from harness.judging import checks
 from sim_cases import H, SIM, WINDOW, Case, reference
 from trainer.outer import contribution_weight
 
@@ -108,7 +108,7 @@ def safety(case: Case) -> None:
     case.check(weights_match_staleness(case.log))
 
 
-# --- checks harness/checks.py does not have (yet) ----------------------------------------------
+# --- checks harness/judging/checks.py does not have (yet) ----------------------------------------------
 def quorum_respected(log) -> checks.Result:
     """Decoupled mode: every round_commit merged ≥ K contributions (dp modes: all M / all live)."""
     k = checks.quorum_k(log) if log.config["diloco"]["mode"] == "decoupled" else 1

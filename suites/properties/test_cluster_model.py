@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from faults.model import KillSyncer, KillUnit, Partition, PauseUnit, SlowUnit
-from harness import checks
+from harness.judging import checks
 from harness.eventlog import EventLog
-from harness.sim import finish, launch, simulate
+from harness.sim.run import finish, launch, simulate
 from sim_cases import REPORTS, SIM, Case, RejoinProbe, examples, report, scenario
 from sim_props import quorum_respected, weights_match_staleness
 from trainer.learner_loop import FETCH_WAIT_S

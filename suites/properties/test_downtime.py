@@ -1,6 +1,6 @@
 """Zero global downtime: while at least K learner units are alive and reachable (and
 a syncer shard is up), outer rounds keep committing, with no gap over 2 s (a fragment
-cycle is 0.6 s here). Judged by harness/checks.py `no_global_downtime`, which works
+cycle is 0.6 s here). Judged by harness/judging/checks.py `no_global_downtime`, which works
 out from the log when a quorum was reachable."""
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from faults.strategies import KINDS, schedules
 from harness import eventlog
-from harness.ledger import tokens_conserved
-from harness.sim import replay_sim
+from harness.judging.ledger import tokens_conserved
+from harness.sim.run import replay_sim
 from sim_cases import WINDOW, reported, scenario, simulate_case
 from sim_props import recovery, safety, zero_downtime
 from test_cluster_model import SimulatedCluster

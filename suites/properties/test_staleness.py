@@ -27,10 +27,10 @@ from hypothesis import Phase, find, given, settings
 
 from faults.schedule import RunShape
 from faults.strategies import link_faults
-from harness import checks, losses
-from harness.scenario import scenario_from_dict
-from harness.sim import SimParams, simulate
-from harness.sim_bench import PROPERTY_BASE
+from harness.judging import checks, losses
+from harness.scenarios.scenario import scenario_from_dict
+from harness.sim.run import SimParams, simulate
+from harness.bench.sim import PROPERTY_BASE
 from sim_cases import Case, RejoinProbe, examples, reported
 
 LINK_BASE = scenario_from_dict({**PROPERTY_BASE, "name": "prop-links",

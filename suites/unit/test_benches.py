@@ -1,11 +1,11 @@
-"""The benchmark helpers (harness/bench_runs.py): rates from step lines, checked by hand.
+"""The benchmark helpers (harness/bench/runs.py): rates from step lines, checked by hand.
 No timing is asserted. (The bare loop itself is left to `bench overhead`: its two
 compiles take 5-11 s on the shared 2-core machine, over this suite's 10 s budget.)"""
 from __future__ import annotations
 
 import pytest
 
-from harness.bench_runs import best_window_rate, rate_without, window_rate
+from harness.bench.runs import best_window_rate, rate_without, window_rate
 
 
 def _steps(times: list[float], tokens: int = 10) -> list[dict]:
@@ -35,7 +35,7 @@ def test_best_window_rate_is_the_fastest_stretch():
 def _run(evals: dict, sends: dict | None = None):
     """A ClusterRun of two learners from {learner: [(step, loss, t)]} eval lines; step 1 at
     t = 10 for both; `sends`: {learner: [(t, bytes)]} send lines."""
-    from harness.bench_runs import ClusterRun, LearnerRun
+    from harness.bench.runs import ClusterRun, LearnerRun
     from trainer.config import RunConfig
 
     learners = {}
@@ -48,7 +48,7 @@ def _run(evals: dict, sends: dict | None = None):
 
 
 def test_time_to_target_is_the_first_eval_where_the_learners_mean_reaches_it():
-    from harness.bench_runs import eval_curve, time_to
+    from harness.bench.runs import eval_curve, time_to
 
     run = _run({"a": [(10, 2.0, 20.0), (20, 1.8, 31.0), (30, 1.7, 41.0)],
                 "b": [(10, 2.2, 21.0), (20, 1.7, 30.0), (30, 1.7, 40.0)]})
@@ -59,7 +59,7 @@ def test_time_to_target_is_the_first_eval_where_the_learners_mean_reaches_it():
 
 
 def test_bytes_to_target_counts_the_lines_up_to_that_eval():
-    from harness.benches import _bytes_to
+    from harness.bench.benches import _bytes_to
 
     run = _run({"a": [(10, 2.0, 20.0), (20, 1.7, 30.0)], "b": [(10, 2.0, 20.0), (20, 1.7, 30.0)]},
                sends={"a": [(15.0, 100), (30.0, 10), (35.0, 1000)], "b": [(29.0, 7)]})
@@ -68,7 +68,7 @@ def test_bytes_to_target_counts_the_lines_up_to_that_eval():
 
 
 def test_crossing_interpolates_the_rate_on_log_scales():
-    from harness.bench_wan import _crossing
+    from harness.bench.wan import _crossing
 
     sweep = [{"bandwidth_kbps": k, "speedup_to_target_loss": s} for k, s in ((32000, 2), (8000, 8), (2000, 32))]
     # between 8000 (8x) and 2000 (32x) the speedup goes as 1 / rate: 20x at 8000 * 8 / 20
@@ -77,7 +77,7 @@ def test_crossing_interpolates_the_rate_on_log_scales():
 
 
 def test_the_grace_bench_arms_differ_only_in_quorum_and_grace():
-    from harness.bench_grace import ARMS, _direction, _summary, scenario
+    from harness.bench.grace import ARMS, _direction, _summary, scenario
     cfgs = {name: scenario(arm, 4).run_config().diloco for name, arm in ARMS.items()}
     assert {n: (c.quorum, c.grace_factor) for n, c in cfgs.items()} == {
         "K=M": (4, 0.5), "K=1, no grace": (1, 0.0), "K=1, adaptive grace": (1, 0.5)}

@@ -1,4 +1,4 @@
-"""harness/checks.py: each safety check on a hand-made log that passes and on one that
+"""harness/judging/checks.py: each safety check on a hand-made log that passes and on one that
 breaks it (a duplicated merge line, a version going backwards, a NaN, ...), the
 expectation checks, and compose."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import math
 import pytest
 from log_builder import LogBuilder
 
-from harness import checks
-from harness.checks import Result, compose, expect_checks
-from harness.metrics import compute
+from harness.judging import checks
+from harness.judging.checks import Result, compose, expect_checks
+from harness.judging.metrics import compute
 
 
 def rounds(b: LogBuilder, times, learner="learner-0", shard="syncer-0"):
@@ -449,7 +449,7 @@ def test_compose():
 
 
 def test_a_run_that_ended_before_its_faults_says_so():
-    from harness.judge import faults_seen
+    from harness.judging.judge import faults_seen
 
     sched = [{"kind": "kill_unit", "target": "learner-1", "at_s": t, "down_for_s": 5.0} for t in (2.0, 30.0, 50.0)]
     b = LogBuilder(t_start=100.0, t_end=123.0, schedule=sched)

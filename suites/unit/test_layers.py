@@ -1,7 +1,8 @@
 """The import direction of docs/ARCHITECTURE.md, read from the source (every import, at
 any depth, lazy ones included): trainer/ imports nothing of the others; faults/ nothing
 of trainer/, harness/, reports/; harness/ never reports/ (the CLI, diloco_chaos/, is the
-one layer above both); nothing imports diloco_chaos/."""
+one layer above both); nothing imports diloco_chaos/; inside harness/, its rooms import
+one way (ROOM_MAY_NOT)."""
 from __future__ import annotations
 
 import ast
@@ -29,7 +30,7 @@ def imported_packages(source: str) -> set[str]:
 
 
 def test_the_reader_sees_lazy_and_nested_imports():
-    src = "def f():\n    from reports import render_run\n    import harness.checks\n"
+    src = "def f():\n    from reports import render_run\n    import harness.judging.checks\n"
     assert imported_packages(src) == {"reports", "harness"}
 
 
@@ -41,3 +42,55 @@ def test_the_import_direction_holds(package):
         if bad:
             wrong[str(path.relative_to(ROOT))] = sorted(bad)
     assert not wrong, f"imports against the direction in docs/ARCHITECTURE.md: {wrong}"
+
+
+# The rooms of harness/ (docs/ARCHITECTURE.md): what each may not import. harness/'s
+# basics (its top-level modules: errors, units, links, eventlog, progress) import none.
+ROOMS = ("scenarios", "judging", "backends", "sim", "bench", "fleet")
+ROOM_MAY_NOT = {"basics": set(ROOMS),
+                "scenarios": set(ROOMS) - {"scenarios"},
+                "judging": set(ROOMS) - {"judging"},  # judging imports nothing of the runners
+                "fleet": set(ROOMS) - {"fleet"},      # the fleet model stands apart
+                "backends": {"sim", "bench", "fleet"},
+                "sim": {"bench", "fleet"},
+                "bench": {"fleet"}}
+
+
+def imported_rooms(source: str) -> set[str]:
+    """The rooms of harness/ a module imports (`harness.ROOM...` or `from harness import ROOM`)."""
+    rooms = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            mods = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        rooms |= {m.split(".")[1] for m in mods if m.startswith("harness.") and m.split(".")[1] in ROOMS}
+    return rooms
+
+
+def room_of(path: Path) -> str:
+    rel = path.relative_to(ROOT / "harness")
+    return rel.parts[0] if len(rel.parts) > 1 else "basics"
+
+
+def test_the_room_reader_sees_each_form_of_import():
+    src = "import harness.sim.run\nfrom harness import bench\ndef f():\n    from harness.judging.checks import x\n"
+    assert imported_rooms(src) == {"sim", "bench", "judging"}
+    # a planted arrow against the direction: judging importing the backends
+    assert imported_rooms("from harness.backends.runner import summarize") & ROOM_MAY_NOT["judging"]
+
+
+def test_every_module_of_harness_lives_in_a_known_room():
+    rooms = {room_of(p) for p in (ROOT / "harness").glob("**/*.py")}
+    assert rooms <= set(ROOM_MAY_NOT), rooms - set(ROOM_MAY_NOT)
+
+
+def test_the_rooms_of_harness_import_one_way():
+    wrong = {}
+    for path in sorted((ROOT / "harness").glob("**/*.py")):
+        bad = imported_rooms(path.read_text()) & ROOM_MAY_NOT[room_of(path)]
+        if bad:
+            wrong[str(path.relative_to(ROOT))] = sorted(bad)
+    assert not wrong, f"imports between harness/'s rooms against docs/ARCHITECTURE.md: {wrong}"

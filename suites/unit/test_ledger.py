@@ -1,10 +1,10 @@
-"""The token-fate ledger (harness/ledger.py) on hand-made logs, the numbers worked out by
+"""The token-fate ledger (harness/judging/ledger.py) on hand-made logs, the numbers worked out by
 hand: every step trains 100 tokens; a fragment's share of a token is 1/P."""
 from __future__ import annotations
 
 import pytest
 
-from harness.ledger import ledger, tokens_conserved
+from harness.judging.ledger import ledger, tokens_conserved
 from suites.unit.log_builder import LogBuilder
 
 

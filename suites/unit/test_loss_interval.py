@@ -1,4 +1,4 @@
-"""The final loss's interval and the paired parity interval (harness/losses.py), and the
+"""The final loss's interval and the paired parity interval (harness/judging/losses.py), and the
 tri-state `loss_parity_max` built on it, on numbers worked out by hand."""
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from log_builder import LogBuilder
 
-from harness import checks, losses, metrics
-
+from harness.judging import checks, losses, metrics
 # batches of very different difficulty, as held-out text has
 HARD_EASY = np.array([1.2, 2.4, 1.6, 2.0, 1.4, 2.2, 1.8, 1.0] * 8)
 

@@ -1,4 +1,4 @@
-"""harness/metrics.py on small hand-made event logs; every expected number is worked
+"""harness/judging/metrics.py on small hand-made event logs; every expected number is worked
 out by hand in the comments; the logs come from `LogBuilder` (log_builder.py)."""
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import checks, eventlog
-from harness.metrics import BADPUT, compute
+from harness import eventlog
+
+from harness.judging import checks
+from harness.judging.metrics import BADPUT, compute
 from log_builder import LogBuilder
 
 SAMPLE = Path(__file__).parent / "data" / "fault_free_2learners.jsonl"

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from diloco_chaos import report_cmd
-from harness import checks, eventlog, metrics, model_checks
+from harness import eventlog
+from harness.judging import checks, metrics, model_checks
 from harness.errors import UserError
 from reports import check_rows, page, render_index, render_run, series, timeline
 from reports.runs import load

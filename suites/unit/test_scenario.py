@@ -1,4 +1,4 @@
-"""Scenarios (harness/scenario.py): the built-ins, round trips, units, and a table of
+"""Scenarios (harness/scenarios/scenario.py): the built-ins, round trips, units, and a table of
 malformed scenarios with the message each must give (file, key path, what is valid)."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import tomllib
 import pytest
 
 from faults.model import FailureProcess, KillUnit, Partition
-from harness.scenario import (SCENARIOS_DIR, ClusterSpec, Expect, Scenario, ScenarioError, TrainSpec,
+from harness.scenarios.scenario import (SCENARIOS_DIR, ClusterSpec, Expect, Scenario, ScenarioError, TrainSpec,
                               list_scenarios, load_scenario, scenario_from_dict)
-from harness.scenario_toml import scenario_to_toml
+from harness.scenarios.scenario_toml import scenario_to_toml
 from harness.units import parse_bandwidth_kbps, parse_duration
 
 BUILT_INS = [name for name, _ in list_scenarios()]

@@ -1,4 +1,4 @@
-"""The sim tier (harness/sim.py): determinism, the cluster tier's files and log format,
+"""The sim tier (harness/sim/run.py): determinism, the cluster tier's files and log format,
 replay, and the models of time, links and checkpoints checked against numbers worked
 out by hand. Small quadratic runs: each takes a fraction of a second."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from harness import eventlog
-from harness.scenario import scenario_from_dict
-from harness.sim import SimParams, model_for, replay_sim, run_sim, simulate
+from harness.scenarios.scenario import scenario_from_dict
+from harness.sim.run import SimParams, model_for, replay_sim, run_sim, simulate
 from trainer.codec import encode_frame
 from trainer.events import KINDS
 from trainer.inner import make_inner

@@ -12,9 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from harness.sim_net import Net
-from harness.sim_world import Clock
-from harness.toxiproxy_client import toxic_spec
+from harness.sim.net import Net
+from harness.sim.world import Clock
+from harness.links import toxic_spec
 from trainer import transport
 from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, SliceControl
 from trainer.outbox import Outbox, outbox_key
@@ -384,7 +384,7 @@ def test_frames_waiting_when_a_link_drops_are_not_sent_on_the_next_connection(cl
 # --- the simulator's links follow the same rule -------------------------------------------
 
 class SimWorld:
-    """What harness/sim_net.Net needs from the simulated world: a clock, an rng, the
+    """What harness/sim/net.py `Net` needs from the simulated world: a clock, an rng, the
     units' ends (recorded), and the planted bugs."""
 
     def __init__(self, bugs=frozenset()):

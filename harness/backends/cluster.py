@@ -1,0 +1,367 @@
+"""The cluster tier, `local` backend: real processes, real TCP, real Toxiproxy.
+
+`LocalCluster` lays out a run directory, starts the Toxiproxy server, one proxy per
+learner↔syncer-shard link, the syncer shards and the learner units as processes,
+and offers the operations faults need (kill, restart, pause, resume, slice
+control, link toxics). Closing it — on success, failure or Ctrl-C — stops every
+process it started (by pid) and removes every proxy, then the server.
+
+Run directory:
+  run.json                 config + topology; each process reads it at start
+  logs/<src>.<n>.jsonl     events of incarnation n of process src
+  ckpt/<src>/              orbax checkpoints
+  control/<learner>.json   slice control (live_slices), read by the learner each step
+  stdout/<src>.<n>.log     each process's stdout/stderr
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from faults.model import FAULT_KINDS
+from harness.backends import procs
+from harness.backends.toxiproxy_client import ToxiproxyClient
+from harness.links import LinkProfile
+from harness.backends.toxiproxy_server import ToxiproxyServer, free_port
+
+
+JAX_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "jax"
+
+
+def link_name(learner: str, shard: str) -> str:
+    return f"{learner}~{shard}"
+
+
+def make_topology(learners: int, shards: int, fragments: int) -> dict:
+    """Names, and which shard owns which fragment (round robin)."""
+    return {
+        "learners": [f"learner-{i}" for i in range(learners)],
+        "shards": {f"syncer-{j}": [p for p in range(fragments) if p % shards == j] for j in range(shards)},
+    }
+
+
+@dataclass
+class Member:
+    name: str
+    role: str  # "learner" | "syncer"
+    proc: subprocess.Popen | None = None
+    incarnation: int = -1
+    paused: bool = False
+
+
+# How each fault kind is done on this backend: written into every fault_start line
+# (`via`) and shown on the report's timeline.
+LOCAL_MECHANISMS = {
+    "kill_unit": "SIGKILL; a new process after down_for",
+    "kill_syncer": "SIGKILL; a new process restores the checkpoint",
+    "pause_unit": "SIGSTOP / SIGCONT",
+    "slow_unit": "SIGSTOP/SIGCONT duty cycle",
+    "kill_slice": "slice control message",
+    "corrupt": "control file: the learner corrupts its outgoing contributions",
+}
+
+
+def mechanism_words(table: dict, kind: str) -> str:
+    """How a fault of `kind` is done: the backend's table, else what the fault's class says
+    (link faults: the same Toxiproxy toxics on every backend), else its name."""
+    cls = FAULT_KINDS.get(kind)
+    return table.get(kind) or (cls.mechanism if cls is not None else "") or kind
+
+
+class Cluster(Protocol):
+    """What the injector (the nemesis) may do to a cluster, whatever runs it: LocalCluster
+    (processes), DockerCluster (containers) and the simulator's World implement it, and the
+    injector reaches a backend only through these (no probing for optional methods)."""
+
+    topology: dict
+    wan: LinkProfile | None
+    client: ToxiproxyClient | None  # the links' toxics (the sim world: its own stand-in)
+
+    def mechanism(self, kind: str) -> str: ...               # how a fault kind is done here, in words
+    def pid(self, name: str) -> int | None: ...              # None: not running
+    def kill(self, name: str) -> None: ...
+    def spawn(self, name: str) -> None: ...
+    def pause(self, name: str) -> str | None: ...            # None, or the words for another way
+    def resume(self, name: str) -> None: ...
+    def set_speed(self, name: str, speed: float, period_s: float = 0.1) -> None: ...  # 1.0: full speed
+    def set_live_slices(self, learner: str, live: int) -> None: ...
+    def set_corrupt(self, learner: str, spec: dict | None) -> None: ...
+
+
+@dataclass
+class SlowCycle:
+    """Duty-cycled SIGSTOP/SIGCONT: the process runs `speed` of each `period_s`."""
+
+    pid: int
+    speed: float
+    period_s: float
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                os.kill(self.pid, signal.SIGSTOP)
+                self.stop.wait((1 - self.speed) * self.period_s)
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                return
+            self.stop.wait(self.speed * self.period_s)
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+class Units(Protocol):
+    """How a cluster's units run: `Processes` (below) or containers (harness/backends/docker_cluster.py
+    `Containers`). A cluster holds one and hands it every unit-level action; the run
+    directory, Toxiproxy, the topology and the control files are the cluster's, shared."""
+
+    backend: str                                             # topology.backend.name
+    mechanisms: dict                                         # fault kind -> how, in words
+
+    def prepare(self, cluster: "LocalCluster") -> None: ...  # before the cluster lays anything out
+    def backend_info(self, cluster: "LocalCluster") -> dict: ...
+    def spawn(self, cluster: "LocalCluster", m: Member): ...  # -> a Popen-like (poll, wait, pid, returncode)
+    def kill(self, cluster: "LocalCluster", m: Member) -> None: ...
+    def pause(self, cluster: "LocalCluster", m: Member) -> str | None: ...
+    def resume(self, cluster: "LocalCluster", m: Member) -> None: ...
+    def set_speed(self, cluster: "LocalCluster", m: Member, speed: float, period_s: float) -> None: ...
+    def pid(self, m: Member) -> int | None: ...
+    def stop_all(self, cluster: "LocalCluster") -> None: ...  # the end: every unit, gracefully
+
+
+@dataclass
+class Processes:
+    """Units as processes of this host: SIGKILL, SIGSTOP/SIGCONT, a SIGSTOP duty cycle."""
+
+    backend: str = "local"
+    mechanisms: dict = field(default_factory=lambda: dict(LOCAL_MECHANISMS))
+    slowed: dict[str, SlowCycle] = field(default_factory=dict)  # slow_unit's duty cycles
+
+    def prepare(self, cluster: "LocalCluster") -> None:
+        pass
+
+    def backend_info(self, cluster: "LocalCluster") -> dict:
+        return {"name": "local", "host": os.uname().nodename}
+
+    def spawn(self, cluster: "LocalCluster", m: Member) -> subprocess.Popen:
+        module = "trainer.learner" if m.role == "learner" else "trainer.syncer"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if m.role == "learner":
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cluster.slices}"
+        env.setdefault("JAX_PLATFORMS", "cpu")
+        # A restarted unit recompiles nothing: XLA programs persist across processes
+        # (real fleets keep compilation caches for the same reason).
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+        out = open(cluster.run_dir / "stdout" / f"{m.name}.{m.incarnation}.log", "wb")
+        argv = [cluster.python, "-m", module, "--run-dir", str(cluster.run_dir), "--id", m.name,
+                "--incarnation", str(m.incarnation)]
+        with out:
+            return procs.spawn(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def pid(self, m: Member) -> int | None:
+        return m.proc.pid if m.proc is not None and m.proc.poll() is None else None
+
+    def kill(self, cluster: "LocalCluster", m: Member) -> None:
+        """SIGKILL: the process gets no chance to clean up, as with a machine failure."""
+        if m.proc is not None:
+            if m.proc.poll() is None:
+                os.kill(m.proc.pid, signal.SIGKILL)
+            m.proc.wait()
+            m.proc = None
+
+    def pause(self, cluster: "LocalCluster", m: Member) -> str | None:
+        self._signal(m, signal.SIGSTOP)
+        m.paused = True
+        return None
+
+    def resume(self, cluster: "LocalCluster", m: Member) -> None:
+        self._signal(m, signal.SIGCONT)
+        m.paused = False
+
+    def set_speed(self, cluster: "LocalCluster", m: Member, speed: float, period_s: float) -> None:
+        """The process runs `speed` of every `period_s` (SIGSTOP/SIGCONT from a thread); 1.0
+        ends it. A unit restarted meanwhile is not slowed (its new pid)."""
+        if (old := self.slowed.pop(m.name, None)) is not None:
+            old.stop.set()
+        pid = self.pid(m)
+        if speed < 1.0 and pid is not None:
+            cycle = self.slowed[m.name] = SlowCycle(pid, speed, period_s)
+            threading.Thread(target=cycle.run, name=f"slow-{m.name}", daemon=True).start()
+
+    def _signal(self, m: Member, sig: int) -> None:
+        if (pid := self.pid(m)) is not None:
+            os.kill(pid, sig)
+
+    def stop_all(self, cluster: "LocalCluster") -> None:
+        """SIGTERM, a grace period, SIGKILL: learners first (members are shards, then learners)."""
+        for cycle in self.slowed.values():
+            cycle.stop.set()
+        for m in list(cluster.members.values())[::-1]:
+            if m.proc is not None:
+                procs.stop(m.proc, grace_s=5.0)
+                m.proc = None
+
+
+@dataclass
+class LocalCluster:
+    """A cluster on this host: the run directory, a Toxiproxy server with one proxy per
+    learner↔shard link, the control files, and the units, run by `units` (processes by
+    default; harness/backends/docker_cluster.py passes containers: composition, not a subclass)."""
+
+    run_dir: Path
+    config: dict  # RunConfig.to_dict()
+    shards: int = 1
+    seed: int = 0
+    wan: LinkProfile | None = None
+    slices: int = 1
+    max_steps_factor: float = 1.0  # learners stop by themselves after this × cfg.steps
+    python: str = sys.executable
+    listen: str = "127.0.0.1"  # where the link proxies and the syncer shards listen
+    units: Units = field(default_factory=Processes)
+    toxiproxy: ToxiproxyServer | None = None
+    client: ToxiproxyClient | None = None
+    members: dict[str, Member] = field(default_factory=dict)
+    topology: dict = field(default_factory=dict)
+
+    def mechanism(self, kind: str) -> str:
+        """How a fault of `kind` is done here, in words (the report's timeline shows it)."""
+        return mechanism_words(self.units.mechanisms, kind)
+
+    # lifecycle -------------------------------------------------------------
+    def start(self, *, start_learners: bool = True) -> "LocalCluster":
+        try:
+            self.units.prepare(self)
+            self._start(start_learners)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start(self, start_learners: bool) -> None:
+        for sub in ("logs", "ckpt", "control", "stdout"):
+            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        d = self.config["diloco"]
+        self.topology = make_topology(d["learners"], self.shards, self._fragments())
+        self.toxiproxy = ToxiproxyServer(seed=self.seed, log_path=self.run_dir / "stdout" / "toxiproxy.log").start()
+        self.client = self.toxiproxy.client()
+        shard_addrs = {s: f"{self.listen}:{free_port(self.listen)}" for s in self.topology["shards"]}
+        links: dict[str, dict[str, str]] = {}
+        for learner in self.topology["learners"]:
+            links[learner] = {}
+            for shard, addr in shard_addrs.items():
+                name = link_name(learner, shard)
+                links[learner][shard] = self.client.create_proxy(name, upstream=addr, listen=f"{self.listen}:0")
+                if self.wan is not None:
+                    self.client.apply_profile(name, self.wan)
+        self.topology.update(shard_addrs=shard_addrs, links=links, run_id=uuid.uuid4().hex[:12])
+        self.topology["backend"] = self.units.backend_info(self)  # (docker: reads the run_id)
+        run = {"seed": self.seed, "config": self.config, "topology": self.topology, "slices": self.slices,
+               "toxiproxy": {"pid": self.toxiproxy.pid, "url": self.toxiproxy.url},
+               "max_steps_factor": self.max_steps_factor, "backend": self.topology["backend"]}
+        (self.run_dir / "run.json").write_text(json.dumps(run, indent=1))
+        for shard in self.topology["shards"]:
+            self.members[shard] = Member(shard, "syncer")
+            self.spawn(shard)
+        for learner in self.topology["learners"]:
+            self.members[learner] = Member(learner, "learner")
+            if start_learners:
+                self.spawn(learner)
+
+    def _fragments(self) -> int:
+        d, m = self.config["diloco"], self.config["model"]
+        return d["fragments"] or m["n_layers"] + 1
+
+    def close(self) -> None:
+        """Stops everything this cluster started; safe to call twice and from `finally`."""
+        try:
+            self.units.stop_all(self)
+        finally:
+            if self.client is not None:
+                try:
+                    self.client.delete_all()
+                except Exception:  # the server may be gone already; stopping it below removes all
+                    pass
+            if self.toxiproxy is not None:
+                self.toxiproxy.stop()
+                self.toxiproxy = None
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # unit control (what faults use): the cluster's members, run by `units` --------
+    def spawn(self, name: str):
+        m = self.members[name]
+        if m.proc is not None and m.proc.poll() is None:
+            raise RuntimeError(f"{name} is already running (pid {m.proc.pid})")
+        m.incarnation += 1
+        m.proc = self.units.spawn(self, m)
+        m.paused = False
+        return m.proc
+
+    def pid(self, name: str) -> int | None:
+        return self.units.pid(self.members[name])
+
+    def kill(self, name: str) -> None:
+        self.units.kill(self, self.members[name])
+
+    def pause(self, name: str) -> str | None:
+        """Returns None: done the way `mechanism("pause_unit")` says (a backend that had to
+        do it another way returns its words, and the log records them)."""
+        return self.units.pause(self, self.members[name])
+
+    def resume(self, name: str) -> None:
+        self.units.resume(self, self.members[name])
+
+    def set_speed(self, name: str, speed: float, period_s: float = 0.1) -> None:
+        """slow_unit: the unit runs at `speed` × full speed (each backend its own way); 1.0 ends it."""
+        self.units.set_speed(self, self.members[name], speed, period_s)
+
+    def set_live_slices(self, learner: str, live: int) -> None:
+        """A slice control message: the learner reshards its batch over `live` slices."""
+        self._control(learner, live_slices=live)
+
+    def set_corrupt(self, learner: str, spec: dict | None) -> None:
+        """corrupt: the learner corrupts its outgoing contributions as `spec` says (None: stops)."""
+        self._control(learner, corrupt=spec)
+
+    def _control(self, learner: str, **fields) -> None:
+        """control/<learner>.json, updated atomically (a restarted learner reads it too)."""
+        path = self.run_dir / "control" / f"{learner}.json"
+        old = json.loads(path.read_text()) if path.exists() else {}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**old, **fields}))
+        tmp.replace(path)
+
+    def links_of(self, learner: str) -> list[str]:
+        return [link_name(learner, s) for s in self.topology["shards"]]
+
+    def running(self) -> dict[str, bool]:
+        return {n: self.pid(n) is not None for n in self.members}
+
+    def wait_exit(self, names: list[str], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        for n in names:
+            m = self.members[n]
+            if m.proc is None:
+                continue
+            try:
+                m.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return False
+        return True

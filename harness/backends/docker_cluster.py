@@ -1,0 +1,382 @@
+"""The cluster tier, `docker` backend: every learner unit and syncer shard a container.
+
+`DockerCluster(...)` is a `LocalCluster` whose units are `Containers` (composition: the
+cluster hands every unit-level action to its `units`) on the engine that DOCKER_HOST
+names (or the default socket), driven through the `docker` Python SDK.
+Everything else is shared: the run directory, Toxiproxy (on the harness's host; the
+containers use host networking, so 127.0.0.1 is the same loopback), slice control
+files, the Injector. Faults the container way:
+
+  kill_unit / kill_syncer   container.kill() (SIGKILL), removed; after `down_for` a new
+                            container of the same unit starts with the next incarnation
+  pause_unit                container.pause() / unpause() (the cgroup freezer)
+  slow_unit                 set_speed(): a CFS CPU quota (container.update(cpu_quota=...)),
+                            i.e. slower hardware; without it the Injector's SIGSTOP duty
+                            cycle still works, on the container's main process (`pid`)
+  kill_slice                the control file in the run directory, as on local
+
+Each member's `proc` is a `ContainerProc`, which answers `poll()`, `wait()`, `pid`,
+`returncode` as `subprocess.Popen` does, so the runner and the Injector need no change.
+
+Images (harness/backends/docker_engine.py). `image="host"` (default) needs no registry: `host_image()` imports
+(`docker import`) a tiny root filesystem of empty mount points, and each container
+bind-mounts, read-only, the host's /usr (and /bin, /lib, ... where they are not
+symlinks into it), /etc, the Python install (`sys.base_prefix`), the virtualenv and
+the repository at the same paths, so it runs the host's Python on the host's files.
+The image is named by content (`diloco-chaos-host:<sha>` of the tar and the mount
+list), so it is built once per engine. Any other `image` (e.g. one built from
+docker/Dockerfile) is used as is, with the repository mounted at the same path.
+This host-mount mode needs the engine on this machine; docs/DOCKER.md.
+
+Cleanup. Every container carries the label `diloco-chaos.run=<run_id>`; `close()`
+(from `__exit__`, so on exceptions and Ctrl-C too) removes every container of the run
+by that label, then stops Toxiproxy. `remove_all()` removes every container any run
+left (e.g. after a `kill -9` of the harness, which no `finally` survives).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.backends.cluster import JAX_CACHE, LOCAL_MECHANISMS, LocalCluster
+from harness.backends.docker_engine import LABEL, REPO, engine, host_image, host_mounts, remove_all
+
+UNIT_LABEL = "diloco-chaos.unit"
+CPU_PERIOD_US = 100_000
+# docker pause: runc's "unable to freeze" is retried, then the engine's SIGSTOP (pause()).
+PAUSE_TRIES = 5
+PAUSE_BACKOFF_S = 0.2
+PAUSE_FALLBACK = f"docker kill --signal SIGSTOP / SIGCONT (the freezer refused {PAUSE_TRIES} times)"
+
+# Environment the harness has that means nothing inside a container (or must not leak).
+_ENV_DROP = {"DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "HOSTNAME", "TERM", "DISPLAY",
+             "SSH_AUTH_SOCK", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER"}
+
+
+# ------------------------------------------------------------------ a container as a process
+class ContainerProc:
+    """The subset of `subprocess.Popen` the harness uses, for one container."""
+
+    def __init__(self, container, poll_every_s: float = 0.25):
+        self.container = container
+        self.returncode: int | None = None
+        self.pid: int | None = None
+        self._last = 0.0
+        self._every = poll_every_s
+        self._refresh(force=True)
+
+    def _refresh(self, force: bool = False) -> None:
+        import docker
+
+        if self.returncode is not None or (not force and time.monotonic() - self._last < self._every):
+            return
+        self._last = time.monotonic()
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            self.returncode, self.pid = -9, None
+            return
+        state = self.container.attrs["State"]
+        if state["Status"] in ("exited", "dead"):
+            self.returncode, self.pid = int(state["ExitCode"]), None
+        elif state.get("Pid"):
+            self.pid = int(state["Pid"])
+
+    def poll(self) -> int | None:
+        self._refresh()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._refresh(force=True)
+            if self.returncode is not None:
+                return self.returncode
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.container.name, timeout)
+            time.sleep(0.1)
+
+
+# ------------------------------------------------------------------ the cluster
+def DockerCluster(run_dir: Path, config: dict, *, image: str = "host", cpus: float | None = None,
+                  docker_client=None, engines=(), **kw) -> LocalCluster:
+    """A `LocalCluster` whose units are containers (`Containers`). `image` ("host": the
+    registry-free host image, else an image reference), `cpus` (each unit's CPU budget in
+    cores; None: unlimited), `docker_client` (default: from DOCKER_HOST), `engines`
+    (DOCKER_HOST URLs to spread the learner units over: learner-i on engines[i % n]; the
+    syncer shards run on the first, beside Toxiproxy; empty: every unit on
+    `docker_client`'s engine). The other keywords are LocalCluster's."""
+    units = Containers(image=image, cpus=cpus, docker_client=docker_client, engines=tuple(engines))
+    return LocalCluster(run_dir, config, units=units, **kw)
+
+
+@dataclass
+class Containers:
+    """A cluster's units as containers (harness/backends/cluster.py `Units`)."""
+
+    image: str = "host"
+    cpus: float | None = None
+    docker_client: object | None = None
+    engines: tuple = ()
+    backend: str = "docker"
+    mechanisms: dict = field(default_factory=lambda: {
+        **LOCAL_MECHANISMS,
+        "kill_unit": "docker kill; a new container after down_for",
+        "kill_syncer": "docker kill; a new container restores the checkpoint",
+        "pause_unit": "docker pause / unpause (cgroup freezer)",
+        "slow_unit": "docker update: CPU quota"})
+    placement: dict = field(default_factory=dict)  # unit -> engine URL
+    _clients: dict = field(default_factory=dict)  # engine URL -> client
+    _image_ref: str = ""
+    _mounts: list = field(default_factory=list)
+    _sigstopped: set = field(default_factory=set)  # paused by the SIGSTOP fallback
+
+    def prepare(self, cluster: LocalCluster) -> None:
+        """The engines, the image and the mounts, before the cluster lays out its run."""
+        if self.engines:
+            for url in self.engines:
+                if url not in self._clients:
+                    self._clients[url] = engine(url=url)
+            self.docker_client = self._clients[self.engines[0]]
+        else:
+            if self.docker_client is None:
+                self.docker_client = engine()
+            self._clients = {self._engine_name(self.docker_client): self.docker_client}
+        urls = list(self._clients)
+        d = cluster.config["diloco"]
+        self.placement = {f"learner-{i}": urls[i % len(urls)] for i in range(d["learners"])}
+        cluster.run_dir = Path(cluster.run_dir).resolve()
+        cluster.run_dir.mkdir(parents=True, exist_ok=True)
+        JAX_CACHE.mkdir(parents=True, exist_ok=True)
+        if self.image == "host":
+            self._mounts = host_mounts()
+            for client in self._clients.values():  # imported once per engine
+                self._image_ref = host_image(client, self._mounts)
+        else:
+            self._mounts = [(str(REPO), True)]
+            self._image_ref = self.image
+        # read-write: the run directory and the shared XLA compilation cache
+        self._mounts = [*self._mounts, (str(cluster.run_dir), False), (str(JAX_CACHE.resolve()), False)]
+
+    def backend_info(self, cluster: LocalCluster) -> dict:
+        for shard in cluster.topology["shards"]:
+            self.placement[shard] = next(iter(self._clients))
+        return {"name": "docker", "image": self._image_ref, "engine": next(iter(self._clients)),
+                "engines": list(self._clients), "placement": dict(self.placement), "cpus": self.cpus}
+
+    @staticmethod
+    def _engine_name(client) -> str:
+        """The engine's URL as DOCKER_HOST would say it."""
+        try:
+            url = client.api.base_url
+        except Exception:  # noqa: BLE001
+            return "?"
+        if url.startswith("http+docker://") and getattr(client.api, "_custom_adapter", None) is not None:
+            sock = getattr(client.api._custom_adapter, "socket_path", None)
+            if sock:
+                return f"unix://{sock}"
+        return url
+
+    def client_of(self, name: str):
+        """The client of the engine that runs unit `name`."""
+        return self._clients[self.placement[name]]
+
+    def stop_all(self, cluster: LocalCluster) -> None:
+        """Stops the units as on local (SIGTERM, a grace period, learners first), then
+        removes every container of this run (by label, so also ones a failed spawn left)."""
+        try:
+            self._stop_units(cluster)
+        finally:
+            if cluster.topology.get("run_id"):
+                for client in self._clients.values():
+                    remove_all(client, cluster.topology["run_id"])
+            for m in cluster.members.values():
+                m.proc = None
+
+    def _stop_units(self, cluster: LocalCluster, grace_s: float = 5.0) -> None:
+        """SIGTERM to every running unit, learners first, then the shards, each role given
+        `grace_s` to leave: a learner writes its last step lines and `done`, a shard makes
+        its state durable (as on local; before, the removal killed them, and their ends
+        were logged as deaths)."""
+        import subprocess
+
+        for role in ("learner", "syncer"):
+            live = [m for m in cluster.members.values()
+                    if m.role == role and m.proc is not None and m.proc.poll() is None]
+            for m in live:
+                try:
+                    if m.paused:
+                        self.resume(cluster, m)  # a frozen process cannot act on SIGTERM
+                    m.proc.container.kill(signal="SIGTERM")
+                except Exception:  # noqa: BLE001 - exited meanwhile, or the engine refused: removed below
+                    pass
+            deadline = time.monotonic() + grace_s
+            for m in live:
+                try:
+                    m.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass  # removed (SIGKILL) below
+
+    # unit control ----------------------------------------------------------------------
+    def spawn(self, cluster: LocalCluster, m) -> ContainerProc:
+        name = m.name
+        module = "trainer.learner" if m.role == "learner" else "trainer.syncer"
+        env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
+        env["PYTHONUNBUFFERED"] = "1"
+        if m.role == "learner":
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cluster.slices}"
+        env.setdefault("JAX_PLATFORMS", "cpu")
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE.resolve()))
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+        env["DILOCO_CHAOS_LOG"] = str(cluster.run_dir / "stdout" / f"{name}.{m.incarnation}.log")
+        python = cluster.python if self.image == "host" else "python"
+        argv = [python, "-m", module, "--run-dir", str(cluster.run_dir), "--id", name,
+                "--incarnation", str(m.incarnation)]
+        # stdout/stderr to the run directory, as on local; `exec` keeps python the main process
+        cmd = ["/bin/sh", "-c", 'exec "$@" >>"$DILOCO_CHAOS_LOG" 2>&1', "sh", *argv]
+        from docker.types import Mount
+
+        kwargs = {}
+        if self.cpus is not None:
+            kwargs["nano_cpus"] = int(self.cpus * 1e9)
+        run_id = cluster.topology["run_id"]
+        c = self.client_of(name).containers.run(
+            self._image_ref, cmd, detach=True, name=f"dc-{run_id}-{name}-{m.incarnation}",
+            environment=env, network_mode="host", working_dir=str(REPO), init=False,
+            mounts=[Mount(target=p, source=p, type="bind", read_only=ro) for p, ro in self._mounts],
+            labels={LABEL: run_id, UNIT_LABEL: name, "diloco-chaos.incarnation": str(m.incarnation)},
+            stop_signal="SIGTERM", **kwargs)
+        return ContainerProc(c)
+
+    def kill(self, cluster: LocalCluster, m) -> None:
+        """`docker kill` (SIGKILL to the container: no chance to clean up), then removed."""
+        import docker
+
+        if m.proc is None:
+            return
+        c = m.proc.container
+        try:
+            if m.paused or m.proc.poll() is None:
+                c.kill()
+        except docker.errors.APIError:
+            pass  # exited meanwhile
+        m.proc.wait(timeout=30)
+        try:
+            c.remove(force=True)
+        except docker.errors.APIError:
+            pass
+        m.proc = None
+        m.paused = False
+
+    def pause(self, cluster: LocalCluster, m) -> str | None:
+        """`docker pause` (the cgroup freezer). Returns how the unit was paused: None for
+        the freezer, or the fallback's words; a no-op on a unit that is not running (as
+        SIGSTOP to no pid is on local): it may have exited since the last look.
+
+        On cgroup v1 runc gives up on a freeze that does not settle within its retry loop
+        ("OCI runtime pause failed: unable to freeze"), which happens on a loaded machine;
+        it thaws the cgroup before it answers, so the unit is running and unharmed, and
+        asking again works (measured here, 3 learners on 2 cores: 9 of 120 pauses refused
+        once, each paused on the second ask; 0.10 s mean, 0.65 s worst). After
+        PAUSE_TRIES refusals the engine stops the container's process instead (`docker kill
+        --signal SIGSTOP`: this container's one process, python, with all its threads), so
+        the fault still happens, the container way, and the log says which way."""
+        import docker
+
+        if m.proc is None:
+            return None
+        for attempt in range(PAUSE_TRIES):
+            m.proc._refresh(force=True)
+            if m.proc.returncode is not None:
+                return None
+            try:
+                m.proc.container.pause()
+                m.paused = True
+                return None
+            except docker.errors.APIError as e:
+                if "freeze" not in str(e).lower():
+                    m.proc._refresh(force=True)
+                    if m.proc.returncode is None:
+                        raise  # running, and refused for another reason: a real error
+                    return None
+                time.sleep(PAUSE_BACKOFF_S * (attempt + 1))
+        m.proc.container.kill(signal="SIGSTOP")
+        m.paused = True
+        self._sigstopped.add(m.name)
+        # The engine's kill returns once the signal is sent; on a loaded machine the
+        # group stop takes effect a few milliseconds later, thread by thread. The fault
+        # starts when the unit has stopped, so wait for it (where this host sees it).
+        _wait_job_state(m.proc.pid, m.proc.container.id, stopped=True)
+        return PAUSE_FALLBACK
+
+    def resume(self, cluster: LocalCluster, m) -> None:
+        if m.proc is not None and m.paused:
+            try:
+                if m.name in self._sigstopped:
+                    m.proc.container.kill(signal="SIGCONT")
+                    _wait_job_state(m.proc.pid, m.proc.container.id, stopped=False)
+                else:
+                    m.proc.container.unpause()
+            except Exception:  # noqa: BLE001 - killed while paused
+                pass
+        m.paused = False
+        self._sigstopped.discard(m.name)
+
+    def set_speed(self, cluster: LocalCluster, m, fraction: float, period_s: float = 0.1) -> None:
+        """Slower hardware: a CFS quota of `fraction` of the unit's CPU budget (`cpus`, or
+        one core when the unit is unlimited: a learner of this miniature keeps about one
+        core busy, so `fraction` of all the host's cores would often not slow it at all);
+        fraction >= 1 restores the budget. `period_s` is not used: the CFS period is the kernel's."""
+        if m.proc is None or m.proc.poll() is not None:
+            return
+        budget = self.cpus if self.cpus is not None else 1.0
+        if fraction >= 1.0:
+            quota = int(budget * CPU_PERIOD_US) if self.cpus is not None else -1
+        else:
+            quota = max(1000, int(fraction * budget * CPU_PERIOD_US))
+        m.proc.container.update(cpu_period=CPU_PERIOD_US, cpu_quota=quota)
+
+    def pid(self, m) -> int | None:
+        """The container's main process (python) as the host sees it, while it runs."""
+        if m.proc is None or m.proc.poll() is not None:
+            return None
+        return m.proc.pid
+
+
+def _thread_states(pid: int, container_id: str) -> list[str] | None:
+    """The kernel's state letter of each thread of `pid`, when `pid` is this host's view
+    of the container's process (its cgroup names the container); None where it is not
+    (an engine on another host, or the process is gone)."""
+    try:
+        if container_id not in Path(f"/proc/{pid}/cgroup").read_text():
+            return None
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            # /proc/PID/task/TID/stat: "tid (comm) S ..."; comm may hold spaces or parens
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        return states
+    except (OSError, IndexError):
+        return None
+
+
+def _wait_job_state(pid: int | None, container_id: str, stopped: bool, timeout_s: float = 5.0) -> bool:
+    """Waits until every thread of the container's process is stopped (`T`), or none is;
+    True when seen so, False when this host cannot see the process or the deadline passed
+    (the signal was sent either way)."""
+    if pid is None:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = _thread_states(pid, container_id)
+        if states is None:
+            return False
+        if all((st in "Tt") == stopped for st in states):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)

@@ -1,0 +1,72 @@
+"""The run loop, written once for both tiers: the log's header, time zero, the token
+budget, the walk of the fault schedule and the end of the run. harness/backends/runner.py drives
+it on wall time over real processes, harness/sim/run.py on the simulator's virtual clock;
+each passes its clock, its cluster (the `Cluster` protocol) and its injector.
+
+1. time zero is when every learner has made its first inner step (or a learner crashed,
+   or STARTUP_TIMEOUT_S passed): the first start-up (Python, JAX import, compilation)
+   is the same for every mode and would otherwise decide a miniature run;
+2. the schedule's faults start and end at their times from time zero; a fault that
+   would start after `train.duration` is not started;
+3. the run ends once the job has trained its token budget, M × steps × batch tokens,
+   whoever trained them (a dead learner's share is taken by the others), when every
+   learner has exited, or `duration + END_GRACE_S` after time zero.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from faults.schedule import Schedule
+from harness.backends.cluster import Cluster
+from harness.backends.injector import Injector
+from harness.scenarios.scenario import Scenario
+from trainer.config import RunConfig
+
+MAX_STEPS_FACTOR = 2.0  # learners may step past their share while another one is down
+END_GRACE_S = 20.0
+STARTUP_TIMEOUT_S = 180.0  # how long time zero waits for every learner's first step
+
+
+class RunClock(Protocol):
+    def now(self) -> float: ...
+    def run_until(self, t: float, until: Callable[[], bool]) -> object: ...  # up to time t, or until() holds
+
+
+def log_header(s: Scenario, cfg: RunConfig, tier: str, replay: str | None) -> dict:
+    """The first keys of every event log's header: what replays the run."""
+    return {"seed": s.seed, "config": cfg.to_dict(), "scenario": s.to_dict(), "tier": tier,
+            "schedule": s.schedule().to_dicts(), "replay": replay}
+
+
+class Budget:
+    """Whether the run is over: its tokens trained, or every learner gone for good."""
+
+    def __init__(self, cfg: RunConfig, cluster: Cluster, injector: Injector, tokens: Callable[[], int]):
+        self.total = cfg.diloco.learners * cfg.steps * cfg.task.batch_size * cfg.task.tokens_per_row
+        self.cluster, self.injector, self.tokens = cluster, injector, tokens
+        self.learners = cluster.topology["learners"]
+
+    def spent(self) -> bool:
+        if self.tokens() >= self.total:
+            return True
+        return all(self.cluster.pid(u) is None and u not in self.injector.down for u in self.learners)
+
+
+def training_start(clock: RunClock, ready: Callable[[], bool], timeout_s: float = STARTUP_TIMEOUT_S) -> float:
+    """Time zero of the fault schedule and of the measurement window (step 1 above)."""
+    clock.run_until(clock.now() + timeout_s, until=ready)
+    return clock.now()
+
+
+def walk(schedule: Schedule, clock: RunClock, injector: Injector, budget: Budget, t0: float,
+         duration_s: float) -> None:
+    """Steps 2 and 3 above: returns when the run is over."""
+    for t, what, fault in schedule.timeline():
+        if t >= duration_s and what == "start":
+            break
+        clock.run_until(t0 + t, until=budget.spent)
+        if budget.spent():
+            return
+        injector.start(fault) if what == "start" else injector.end(fault)
+    if not budget.spent():
+        clock.run_until(t0 + duration_s + END_GRACE_S, until=budget.spent)

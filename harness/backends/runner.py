@@ -1,0 +1,176 @@
+"""Runs a scenario on the cluster tier: cluster up, fault schedule walked at its
+times, event logs merged, the global model evaluated, metrics and checks written.
+
+    result = run_scenario(load_scenario("chaos"), Path("runs"))
+
+The run directory gets `events.jsonl` (first line: seed, full config, scenario,
+drawn schedule, replay command), `scenario.toml`, `summary.json`. Everything the
+run started is stopped on every way out (the `with` blocks), Ctrl-C included.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import eventlog
+from harness.backends.cluster import LocalCluster
+from harness.backends.injector import Injector, wait_until
+from harness.judging.losses import final_eval_event
+from harness.progress import Progress
+from harness.backends.run_loop import MAX_STEPS_FACTOR, Budget, log_header, training_start, walk
+from harness.scenarios.scenario import Scenario
+from harness.scenarios.scenario_toml import scenario_to_toml
+from trainer.config import RunConfig
+
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_dir: Path
+    summary: dict
+
+
+def unique_dir(parent: Path, name: str) -> Path:
+    """parent/name, or parent/name-2, -3, ... : two runs never share a folder."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for i in range(1, 10_000):
+        d = parent / (name if i == 1 else f"{name}-{i}")
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"no free run directory for {name} under {parent}")
+
+
+def with_mode(s: Scenario, mode: str) -> Scenario:
+    """The same scenario (and fault draw) under another training mode, e.g. dp."""
+    return dataclasses.replace(s, train=dataclasses.replace(s.train, mode=mode))
+
+
+def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: str | None = None,
+                 live: bool = True, reference: Path | None = None, expect: bool = True) -> RunResult:
+    """`expect=False`: judge only safety, not the scenario's [expect] table (used for
+    the data-parallel comparison, which the expectations are not written for)."""
+    cfg = s.run_config()
+    run_dir = run_dir or unique_dir(out, label or s.name)
+    (run_dir / "scenario.toml").write_text(scenario_to_toml(s))
+    header = log_header(s, cfg, "cluster", f"diloco-chaos replay {shlex.quote(str(run_dir))}")
+    from trainer.shell import planted_bugs
+    if bugs := planted_bugs():  # DILOCO_CHAOS_BUGS: every process runs with these
+        header["bugs"] = sorted(bugs)
+    harness_events: list[dict] = []
+
+    def emit(kind: str, src: str, **fields) -> None:
+        harness_events.append({"t": round(time.time(), 6), "src": src, "kind": kind, **fields})
+
+    shape = s.shape()
+    from trainer.tasks import task_for_run
+
+    header["task"] = task_for_run(cfg).describe()  # loss_floor: the entropy floor of the task
+    kw = dict(shards=s.cluster.shards, seed=s.seed, wan=s.wan, slices=s.cluster.slices,
+              max_steps_factor=MAX_STEPS_FACTOR, listen=s.cluster.listen)
+    if s.cluster.backend == "docker":
+        from harness.backends.docker_cluster import DockerCluster
+
+        cluster = DockerCluster(run_dir, cfg.to_dict(), engines=s.cluster.engines, **kw)
+    else:
+        cluster = LocalCluster(run_dir, cfg.to_dict(), **kw)
+    progress = Progress(run_dir, s, enabled=live)
+    try:
+        with cluster:
+            header["topology"] = cluster.topology
+            header["t_launch"] = time.time()
+            injector = Injector(cluster, shape, emit, dp_rollback=cfg.diloco.mode == "dp")
+            injector.setup()
+            watch = _Watch(cluster, injector, progress)
+            budget = Budget(cfg, cluster, injector, lambda: progress.tokens)
+            clock = _WallClock(watch.poll)
+            try:
+                header["t_start"] = t0 = training_start(
+                    clock, lambda: bool(watch.crashes) or len(progress.first_step) >= cfg.diloco.learners)
+                walk(s.schedule(), clock, injector, budget, t0, s.train.duration_s)
+            finally:
+                header["t_end"] = time.time()
+                injector.teardown()
+                progress.stop()
+                header["crashes"] = watch.crashes
+    except BaseException:
+        header.setdefault("t_end", time.time())
+        header.setdefault("t_start", header.get("t_launch", header["t_end"]))
+        header["interrupted"] = True
+        if (run_dir / "logs").exists():
+            eventlog.merge(run_dir, header, harness_events)  # what happened so far is kept
+        raise
+    header.setdefault("t_end", time.time())
+    _global_evals(run_dir, cfg, cluster.topology, header, harness_events)
+    eventlog.merge(run_dir, header, harness_events)
+    summary = summarize(run_dir, s, reference, expect=expect)
+    return RunResult(run_dir, summary)
+
+
+class _WallClock:
+    """harness/backends/run_loop.py's clock on wall time: waiting is polling the cluster."""
+
+    def __init__(self, poll):
+        self.poll = poll
+
+    def now(self) -> float:
+        return time.time()
+
+    def run_until(self, t: float, until) -> None:
+        wait_until(t, self.poll, until=until)
+
+
+class _Watch:
+    """What the harness looks at while it waits: the live progress, and units that died by
+    themselves (we reap what we kill): crashes, not faults."""
+
+    def __init__(self, cluster: LocalCluster, injector: Injector, progress: Progress):
+        self.cluster, self.injector, self.progress = cluster, injector, progress
+        self.crashes: list[dict] = []
+
+    def poll(self) -> None:
+        self.progress.update(self.injector)
+        for name, m in self.cluster.members.items():
+            if m.proc is not None and m.proc.poll() not in (None, 0):
+                log = self.cluster.run_dir / "stdout" / f"{name}.{m.incarnation}.log"
+                tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+                self.crashes.append({"unit": name, "incarnation": m.incarnation, "rc": m.proc.returncode,
+                                     "stdout_tail": tail})
+                self.injector.emit("unit_down", name, reason="crashed", rc=m.proc.returncode)
+                m.proc = None
+
+
+def _global_evals(run_dir: Path, cfg: RunConfig, topology: dict, header: dict, events: list) -> None:
+    """The global model's held-out loss along the run (from the syncer shards' kept
+    checkpoints, at the times they were taken) and at the end: harness `eval` lines with
+    `global: true`; the last one is the run's final loss (harness/judging/global_eval.py)."""
+    from harness.judging import global_eval
+    along, why = global_eval.over_time(run_dir, cfg, topology, header.get("t_start", 0.0), header["t_end"])
+    events += [{"t": round(p["t"], 6), "src": "harness", "kind": "eval", "loss": p["loss"], "step": None,
+                "global": True, "snapshot": True} for p in along]
+    final, why_final = global_eval.final(run_dir, cfg, topology)
+    if final is not None:
+        events.append(final_eval_event(time.time(), cfg.steps, final))
+    errors = [w for w in (why, why_final) if w]
+    if errors:  # in the log's header too, where a report or a failed test can show it
+        header["global_eval_errors"] = errors
+        (run_dir / "global_eval_error.txt").write_text("\n".join(errors) + "\n")
+
+
+def summarize(run_dir: Path, s: Scenario, reference: Path | None = None, expect: bool = True) -> dict:
+    """Judges the run (harness/judging/judge.py) and writes summary.json."""
+    from harness.judging.judge import judge
+
+    log = eventlog.read(run_dir)
+    ref = eventlog.read(reference) if reference else None
+    summary = {**judge(log, ref, dataclasses.asdict(s.expect) if expect else None),
+               "run_dir": str(run_dir), "reference_dir": str(reference) if reference else None}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    return summary
+

@@ -1,0 +1,135 @@
+"""The real Toxiproxy server as a managed component.
+
+`ToxiproxyServer` starts Shopify's Go binary on a free loopback port, waits until
+`GET /version` answers, and always stops it (context manager; also on exceptions
+and Ctrl-C, since KeyboardInterrupt unwinds through `__exit__`).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+from harness.backends import procs
+REPO = Path(__file__).resolve().parents[2]
+LOCAL_BINARY = REPO / ".tools" / "toxiproxy-server"
+
+
+class ToxiproxyUnavailable(RuntimeError):
+    pass
+
+
+def find_binary() -> str:
+    """The project-local build first, then a `toxiproxy-server` on PATH."""
+    if os.access(LOCAL_BINARY, os.X_OK):
+        return str(LOCAL_BINARY)
+    found = shutil.which("toxiproxy-server")
+    if found:
+        return found
+    raise ToxiproxyUnavailable(
+        "no toxiproxy-server found: run `make setup` (builds it with Go >= 1.23 into .tools/), "
+        "or put the release binary on PATH as toxiproxy-server, or `brew install toxiproxy`."
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ToxiproxyServer:
+    """One Toxiproxy server process bound to loopback.
+
+    >>> with ToxiproxyServer(seed=7) as server:
+    ...     client = server.client()
+    """
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, seed: int | None = None,
+                 binary: str | None = None, log_path: str | os.PathLike | None = None,
+                 start_timeout_s: float = 10.0):
+        self.host = host
+        self.requested_port = port
+        self.port: int | None = None
+        self.seed = seed
+        self.binary = binary or find_binary()
+        self.log_path = log_path
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> "ToxiproxyServer":
+        if self.proc is not None:
+            raise RuntimeError("ToxiproxyServer already started")
+        # A free port can be taken between our probe and the server's bind by a
+        # concurrent run; the server then exits at once and we try another.
+        attempts = 1 if self.requested_port else 5
+        last_err = ""
+        for _ in range(attempts):
+            self.port = self.requested_port or free_port(self.host)
+            argv = [self.binary, "-host", self.host, "-port", str(self.port)]
+            if self.seed is not None:
+                argv += ["-seed", str(self.seed)]
+            self._log = open(self.log_path, "ab") if self.log_path else tempfile.TemporaryFile()
+            self.proc = procs.spawn(argv, stdout=self._log, stderr=subprocess.STDOUT)
+            if self._wait_ready():
+                return self
+            last_err = self._tail_log()
+            self.stop()
+        raise ToxiproxyUnavailable(f"toxiproxy-server did not come up on {self.host}: {last_err}")
+
+    def _wait_ready(self) -> bool:
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                if requests.get(self.url + "/version", timeout=0.5).ok:
+                    return True
+            except requests.RequestException:
+                pass
+            time.sleep(0.02)
+        return False
+
+    def _tail_log(self) -> str:
+        try:
+            self._log.seek(0)
+            return self._log.read()[-500:].decode(errors="replace").strip()
+        except (OSError, ValueError):
+            return ""
+
+    def version(self) -> str:
+        return requests.get(self.url + "/version", timeout=2).text.strip()
+
+    def client(self):
+        from harness.backends.toxiproxy_client import ToxiproxyClient
+
+        return ToxiproxyClient(self.host, self.port)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            procs.stop(self.proc, grace_s=3.0)
+            self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> "ToxiproxyServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

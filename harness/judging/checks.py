@@ -1,0 +1,297 @@
+"""Checks: judging a run's event log afterwards, in Jepsen's shape (checker.clj).
+
+A check is a pure function `log -> Result` (metrics-based ones take `Metrics`); a
+Result says valid True / False / None ("unknown": the log cannot tell), with the
+observed value, the bound it was held to and details (the first offending lines).
+`compose` merges results: any False makes it False, else any None makes it None.
+
+    results = safety_checks(log, metrics) + expect_checks({"goodput_min": 0.8}, metrics)
+    compose(results).valid
+
+Safety checks: merged_at_most_once, progress_merged_once, versions_monotonic, no_nan,
+durable_rounds_kept, no_global_downtime, global_loss_regression, link_buffers_bounded,
+tokens_conserved (harness/judging/ledger.py), staleness_bounded (the model's: harness/judging/model_checks.py).
+Exact definitions: docs/METRICS.md.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+# the Result vocabulary (check_base.py) and the checks on what reached the model
+# (model_checks.py) live beside this file
+from faults.model import FAULT_KINDS, LinkTarget
+from harness.judging.check_base import SHOW, Result, _judge, _shards, compose, shard_lives
+from harness.eventlog import EventLog
+from harness.judging.history import clip, histories, intersect, learner_names, minus, norm, window
+from harness.judging.ledger import tokens_conserved
+from harness.judging.metrics import Metrics, commit_gaps
+from harness.judging.model_checks import (END_MAX, RISE_MAX, global_loss_regression, link_buffers_bounded,
+                                  progress_merged_once, staleness_bounded)
+
+# --- safety ------------------------------------------------------------------------------------
+
+
+def merged_at_most_once(log: EventLog) -> Result:
+    """No (learner, incarnation, seq, fragment) in two `merge` lines, on any shard and across
+    shard restarts. One exception: a merge whose round the shard lost in a crash (its next
+    incarnation restored a lower version of that fragment) may be merged again."""
+    first: dict[tuple, tuple] = {}
+    bad, relost = [], []
+    for shard in _shards(log):
+        lives = shard_lives(log, shard)
+        for j, life in enumerate(lives):
+            for e in life.events:
+                if e["kind"] != "merge":
+                    continue
+                key = (e["learner"], e["incarnation"], e["seq"], e["fragment"])
+                if key not in first:
+                    first[key] = (shard, j, e)
+                    continue
+                s0, j0, e0 = first[key]
+                lost = s0 == shard and any((later.restored or {}).get(e["fragment"], 0) < e0["version"]
+                                           for later in lives[j0 + 1:j + 1])
+                (relost if lost else bad).append({"key": list(key), "t": e["t"], "shard": shard,
+                                                  "versions": [e0["version"], e["version"]]})
+                first[key] = (shard, j, e)
+    return _judge("merged_at_most_once", bad, merges=len(log.of("merge")), remerged_after_loss=relost[:SHOW])
+
+
+def versions_monotonic(log: EventLog) -> Result:
+    """Per shard incarnation and fragment, every merge and round_commit carries version
+    last + 1 (a commit then makes it the last); an incarnation starts from the versions its
+    checkpoint_restored names, else from 0."""
+    bad = []
+    for shard in _shards(log):
+        for life in shard_lives(log, shard):
+            last = dict(life.restored or {})
+            for e in life.events:
+                if e["kind"] not in ("merge", "round_commit"):
+                    continue
+                p, want = e["fragment"], last.get(e["fragment"], 0) + 1
+                if e["version"] != want:
+                    bad.append({"shard": shard, "incarnation": life.n, "fragment": p, "kind": e["kind"],
+                                "version": e["version"], "expected": want, "t": e["t"]})
+                if e["kind"] == "round_commit":
+                    last[p] = e["version"]
+    return _judge("versions_monotonic", bad)
+
+
+def no_nan(log: EventLog) -> Result:
+    """Every loss in `step` and `eval` lines is a finite number."""
+    bad = [{"src": e["src"], "kind": e["kind"], "step": e.get("step"), "loss": str(e.get("loss")), "t": e["t"]}
+           for e in log.of("step", "eval")
+           if not isinstance(e.get("loss"), (int, float)) or not math.isfinite(e["loss"])]
+    return _judge("no_nan", bad, losses=len(log.of("step", "eval")))
+
+
+def durable_rounds_kept(log: EventLog) -> Result:
+    """After a shard restart, every fragment's restored version (0 if it restored nothing)
+    is ≥ the highest version that shard logged durable before: in a checkpoint_saved line,
+    or restored earlier."""
+    bad, restarts = [], 0
+    for shard in _shards(log):
+        durable: dict[int, int] = {}
+        for life in shard_lives(log, shard):
+            if life.n >= 1:
+                restarts += 1
+                got = life.restored or {}
+                for p, v in sorted(durable.items()):
+                    if got.get(p, 0) < v:
+                        bad.append({"shard": shard, "incarnation": life.n, "fragment": p,
+                                    "restored": got.get(p, 0), "durable": v})
+            for p, v in (life.restored or {}).items():
+                durable[p] = max(durable.get(p, 0), v)
+            for e in life.events:
+                if e["kind"] == "checkpoint_saved" and "versions" in e:
+                    for p, v in e["versions"].items():
+                        durable[int(p)] = max(durable.get(int(p), 0), int(v))
+    return _judge("durable_rounds_kept", bad, restarts=restarts)
+
+
+LINK_FAULTS = tuple(k for k, c in FAULT_KINDS.items() if c.cuts_link)  # partition, reset, truncate, ...
+
+
+def quorum_k(log: EventLog) -> int:
+    d, m = log.config["diloco"], len(learner_names(log))
+    return {"decoupled": int(d.get("quorum", 1)), "elastic_dp": 1}.get(d["mode"], m)
+
+
+def reachable(log: EventLog, settle_s: float) -> list[tuple[float, float]]:
+    """When ≥ K learners could contribute and a shard could merge: a learner counts from
+    settle_s after its incarnation's first step line to its end (killed, or still running
+    at t_end; one that finished its steps: its last step line), not while
+    paused, nor while a partition / reset / truncate fault is on one of its links (and
+    settle_s after); a shard from settle_s after its unit_up to its unit_down."""
+    t0, t1 = window(log)
+    hs = histories(log, t1)
+    faults: dict = {}  # fault id -> [start, end, fault]
+    for e in log.of("fault_start", "fault_end", src="harness"):
+        f = e.get("fault") or {}
+        if f.get("kind") in LINK_FAULTS and e["kind"] == "fault_start":
+            faults[e["id"]] = [e["t"], t1, f]
+        elif e.get("id") in faults:
+            faults[e["id"]][1] = e["t"]
+    names = learner_names(log)
+    ready = []
+    for name in names:
+        h = hs.get(name)
+        if h is None:
+            continue
+        up = [(i.steps[0]["t"] + settle_s, i.steps[-1]["t"] if i.done else i.end_t) for i in h.incs if i.steps]
+        cut = [(a, b + settle_s) for a, b, f in faults.values()
+               if LinkTarget.parse(f.get("target", "")).reaches(name)]
+        ready.append(minus(up, norm(h.dead + h.paused + cut)))
+    lives = [i for s in _shards(log) if s in hs for i in hs[s].incs]
+    shards = norm((i.up_t + settle_s, i.end_t) for i in lives) if lives else [(t0, t1)]  # no lines: up
+    k, points = quorum_k(log), []
+    for iv in ready:
+        points += [(a, 1) for a, _ in iv] + [(b, -1) for _, b in iv]
+    out, count, since = [], 0, None
+    for t, d in sorted(points):
+        count += d
+        if count >= k and since is None:
+            since = t
+        elif count < k and since is not None:
+            out.append((since, t))
+            since = None
+    return intersect(clip(out, t0, t1), shards)
+
+
+def no_global_downtime(log: EventLog, bound_s: float | None = None, settle_s: float | None = None) -> Result:
+    """No stretch longer than bound_s (default: the uptime gap bound) without a round_commit
+    on any shard while a quorum was reachable (see `reachable`; settle_s defaults to bound_s)."""
+    t0, t1 = window(log)
+    commits, gap_bound = commit_gaps(log)
+    bound = gap_bound if bound_s is None else bound_s
+    q = reachable(log, bound if settle_s is None else settle_s)
+    edges = [t0] + [c for c in commits if t0 < c < t1] + [t1]
+    worst, bad = 0.0, []
+    for a, b in zip(edges, edges[1:]):
+        longest = max((y - x for x, y in intersect([(a, b)], q)), default=0.0)
+        worst = max(worst, longest)
+        if longest > bound:
+            bad.append({"from_s": a - t0, "to_s": b - t0, "reachable_s": longest})
+    r = _judge("no_global_downtime", bad, bound, k=quorum_k(log), reachable_s=sum(y - x for x, y in q))
+    return Result(r.name, r.valid, worst, bound, r.details)
+
+
+def safety_checks(log: EventLog, metrics: Metrics | None = None, *, max_staleness: int | None = None,
+                  downtime_bound_s: float | None = None, rise_max: float | None = None,
+                  end_max: float | None = None) -> list[Result]:
+    """Every safety check; staleness_bounded only when a bound is given (it has no default).
+    rise_max / end_max: global_loss_regression's bounds (None: RISE_MAX / END_MAX)."""
+    out = [merged_at_most_once(log), progress_merged_once(log), versions_monotonic(log), no_nan(log),
+           durable_rounds_kept(log), no_global_downtime(log, downtime_bound_s),
+           global_loss_regression(log, RISE_MAX if rise_max is None else rise_max,
+                                  END_MAX if end_max is None else end_max),
+           link_buffers_bounded(log), tokens_conserved(log)]
+    if max_staleness is not None:
+        out.append(staleness_bounded(log, max_staleness))
+    return out
+
+
+# --- expectations (a scenario's [expect] table) -------------------------------------------------
+
+
+def _at_least(name: str, value, bound) -> Result:
+    return Result(name, None if value is None else value >= bound, value, bound)
+
+
+def _at_most(name: str, value, bound) -> Result:
+    return Result(name, None if value is None else value <= bound, value, bound)
+
+
+def _parity(m: Metrics, bound: float) -> Result:
+    """The final loss within `bound` of the fault-free reference's, judged on the paired
+    interval of the parity: PASS when its upper end is ≤ bound, FAIL when its lower end is
+    over, UNKNOWN in between (the eval cannot tell). A log without batch losses (written
+    before they existed) is judged on the point value, and says so."""
+    if m.loss_parity is None:
+        return Result("loss_parity_max", None, None, bound)
+    ci = m.loss_parity_ci
+    if ci is None:
+        return Result("loss_parity_max", m.loss_parity <= bound, m.loss_parity, bound,
+                      {"why": "no per-batch eval losses on both sides: judged on the point value"})
+    valid = True if ci[1] <= bound else (False if ci[0] > bound else None)
+    return Result("loss_parity_max", valid, m.loss_parity, bound, {"ci": ci})
+
+
+def _recovery(m: Metrics, bound: float) -> Result:
+    """Each restart's recovery_s ≤ bound. A restart that never recovered fails when the run
+    went on ≥ bound after it; closer to the end it is unknown (censored)."""
+    if not m.recovery:
+        return Result("recovery_max_s", None, None, bound, {"why": "no restart in this run"})
+    late = [asdict(r) for r in m.recovery if r.recovery_s is not None and r.recovery_s > bound]
+    never = [asdict(r) for r in m.recovery if r.recovery_s is None and m.duration_s - r.t_s >= bound]
+    censored = [asdict(r) for r in m.recovery if r.recovery_s is None and m.duration_s - r.t_s < bound]
+    valid = False if late or never else (None if censored else True)
+    return Result("recovery_max_s", valid, m.recovery_max_s, bound,
+                  {"late": late, "never": never, "censored": censored})
+
+
+def _rejoin(m: Metrics, bound: float) -> Result:
+    """Each restart's first merged contribution went out within `bound` fragment cycles
+    (H inner steps each) of its first step: the design's rejoin claim, in steps, so the
+    machine's speed does not enter. A restart never merged fails once it ran a cycle past
+    the bound (time for the commit to land); before that it is unknown (censored)."""
+    if not m.recovery:
+        return Result("rejoin_cycles_max", None, None, bound, {"why": "no restart in this run"})
+    late = [asdict(r) for r in m.recovery if r.rejoin_cycles is not None and r.rejoin_cycles > bound]
+    unmerged = [r for r in m.recovery if r.rejoin_steps is None]
+    never = [asdict(r) for r in unmerged if r.sync_every and r.steps_run > (bound + 1) * r.sync_every]
+    censored = [asdict(r) for r in unmerged if not (r.sync_every and r.steps_run > (bound + 1) * r.sync_every)]
+    valid = False if late or never else (None if censored else True)
+    return Result("rejoin_cycles_max", valid, m.rejoin_cycles_max, bound,
+                  {"late": late, "never": never, "censored": censored})
+
+
+EXPECT = {
+    "goodput_min": lambda m, b: _at_least("goodput_min", m.goodput, b),
+    "uptime_min": lambda m, b: _at_least("uptime_min", m.uptime, b),
+    "loss_parity_max": _parity,
+    "recovery_max_s": _recovery,
+    "rejoin_cycles_max": _rejoin,
+    # mean learners merged per committed round (unknown when nothing was committed)
+    "participation_min": lambda m, b: _at_least("participation_min", (m.participation or {}).get("mean"), b),
+}
+
+
+def expect_checks(expect: dict, metrics: Metrics) -> list[Result]:
+    """One Result per threshold set in `expect` (None = not checked); a missing metric
+    (loss parity without a reference run, recovery without a restart) gives valid None."""
+    unknown = sorted(set(expect) - set(EXPECT))
+    if unknown:
+        raise ValueError(f"expect: unknown key(s) {unknown}; valid: {sorted(EXPECT)}")
+    return [EXPECT[k](metrics, v) for k, v in expect.items() if v is not None]
+
+
+def verdict(log: EventLog, metrics: Metrics, expect: dict | None, *, lenient: bool = False) -> list[Result]:
+    """Every check of one run, for the runner's summary and a report alike: the safety
+    checks; the scenario's `expect` thresholds (None: not judged; lenient: an expect table
+    this version cannot read is left out instead of raising, as for a log of another
+    version); and `no_crash` when the log's header says which processes crashed (a log
+    without that entry, e.g. a hand-made one, is not judged on it)."""
+    results = safety_checks(log, metrics)
+    if expect is not None:
+        try:
+            results += expect_checks(expect, metrics)
+        except ValueError:
+            if not lenient:
+                raise
+    crashes = log.header.get("crashes")
+    if crashes is not None:
+        results.append(Result("no_crash", not crashes, len(crashes), 0, {"crashes": crashes}))
+    return results
+
+
+def faults_note(summary: dict) -> str | None:
+    """Says so when scheduled faults never happened (the run ended first), else None."""
+    n, k = summary.get("faults_scheduled"), summary.get("faults_applied")
+    if n is None or k is None or k >= n:
+        return None
+    run_s = summary.get("run_s")
+    when = f" after {run_s:.0f} s" if isinstance(run_s, (int, float)) else ""
+    return (f"only {k} of the {n} scheduled faults happened: the run ended{when}, before the others "
+            "were due (it ends at its token budget; raise train.steps to keep it running through "
+            "the schedule)")

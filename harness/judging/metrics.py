@@ -1,0 +1,404 @@
+"""Metrics of one run, computed from its event log only (DESIGN.md "Metrics and checks").
+
+    m = compute(eventlog.read(run_dir), reference=eventlog.read(ref_dir))
+    m.goodput, m.badput, m.uptime, m.recovery, m.loss_parity, m.to_dict()
+
+Pure functions of the log: nothing here reads process internals, files or clocks.
+Exact definitions, and what they miss, are in docs/METRICS.md; the short form:
+
+Every learner's window [t_start, t_end] is split, without overlap, into productive
+time and badput buckets (goodput + the badput fractions sum to 1). Spans, each minus
+the ones before it:
+- dead: harness `unit_down` (killed / rollback / exited) → the next `unit_up`; a process
+  replaced by a new incarnation without such a line is dead from the last line it wrote.
+- paused: `unit_down` reason paused → `unit_up` reason resumed.
+- startup: the unit becoming available (t_start, or its restart) → its first step.
+- finished: the last step of an incarnation whose `done` says finished → t_end.
+- recovery (DiLoCo modes): a restart → the incarnation's first `merge`, less the
+  productive step time inside it. Per restart (`Recovery`) it splits into boot (restart →
+  first step) and rejoin (first step → first merge, also in inner steps and fragment
+  cycles of H steps: the design's "contributing again within one fragment cycle").
+- waiting_on_sync: `blocked` on → off (dp without such lines: the gaps between steps).
+Step time (dt, less what of [t − dt, t] fell outside the window, in a dead / paused
+span or in waiting_on_sync: a dp learner's dt spans its whole iteration, wait included):
+- DiLoCo modes: productive for fragment p when a `merge` of (learner, incarnation,
+  seq, p) covers the step (the merge's c_steps steps up to the step that sent seq):
+  dt × (merged share of the P fragments) is productive; stale for p when the covering
+  merge's staleness exceeded the run's `diloco.max_staleness` (> 0), or when a shard
+  dropped that contribution with reason stale (the send's c_steps steps up to it): that
+  share goes to `stale`; the rest lost (or recovery).
+- dp modes: steps an incarnation logged beyond a later incarnation's start step are
+  rolled_back, the rest productive.
+- other: the remainder (between steps: eval, checkpoint saves, loop overhead).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+
+from harness.eventlog import EventLog
+from harness.judging.history import (Incarnation, UnitHistory, clip, first_step_start, fragment_count, histories,
+                             learner_names, measure, minus, norm, step_lag, window)
+from harness.judging.losses import batch_losses, excess_loss_ratio, final_loss, loss_floor, mean_ci, parity_ci
+from harness.judging.ledger import ledger
+from harness.judging.participation import participation
+from trainer.protocol_base import DP_MODES
+
+BADPUT = ("startup", "waiting_on_sync", "rolled_back", "lost", "stale", "recovery", "paused", "dead", "finished",
+          "other")
+GAP_FACTOR, GAP_MIN_S = 3.0, 1.0  # a commit gap above max(GAP_MIN_S, GAP_FACTOR × median) is downtime
+RATE_WINDOW_S = 1.0
+
+# --- goodput and badput -----------------------------------------------------------------------
+
+
+def max_staleness(log: EventLog) -> int:
+    """The run's staleness bound (`diloco.max_staleness`, versions of a fragment); 0 = none."""
+    return int((log.config.get("diloco") or {}).get("max_staleness") or 0)
+
+
+def stale_drops(log: EventLog) -> set[tuple]:
+    """(learner, incarnation, seq, fragment) of every contribution a shard dropped as too stale."""
+    return {(e.get("learner"), e.get("incarnation"), e.get("seq"), e.get("fragment")) for e in log.of("drop")
+            if e.get("reason") == "stale" and str(e.get("what", e.get("msg", ""))).lower() == "contribution"}
+
+
+def coverage(log: EventLog, hs: dict[str, UnitHistory], lag: int) -> dict[tuple, set]:
+    """(learner, incarnation, step) -> the fragments whose merged contributions include it
+    (within the staleness bound, see `covered`)."""
+    return covered(log, hs, lag)[0]
+
+
+def covered(log: EventLog, hs: dict[str, UnitHistory], lag: int) -> tuple[dict[tuple, set], dict[tuple, set]]:
+    """((learner, incarnation, step) -> fragments whose contribution covering the step was
+    merged within the staleness bound, same key -> fragments whose contribution was merged
+    past the bound or dropped as stale). A merge covers its c_steps steps up to the step
+    that sent the contribution; a stale drop the send's own c_steps."""
+    bound = max_staleness(log)
+    merged: dict[tuple, dict] = {}
+    fresh: set[tuple] = set()
+    for e in log.of("merge"):
+        key = (e["learner"], e["incarnation"], e["seq"], e["fragment"])
+        merged[key] = e
+        if not (bound and e.get("staleness") is not None and int(e["staleness"]) > bound):
+            fresh.add(key)
+    dropped = stale_drops(log)
+    good: dict[tuple, set] = defaultdict(set)
+    stale: dict[tuple, set] = defaultdict(set)
+    for name, h in hs.items():
+        for inc in h.incs:
+            for e, before in inc.sends:
+                if e["msg"] != "Contribution":
+                    continue
+                key = (name, e.get("incarnation", inc.n), e.get("seq"), e.get("fragment"))
+                m = merged.get(key)
+                if m is not None:
+                    n, into = int(m["c_steps"]), (good if key in fresh else stale)
+                elif key in dropped:
+                    n, into = int(e.get("c_steps") or 0), stale
+                else:
+                    continue
+                k = inc.start_step + before + 1 + lag  # the step that sent it
+                for s in range(max(inc.start_step + 1, k - n + 1), k + 1):
+                    into[(name, inc.n, s)].add(e["fragment"])
+    return good, stale
+
+
+def rolled_back(h: UnitHistory) -> set[tuple[int, int]]:
+    """dp: (incarnation, step) of steps a later incarnation started below (it rolled them back)."""
+    out, floor = set(), math.inf
+    for inc in reversed(h.incs):
+        out |= {(inc.n, e["step"]) for e in inc.steps if e["step"] > floor}
+        floor = min(floor, inc.start_step)
+    return out
+
+
+def first_merges(log: EventLog) -> dict[tuple[str, int], float]:
+    out: dict[tuple[str, int], float] = {}
+    for e in log.of("merge"):
+        out.setdefault((e["learner"], e["incarnation"]), e["t"])
+    return out
+
+
+def _rejoin_steps(inc: Incarnation, merged: set) -> int | None:
+    """Inner steps this incarnation ran up to (and including) the step that sent its first
+    contribution a shard merged: the send line's `at_step` (the learner core's step counter,
+    which starts at 0 in every incarnation), else the step lines before the send, plus one
+    (the core sends inside a step; that step's line comes after). A dp GradStep goes out
+    before its step is counted: at_step + 1."""
+    counts = [(int(e["at_step"]) + (e["msg"] == "GradStep")) if e.get("at_step") is not None else before + 1
+              for e, before in inc.sends
+              if e["kind"] == "send" and e.get("msg") in ("Contribution", "GradStep")
+              and (e.get("incarnation", inc.n), e.get("seq"), e.get("fragment")) in merged]
+    return min(counts) if counts else None
+
+
+def recoveries(log: EventLog, hs: dict[str, UnitHistory], lag: int, t0: float, firsts: dict) -> tuple:
+    """A `Recovery` for every learner incarnation ≥ 1 (DiLoCo and dp modes alike);
+    `firsts`: first_merges(log)."""
+    H = (log.config.get("diloco") or {}).get("sync_every")
+    merged_by: dict[str, set] = defaultdict(set)
+    for e in log.of("merge"):
+        merged_by[e["learner"]].add((e["incarnation"], e["seq"], e["fragment"]))
+    out = []
+    for n, h in hs.items():
+        merged = merged_by[n]
+        for inc in h.incs:
+            if inc.n < 1:
+                continue
+            first_merge, first_step = firsts.get((n, inc.n)), first_step_start(inc, lag)
+            steps = _rejoin_steps(inc, merged) if first_merge is not None else None
+            out.append(Recovery(
+                n, inc.n, inc.restart_t - t0,
+                None if first_merge is None else first_merge - inc.restart_t,
+                boot_s=None if first_step is None else max(0.0, first_step - inc.restart_t),
+                rejoin_s=None if first_merge is None or first_step is None else max(0.0, first_merge - first_step),
+                rejoin_steps=steps, rejoin_cycles=None if steps is None or not H else steps / H,
+                steps_run=len(inc.steps), sync_every=H))
+    return tuple(out)
+
+
+def learner_time(h: UnitHistory, t0: float, t1: float, *, dp: bool, lag: int, share, first_merge,
+                 stale_share=None) -> dict:
+    """Seconds of [t0, t1] in each bucket for one learner (see the module docstring).
+    share(unit, incarnation, step): the productive share of a step's time; stale_share: the
+    share that went into too stale contributions (none if not given)."""
+    dead = clip(h.dead, t0, t1)
+    paused = minus(clip(h.paused, t0, t1), dead)
+    gone = norm(dead + paused)
+    startup, fin, recov, blocked = [], [], [], []
+    for i, inc in enumerate(h.incs):
+        avail = t0 if i == 0 else inc.restart_t
+        first = first_step_start(inc, lag)
+        startup.append((avail, max(avail, inc.end_t if first is None else first)))
+        if inc.done:
+            fin.append((inc.steps[-1]["t"] if inc.steps else inc.end_t, t1))
+        if not dp and inc.n >= 1:
+            recov.append((inc.restart_t, first_merge.get((h.unit, inc.n), inc.end_t)))
+        if inc.blocked or not dp:
+            blocked += inc.blocked
+        else:  # dp without blocked lines: the gaps between applied steps
+            blocked += [(a["t"], b["t"] - b["dt"]) for a, b in zip(inc.steps, inc.steps[1:])]
+    if not h.incs:
+        startup.append((t0, t1))
+    taken = list(gone)  # each bucket is what is left after the ones before it
+
+    def bucket(iv):
+        out = minus(clip(iv, t0, t1), taken)
+        taken.extend(out)
+        return out
+
+    startup, fin, recov, waiting = bucket(startup), bucket(fin), bucket(recov), bucket(blocked)
+    rb = rolled_back(h) if dp else set()
+    # dp logs a step's dt over the whole iteration, the wait for the mean included
+    not_stepping = norm(gone + waiting)
+    sec = dict.fromkeys(("productive",) + BADPUT, 0.0)
+    stepped_in_recovery = 0.0  # productive and stale step time inside recovery windows
+    for inc in h.incs:
+        for e in inc.steps:
+            dt = measure(minus(clip([(e["t"] - e["dt"], e["t"])], t0, t1), not_stepping))
+            if dp:
+                sec["rolled_back" if (inc.n, e["step"]) in rb else "productive"] += dt
+                continue
+            good = dt * share(h.unit, inc.n, e["step"])
+            late = dt * stale_share(h.unit, inc.n, e["step"]) if stale_share else 0.0
+            sec["productive"] += good
+            sec["stale"] += late
+            if any(a <= e["t"] <= b for a, b in recov):
+                stepped_in_recovery += good + late
+            else:
+                sec["lost"] += max(0.0, dt - good - late)
+    sec.update(dead=measure(dead), paused=measure(paused), startup=measure(startup), finished=measure(fin),
+               waiting_on_sync=measure(waiting), recovery=max(0.0, measure(recov) - stepped_in_recovery))
+    # startup is estimated from the first step line; where estimates overlap, the remainder
+    # would go negative: take it back from the estimated buckets so the sum stays exact
+    deficit = sum(sec.values()) - (t1 - t0)
+    for k in ("startup", "recovery", "waiting_on_sync"):
+        take = min(max(deficit, 0.0), sec[k])
+        sec[k] -= take
+        deficit -= take
+    sec["other"] = max(0.0, -deficit)
+    return sec
+
+
+# --- uptime ------------------------------------------------------------------------------------
+
+
+def commit_gaps(log: EventLog) -> tuple[list[float], float]:
+    """Sorted round_commit times (every shard) and the downtime bound max(1 s, 3 × median gap)."""
+    ts = sorted(e["t"] for e in log.of("round_commit"))
+    gaps = [b - a for a, b in zip(ts, ts[1:])]
+    return ts, max(GAP_MIN_S, GAP_FACTOR * statistics.median(gaps)) if gaps else GAP_MIN_S
+
+
+# --- the record --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One learner restart. recovery_s = boot_s + rejoin_s: the process's own start
+    (boot: Python, JAX, task, checkpoint restore, the fetch of Θ and the first step's
+    compile) and the protocol's part (rejoin: its first step → its first merge)."""
+
+    unit: str
+    incarnation: int
+    t_s: float                   # the restart, seconds from t_start
+    recovery_s: float | None     # restart → first merged contribution; None = never
+    boot_s: float | None = None  # restart → the start of its first inner step; None = never stepped
+    rejoin_s: float | None = None          # its first step's start → first merged contribution
+    rejoin_steps: int | None = None        # its inner steps up to the first contribution that was merged
+    rejoin_cycles: float | None = None     # rejoin_steps / H: fragment cycles (the design: ≤ 1)
+    steps_run: int = 0                     # inner steps the incarnation logged
+    sync_every: int | None = None          # H, from the run's config
+
+
+@dataclass(frozen=True)
+class LinkBytes:
+    learner: str
+    shard: str
+    up_bytes: int                # learner → shard (the learner's send lines)
+    down_bytes: int              # shard → learner (the learner's recv lines)
+    mean_Bps: float
+    peak_Bps: float              # busiest RATE_WINDOW_S window from t_start, both directions
+
+
+@dataclass(frozen=True)
+class Metrics:
+    mode: str
+    learners: int
+    fragments: int
+    t_start: float
+    t_end: float
+    duration_s: float
+    allocated_s: float
+    productive_s: float
+    goodput: float
+    badput_s: dict
+    badput: dict                 # fractions of allocated_s; with goodput they sum to 1
+    learner_goodput: dict
+    uptime: float
+    uptime_s: float
+    commit_gap_bound_s: float
+    downtime: tuple              # (from_s, to_s) gaps between commits above the bound
+    recovery: tuple              # of Recovery
+    recovery_max_s: float | None
+    rejoin_cycles_max: float | None  # the largest Recovery.rejoin_cycles
+    final_loss: float | None
+    final_loss_from: str | None  # "global" (the harness's eval of Θ) or "learners"
+    reference_loss: float | None
+    loss_parity: float | None
+    loss_parity_ci: list | None  # paired bootstrap 95 % interval of loss_parity (harness/judging/losses.py)
+    final_loss_ci: list | None   # bootstrap 95 % interval of final_loss over its eval batches
+    excess_loss_ratio: float | None  # (L − floor) / (L_ref − floor)
+    loss_floor: float | None
+    floor_gap: float | None
+    links: tuple                 # of LinkBytes
+    bytes_total: int
+    mean_Bps: float
+    peak_Bps: float
+    bytes_per_token: float | None
+    staleness_hist: dict
+    staleness_max: int | None
+    staleness_mean: float | None
+    steps: int
+    tokens: int
+    merges: int
+    commits: int
+    dropped: dict                # contributions dropped, by reason
+    restarts: int                # every unit (learners and shards)
+    step_lag: int
+    participation: dict | None = None  # learners merged per committed round (harness/judging/participation.py)
+    ledger: dict | None = None  # the token-fate ledger: where each learner's tokens went (harness/judging/ledger.py)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["staleness_hist"] = {str(k): v for k, v in sorted(self.staleness_hist.items())}
+        d["downtime"] = [list(g) for g in self.downtime]
+        return d
+
+
+def _bandwidth(log: EventLog, learners: set, t0: float, t1: float):
+    dur = max(t1 - t0, 1e-9)
+    per = defaultdict(lambda: [0, 0, Counter()])
+    total = Counter()
+    for e in log.of("send", "recv"):
+        if e["src"] not in learners or not e.get("bytes") or not t0 <= e["t"] <= t1:
+            continue
+        row = per[(e["src"], e["peer"])]
+        row[0 if e["kind"] == "send" else 1] += int(e["bytes"])
+        w = int((e["t"] - t0) // RATE_WINDOW_S)
+        row[2][w] += int(e["bytes"])
+        total[w] += int(e["bytes"])
+    links = tuple(LinkBytes(a, b, up, down, (up + down) / dur, max(w.values(), default=0) / RATE_WINDOW_S)
+                  for (a, b), (up, down, w) in sorted(per.items()))
+    return links, sum(total.values()), max(total.values(), default=0) / RATE_WINDOW_S
+
+
+def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
+    t0, t1 = window(log)
+    dur = max(t1 - t0, 0.0)
+    mode = log.config["diloco"]["mode"]
+    dp = mode in DP_MODES
+    names = learner_names(log)
+    P = fragment_count(log)
+    hs = histories(log, t1)
+    lag = step_lag(hs)
+    cover, late = covered(log, hs, lag)
+    firsts = first_merges(log)
+
+    def share(unit, n, step):
+        return len(cover.get((unit, n, step), ())) / P
+
+    def stale_share(unit, n, step):  # a fragment merged fresh for the step is not stale for it
+        return len(late.get((unit, n, step), set()) - cover.get((unit, n, step), set())) / P
+
+    per = {n: learner_time(hs.get(n, UnitHistory(n)), t0, t1, dp=dp, lag=lag, share=share,
+                           first_merge=firsts, stale_share=stale_share) for n in names}
+    alloc = len(names) * dur
+    sec = {k: sum(p[k] for p in per.values()) for k in ("productive",) + BADPUT}
+
+    commits, bound = commit_gaps(log)
+    up = clip([(a, b) for a, b in zip(commits, commits[1:]) if b - a <= bound], t0, t1)
+    down = tuple((a - t0, b - t0) for a, b in zip(commits, commits[1:]) if b - a > bound)
+
+    recs = recoveries(log, {n: hs[n] for n in names if n in hs}, lag, t0, firsts)
+    done = [r.recovery_s for r in recs if r.recovery_s is not None]
+
+    loss, loss_from = final_loss(log)
+    ref = final_loss(reference)[0] if reference is not None else None
+    floor = loss_floor(log.header)
+
+    links, total_bytes, peak = _bandwidth(log, set(names), t0, t1)
+    steps = [e for e in log.of("step") if e["src"] in names]
+    tokens = sum(int(e.get("tokens") or 0) for e in steps)
+    window_tokens = sum(int(e.get("tokens") or 0) for e in steps if t0 <= e["t"] <= t1)
+    merges = log.of("merge")
+    stale = Counter(int(e["staleness"]) for e in merges if e.get("staleness") is not None)
+    dropped = Counter(
+        e.get("reason") or "not_sent" for e in log.of("drop")
+        if str(e.get("what", e.get("msg", ""))).lower() in ("contribution", "gradstep"))
+
+    return Metrics(
+        mode=mode, learners=len(names), fragments=P, t_start=t0, t_end=t1, duration_s=dur,
+        allocated_s=alloc, productive_s=sec["productive"],
+        goodput=sec["productive"] / alloc if alloc else 0.0,
+        badput_s={k: sec[k] for k in BADPUT}, badput={k: (sec[k] / alloc if alloc else 0.0) for k in BADPUT},
+        learner_goodput={n: (p["productive"] / dur if dur else 0.0) for n, p in per.items()},
+        uptime=measure(up) / dur if dur else 0.0, uptime_s=measure(up), commit_gap_bound_s=bound,
+        downtime=down, recovery=recs, recovery_max_s=max(done) if done else None,
+        rejoin_cycles_max=max((r.rejoin_cycles for r in recs if r.rejoin_cycles is not None), default=None),
+        final_loss=loss, final_loss_from=loss_from, reference_loss=ref,
+        loss_parity=(loss - ref) / ref if loss is not None and ref else None,
+        loss_parity_ci=parity_ci(batch_losses(log), batch_losses(reference) if reference is not None else None),
+        final_loss_ci=mean_ci(batch_losses(log)) if loss_from == "global" else None,
+        excess_loss_ratio=excess_loss_ratio(loss, ref, floor),
+        loss_floor=floor, floor_gap=None if loss is None or floor is None else loss - floor,
+        links=links, bytes_total=total_bytes, mean_Bps=total_bytes / dur if dur else 0.0, peak_Bps=peak,
+        bytes_per_token=total_bytes / window_tokens if window_tokens else None,
+        staleness_hist=dict(stale), staleness_max=max(stale) if stale else None,
+        staleness_mean=(sum(k * v for k, v in stale.items()) / sum(stale.values())) if stale else None,
+        steps=len(steps), tokens=tokens, merges=len(merges), commits=len(commits), dropped=dict(dropped),
+        restarts=sum(1 for h in hs.values() for inc in h.incs if inc.n >= 1), step_lag=lag,
+        participation=participation(log), ledger=ledger(log))

@@ -1,0 +1,61 @@
+"""The end-of-run summary on the terminal (rendering only: values come from summary.json)."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from harness.judging.checks import faults_note
+
+ROWS = [  # (label, key, format)
+    ("goodput", "goodput", "{:.1%}"),
+    ("uptime", "uptime", "{:.1%}"),
+    ("final loss", "final_loss", "{:.4f}"),
+    ("loss parity vs fault-free", "loss_parity", "{:+.2%}"),
+    ("  its 95 % interval", "loss_parity_ci", "[{0[0]:+.2%}, {0[1]:+.2%}]"),
+    ("excess-loss ratio", "excess_loss_ratio", "{:.3f}"),
+    ("bytes per token", "bytes_per_token", "{:,.0f}"),
+    ("max staleness", "staleness_max", "{}"),
+    ("restarts", "restarts", "{}"),
+]
+
+
+def _fmt(summary: dict, key: str, fmt: str) -> str:
+    v = summary.get(key)
+    if v is None:
+        return "–"
+    try:
+        return fmt.format(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def print_summary(summary: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    runs = {summary.get("mode", "run"): summary}
+    if "dp" in summary:
+        runs["dp"] = summary["dp"]
+    t = Table(title="summary")
+    t.add_column("")
+    for name in runs:
+        t.add_column(name, justify="right")
+    for label, key, fmt in ROWS:
+        t.add_row(label, *(_fmt(s, key, fmt) for s in runs.values()))
+    t.add_row("learners per round (mean)", *(_fmt(s.get("participation") or {}, "mean", "{:.2f}")
+                                             for s in runs.values()))
+    badput = summary.get("badput") or {}
+    for k, v in sorted(badput.items()):
+        if isinstance(v, (int, float)):
+            t.add_row(f"  badput: {k}", *(_fmt(s.get("badput") or {}, k, "{:.1%}") for s in runs.values()))
+    console.print(t)
+    for name, s in runs.items():
+        if (note := faults_note(s)) is not None:
+            console.print(f"[yellow]note[/] {name}: {note}")
+    for name, s in runs.items():
+        for c in s.get("checks", []):
+            mark = {True: "[green]PASS[/]", False: "[red]FAIL[/]"}.get(c.get("valid"), "[yellow]UNKNOWN[/]")
+            bound = f" (bound {c['bound']})" if c.get("bound") is not None else ""
+            value = f" = {c['value']}" if c.get("value") is not None else ""
+            if ci := (c.get("details") or {}).get("ci"):
+                value += f", 95 % interval [{ci[0]:.4g}, {ci[1]:.4g}]"
+            console.print(f"{mark} {name}: {c['name']}{value}{bound}")
+

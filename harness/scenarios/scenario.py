@@ -1,0 +1,386 @@
+"""Scenarios: cluster shape + training budget + WAN profile + faults + expectations.
+
+A scenario is TOML on disk (`scenarios/NAME.toml`) or the same frozen dataclasses
+in Python; docs/SCENARIOS.md describes every key. `load_scenario` reads a file (a
+bare name looks in the repo's scenarios/ folder), `scenario_from_dict` builds from
+a dict, `Scenario.to_dict` and `harness.scenarios.scenario_toml.scenario_to_toml` write one back out; all round-trip.
+
+Durations are strings with a unit ("500ms", "15s", "2m", "1h") or plain numbers of
+seconds; a field named `x_s` is written `x` or `x_s`. Fields named `_ms` take
+milliseconds, `_kbps` kilobits per second (or "2mbps", "500kbps").
+
+The run's length: `train.duration` is the wall-clock budget of the run, measured
+from training start (t = 0, once every learner has made its first inner step; see
+docs/ARCHITECTURE.md). The run ends when the job has trained its token budget
+(learners × `train.steps` × batch tokens) or 20 s after the budget, whichever first. Fault times are checked against `train.duration`: every
+fault starts before it; one may last past it (the injector heals it at teardown).
+
+Every error is a `ScenarioError` naming the file, the key path (`faults[1].down_for`),
+what was wrong and what would be valid.
+"""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+import tomllib
+import typing
+from dataclasses import MISSING, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from faults.model import FAULT_KINDS, FailureProcess, Fault, FieldError, check_choice, check_number, suggest
+from faults.schedule import RunShape, Schedule, ScheduleError, validate
+from harness.links import LinkProfile
+from harness.units import _Bad, _convert, _describe, _shown, _what
+from trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, PRESETS, TASK_KINDS, InnerOptConfig, RunConfig,
+                            with_preset)
+
+SCENARIOS_DIR = Path(__file__).resolve().parents[2] / "scenarios"
+BACKENDS = ("local", "docker")
+ENGINE_SCHEMES = ("unix://", "tcp://", "ssh://")
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+
+class ScenarioError(ValueError):
+    """Bad scenario input: `source` (file), `path` (key path), `problem`, `valid`."""
+
+    def __init__(self, source: str, path: str, problem: str, valid: str = ""):
+        self.source, self.path, self.problem, self.valid = source, path, problem, valid
+        where = f"{source}: {path}: " if path else f"{source}: "
+        super().__init__(where + problem + (f"; valid: {valid}" if valid else ""))
+
+
+# ------------------------------------------------------------------ the dataclasses
+@dataclass(frozen=True)
+class ClusterSpec:
+    learners: int = 4  # M learner units
+    slices: int = 1  # S slices (devices) per unit
+    shards: int = 1  # syncer shards
+    backend: str = "local"
+    # docker: the engines (DOCKER_HOST URLs) to spread learner units over, learner-i on
+    # engines[i % n]; syncer shards run on the first. Empty: the one DOCKER_HOST names.
+    engines: tuple[str, ...] = ()
+    # the address learners reach the link proxies and syncer shards at: loopback unless
+    # the units run on other hosts (docs/DOCKER.md, "A run over several hosts")
+    listen: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        for name in ("learners", "slices", "shards"):
+            check_number(self, name, "1..1024", lambda v: 1 <= v <= 1024, integer=True)
+        check_choice(self, "backend", BACKENDS)
+        object.__setattr__(self, "engines", tuple(self.engines))
+        if self.engines and self.backend != "docker":
+            raise FieldError("ClusterSpec", "engines", f"engines are for backend = \"docker\", not {self.backend!r}",
+                             'backend = "docker", or no engines')
+        for url in self.engines:
+            if not isinstance(url, str) or not url.startswith(ENGINE_SCHEMES):
+                raise FieldError("ClusterSpec", "engines", f"{url!r} is not a Docker engine URL",
+                                 "unix:///path/docker.sock, tcp://host:2376 or ssh://user@host")
+        try:
+            ipaddress.ip_address(self.listen)
+        except ValueError:
+            raise FieldError("ClusterSpec", "listen", f"{self.listen!r} is not an IP address",
+                             '"127.0.0.1" (default), or this machine\'s address on the hosts\' network') from None
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """The training budget; optional overrides of the trainer's defaults (None = default)."""
+
+    steps: int  # inner steps per learner unit (the token budget)
+    duration_s: float  # the run's wall-clock budget (see the module docstring)
+    task: str = "markov"
+    mode: str = "decoupled"
+    preset: str | None = None  # a named set of the keys below (trainer/config.py PRESETS); set keys win
+    fragments: int | None = None
+    sync_every: int | None = None
+    quorum: int | None = None
+    grace_factor: float | None = None  # γ of the adaptive grace window; 0 = none (commit at quorum)
+    overlap: int | None = None
+    mixing: float | None = None
+    compression: str | None = None
+    broadcast_compression: str | None = None
+    merge: str | None = None
+    max_staleness: int | None = None  # versions; 0 = no bound (docs/PROTOCOL.md "Bounded staleness")
+    starve_cycles: int | None = None
+    keep_local: bool | None = None  # docs/PROTOCOL.md "Keeping local progress"
+    keep_on_fetch: bool | None = None  # a fetch keeps local progress too (within max_staleness)
+    fleet_share: bool | None = None
+    downlink: str | None = None  # "all" | "answer" (docs/PROTOCOL.md "Downlink")
+    batch_size: int | None = None
+    seq_len: int | None = None
+    lr: float | None = None  # inner AdamW peak learning rate
+    outer_lr: float | None = None  # the outer SGD's learning rate (trainer/config.py OuterOptConfig)
+    outer_momentum: float | None = None  # its Nesterov momentum; 0 = none
+    corpus_split: str | None = None  # corpus: "shuffled" (default) | "contiguous" (non-IID shards)
+
+    def __post_init__(self) -> None:
+        check_number(self, "steps", ">= 1", lambda v: v >= 1, integer=True)
+        check_number(self, "duration_s", "> 0 seconds", lambda v: v > 0)
+        check_choice(self, "task", TASK_KINDS)
+        check_choice(self, "mode", MODES)
+        if self.preset is not None:
+            check_choice(self, "preset", tuple(PRESETS))
+        for name, choices in (("compression", COMPRESSIONS), ("broadcast_compression", COMPRESSIONS),
+                              ("merge", MERGES), ("downlink", DOWNLINKS), ("corpus_split", CORPUS_SPLITS)):
+            if getattr(self, name) is not None:
+                check_choice(self, name, choices)
+
+
+@dataclass(frozen=True)
+class Expect:
+    """Thresholds the run's checks must meet; None = not checked."""
+
+    goodput_min: float | None = None
+    uptime_min: float | None = None
+    loss_parity_max: float | None = None
+    recovery_max_s: float | None = None
+    rejoin_cycles_max: float | None = None  # fragment cycles (H inner steps) from a restart's first step
+    participation_min: float | None = None  # mean learners merged per committed round
+
+    def __post_init__(self) -> None:
+        check_number(self, "goodput_min", "[0, 1]", lambda v: 0 <= v <= 1, optional=True)
+        check_number(self, "uptime_min", "[0, 1]", lambda v: 0 <= v <= 1, optional=True)
+        check_number(self, "loss_parity_max", ">= 0 (a fraction of the reference loss)",
+                     lambda v: v >= 0, optional=True)
+        check_number(self, "recovery_max_s", "> 0 seconds", lambda v: v > 0, optional=True)
+        check_number(self, "participation_min", ">= 1 learner per round", lambda v: v >= 1, optional=True)
+        check_number(self, "rejoin_cycles_max", "> 0 fragment cycles (of H inner steps)", lambda v: v > 0,
+                     optional=True)
+
+
+# The trainer's config fields each scenario key sets (for errors from RunConfig).
+_TRAINER_KEYS = {"DilocoConfig.learners": "cluster.learners", "DilocoConfig.slices": "cluster.slices",
+                 "RunConfig.steps": "train.steps", "InnerOptConfig.total_steps": "train.steps",
+                 "InnerOptConfig.lr": "train.lr", "TaskConfig.kind": "train.task",
+                 **{f"DilocoConfig.{k}": f"train.{k}" for k in ("fragments", "sync_every", "quorum", "overlap",
+                                                                 "mixing", "compression", "broadcast_compression",
+                                                                 "merge", "mode", "max_staleness", "starve_cycles",
+                                                                 "keep_local", "keep_on_fetch", "fleet_share",
+                                                                 "downlink", "grace_factor")},
+                 "TaskConfig.batch_size": "train.batch_size", "TaskConfig.seq_len": "train.seq_len",
+                 "OuterOptConfig.lr": "train.outer_lr", "OuterOptConfig.momentum": "train.outer_momentum"}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    seed: int
+    train: TrainSpec
+    description: str = ""
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    wan: LinkProfile | None = None  # the base profile of every link; None = unshaped
+    faults: tuple[Fault, ...] = ()
+    failure_process: FailureProcess | None = None  # random faults, drawn into the schedule
+    expect: Expect = field(default_factory=Expect)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "faults", tuple(self.faults))
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise FieldError("Scenario", "name", f"{self.name!r} cannot name a run directory",
+                             "lowercase letters, digits, '.', '_' and '-', e.g. 'wan-brownout'")
+        check_number(self, "seed", "[0, 2**32)", lambda v: 0 <= v < 2**32, integer=True)
+        if not isinstance(self.description, str):
+            raise FieldError("Scenario", "description", f"expected a string, got {self.description!r}")
+        m, q = self.cluster.learners, self.train.quorum
+        if q is not None and q > m:
+            raise FieldError("Scenario", "train.quorum", f"quorum {q} is more than the {m} learners "
+                             f"(cluster.learners)", f"1..{m}")
+        try:
+            config = self.run_config()
+        except ValueError as e:
+            key = re.search(r"\b(\w+Config\.\w+)", str(e))
+            raise FieldError("Scenario", _TRAINER_KEYS.get(key.group(1) if key else "", "train"), str(e)) from None
+        if self.cluster.shards > config.n_fragments:
+            raise FieldError("Scenario", "cluster.shards", f"{self.cluster.shards} shards for "
+                             f"{config.n_fragments} fragments: a shard would own none",
+                             f"1..{config.n_fragments}")
+        n = len(self.faults)
+        validate(self.schedule_faults(), self.shape(),
+                 name=lambda i: f"faults[{i}]" if i < n else "a drawn fault")
+
+    def shape(self) -> RunShape:
+        c = self.cluster
+        return RunShape(learners=c.learners, run_s=self.train.duration_s, slices=c.slices, shards=c.shards)
+
+    def drawn_faults(self) -> list[Fault]:
+        """The failure process's faults: the same for the same scenario, every time."""
+        if self.failure_process is None:
+            return []
+        shape = self.shape()
+        return self.failure_process.draw(shape.units, shape.run_s, slices=shape.slices, avoid=self.faults)
+
+    def schedule_faults(self) -> list[Fault]:
+        return [*self.faults, *self.drawn_faults()]
+
+    def schedule(self) -> Schedule:
+        """Every fault of the run, explicit and drawn, sorted: what the injector walks."""
+        return Schedule(tuple(self.schedule_faults()))
+
+    def run_config(self) -> RunConfig:
+        """The trainer's configuration: its defaults, with this scenario's settings."""
+        t, c = self.train, self.cluster
+        set_ = lambda names: {k: getattr(t, k) for k in names if getattr(t, k) is not None}  # noqa: E731
+        warmup = min(InnerOptConfig().warmup_steps, t.steps - 1)
+        return RunConfig.from_dict(with_preset({
+            "name": self.name, "seed": self.seed, "steps": t.steps,
+            "diloco": {"learners": c.learners, "slices": c.slices, "mode": t.mode,
+                       **set_(("fragments", "sync_every", "quorum", "grace_factor", "overlap", "mixing", "compression",
+                               "broadcast_compression", "merge", "max_staleness", "starve_cycles",
+                               "keep_local", "keep_on_fetch", "fleet_share", "downlink"))},
+            "task": {"kind": t.task, **set_(("batch_size", "seq_len", "corpus_split"))},
+            "inner": {"total_steps": t.steps, "warmup_steps": warmup, **set_(("lr",))},
+            "outer": {k[len("outer_"):]: v for k, v in set_(("outer_lr", "outer_momentum")).items()},
+        }, t.preset))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; `scenario_from_dict` is the inverse. Unset options are left out."""
+        d: dict[str, Any] = {"name": self.name, "seed": self.seed, "description": self.description,
+                             "cluster": dataclasses.asdict(self.cluster), "train": _set(self.train)}
+        if self.wan is not None:
+            d["wan"] = _set(self.wan)
+        d["faults"] = [f.to_dict() for f in self.faults]
+        if self.failure_process is not None:
+            d["failure_process"] = self.failure_process.to_dict()
+        d["expect"] = _set(self.expect)
+        return d
+
+
+def _set(obj: Any) -> dict[str, Any]:
+    return {k: v for k, v in dataclasses.asdict(obj).items() if v is not None}
+
+
+# ------------------------------------------------------------------ reading
+def _build(cls: type, data: Any, src: str, path: str, skip: tuple[str, ...] = ()) -> tuple[Any, dict]:
+    """One table -> cls(...), with units converted and errors that name the key.
+    Returns the object and {field: key as written}."""
+    if not isinstance(data, dict):
+        raise ScenarioError(src, path, f"expected a table, got {_describe(data)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    keys = {**{n: n for n in fields}, **{_shown(n): n for n in fields}}
+    kwargs: dict[str, Any] = {}
+    written: dict[str, str] = {}
+    for key, value in data.items():
+        if key in skip:
+            continue
+        name = keys.get(key)
+        if name is None:
+            shown = [_shown(n) for n in fields]
+            hint = f" ({key!r} belongs above the first [table])" if key in _TOP else suggest(key, shown)
+            raise ScenarioError(src, f"{path}.{key}", f"unknown key{hint}", ", ".join(shown))
+        if name in written:
+            raise ScenarioError(src, f"{path}.{key}", f"{written[name]!r} and {key!r} set the same thing",
+                                "one of them")
+        try:
+            kwargs[name] = _convert(fields[name], hints[name], value)
+        except _Bad as e:
+            raise ScenarioError(src, f"{path}.{key}", e.problem, e.valid) from None
+        written[name] = key
+    for name, f in fields.items():
+        if name not in kwargs and f.default is MISSING and f.default_factory is MISSING:
+            base = [a for a in (typing.get_args(hints[name]) or (hints[name],)) if a is not type(None)][0]
+            raise ScenarioError(src, f"{path}.{_shown(name)}", "missing (required)", _what(f, base))
+    try:
+        return cls(**kwargs), written
+    except FieldError as e:
+        raise ScenarioError(src, f"{path}.{written.get(e.field, _shown(e.field))}", e.problem, e.valid) from None
+    except ValueError as e:  # LinkProfile: its messages start with the field's name
+        name = re.match(r"\w*", str(e)).group(0)
+        key = written.get(name) or (_shown(name) if name in fields else "")
+        raise ScenarioError(src, f"{path}.{key}" if key else path, str(e)) from None
+
+
+_TOP = ("name", "seed", "description", "cluster", "train", "wan", "faults", "failure_process", "expect")
+
+
+def scenario_from_dict(d: dict, source: str = "<python>") -> Scenario:
+    """A scenario from a dict (a parsed TOML file, or `Scenario.to_dict()`)."""
+    if not isinstance(d, dict):
+        raise ScenarioError(source, "", f"expected a table, got {_describe(d)}")
+    for key in d:
+        if key not in _TOP:
+            raise ScenarioError(source, key, f"unknown key{suggest(key, _TOP)}", ", ".join(_TOP))
+    for key, hint in (("name", 'e.g. name = "unit-loss"'), ("seed", "e.g. seed = 7"),
+                      ("train", 'a [train] table with steps and duration, e.g. steps = 400, duration = "60s"')):
+        if key not in d:
+            raise ScenarioError(source, key, "missing (required)", hint)
+    kw: dict[str, Any] = {k: d[k] for k in ("name", "seed", "description") if k in d}
+    for key, cls in (("cluster", ClusterSpec), ("train", TrainSpec), ("wan", LinkProfile), ("expect", Expect)):
+        if key in d:
+            kw[key] = _build(cls, d[key], source, key)[0]
+    if "failure_process" in d:
+        table = d["failure_process"]
+        if isinstance(table, dict) and "seed" not in table:
+            table = {**table, "seed": d["seed"]}  # by default the scenario's seed
+        kw["failure_process"] = _build(FailureProcess, table, source, "failure_process")[0]
+    faults, written = _read_faults(d.get("faults", []), source)
+    try:
+        return Scenario(**kw, faults=tuple(faults))
+    except ScheduleError as e:
+        if e.index < len(faults):
+            path = f"faults[{e.index}].{written[e.index].get(e.field, _shown(e.field))}"
+            raise ScenarioError(source, path, e.problem, e.valid) from None
+        raise ScenarioError(source, "failure_process", f"drawn fault {e.fault.kind} of {e.fault.target} at "
+                            f"{e.fault.at_s:g}s: {e.problem}", e.valid) from None
+    except FieldError as e:
+        raise ScenarioError(source, e.field, e.problem, e.valid) from None
+
+
+def _read_faults(entries: Any, source: str) -> tuple[list[Fault], list[dict]]:
+    if not isinstance(entries, list):
+        raise ScenarioError(source, "faults", f"expected an array of tables ([[faults]]), got {_describe(entries)}")
+    faults, written = [], []
+    kinds = ", ".join(FAULT_KINDS)
+    for i, entry in enumerate(entries):
+        path = f"faults[{i}]"
+        if not isinstance(entry, dict):
+            raise ScenarioError(source, path, f"expected a table, got {_describe(entry)}")
+        if "kind" not in entry:
+            raise ScenarioError(source, f"{path}.kind", "missing (required)", kinds)
+        kind = entry["kind"]
+        if kind == "failure_process":
+            raise ScenarioError(source, f"{path}.kind", "a failure process is a table of its own, "
+                                "[failure_process], not one of [[faults]]", kinds)
+        if kind not in FAULT_KINDS:
+            raise ScenarioError(source, f"{path}.kind", f"unknown fault kind {kind!r}{suggest(str(kind), FAULT_KINDS)}",
+                                kinds)
+        fault, keys = _build(FAULT_KINDS[kind], entry, source, path, skip=("kind",))
+        faults.append(fault)
+        written.append(keys)
+    return faults, written
+
+
+def load_scenario(path_or_name: str | Path) -> Scenario:
+    """Reads a scenario file; a bare name (no '/', no '.toml') is a built-in."""
+    text_name = str(path_or_name)
+    if isinstance(path_or_name, str) and "/" not in text_name and not text_name.endswith(".toml"):
+        path, source = SCENARIOS_DIR / f"{text_name}.toml", f"scenarios/{text_name}.toml"
+        if not path.is_file():
+            names = [n for n, _ in list_scenarios()]
+            raise ScenarioError(source, "", f"no built-in scenario {text_name!r}{suggest(text_name, names)}",
+                                ", ".join(names) + ", or a path to a .toml file")
+    else:
+        path, source = Path(path_or_name), text_name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ScenarioError(source, "", f"cannot read the file: {e.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
+        problem = re.sub(r"\s*\(at .*\)$", "", str(e))
+        where = f"line {m.group(1)}, column {m.group(2)}" if m else ""
+        raise ScenarioError(source, where, f"TOML syntax error: {problem}", "TOML, see https://toml.io") from None
+    return scenario_from_dict(data, source)
+
+
+def list_scenarios() -> list[tuple[str, str]]:
+    """(name, one-line description) of every built-in scenario, by name."""
+    out = []
+    for path in sorted(SCENARIOS_DIR.glob("*.toml")):
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        out.append((path.stem, str(data.get("description", "")).strip().split("\n")[0]))
+    return out

@@ -1,0 +1,215 @@
+"""The simulated cluster: a virtual clock, the units, the links, the event log.
+
+`World` offers what the cluster tier's `LocalCluster` offers the injector (kill,
+spawn, pid, pause, resume, set_live_slices, `client` for toxics, `wan`), so the
+simulator drives it with the cluster tier's own `Injector` (harness/backends/injector.py);
+slow_unit takes the injector's `set_speed` path (as on the docker backend), and
+`SimInjector` only leaves out the pid of a respawned process.
+
+Everything is ordered by (virtual time, insertion order): same inputs, same
+order, same event log, byte for byte.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.backends.cluster import LOCAL_MECHANISMS, mechanism_words
+from harness.backends.injector import Injector
+from harness.sim.learner import SimLearner
+from harness.sim.net import Net
+from harness.sim.syncer import SimSyncer
+from trainer.events import KINDS
+from trainer.protocol_base import DP_MODES
+from trainer.protocol import LEARNER_BUGS, SYNCER_BUGS
+
+
+class Handle:
+    __slots__ = ("cancelled",)
+
+    def __init__(self):
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Clock:
+    """Discrete events on virtual seconds; ties run in the order they were set."""
+
+    def __init__(self):
+        self.now = 0.0
+        self._heap: list = []
+        self._n = 0
+
+    def at(self, t: float, fn, *args) -> Handle:
+        h = Handle()
+        heapq.heappush(self._heap, (t, self._n, h, fn, args))
+        self._n += 1
+        return h
+
+    def run_until(self, t_stop: float, until=None) -> bool:
+        """Runs every event due by `t_stop`; stops early (True) once `until()` holds."""
+        while self._heap and self._heap[0][0] <= t_stop:
+            t, _, h, fn, args = heapq.heappop(self._heap)
+            if h.cancelled:
+                continue
+            self.now = t
+            fn(*args)
+            if until is not None and until():
+                return True
+        self.now = max(self.now, t_stop)
+        return False
+
+
+@dataclass(frozen=True)
+class SimParams:
+    """What the simulator models that the scenario does not say (virtual seconds)."""
+
+    step_s: float = 0.1  # one inner step of a full-speed unit
+    hetero: float = 0.1  # unit m's steps take step_s · (1 + hetero · u_m), u_m ~ U[0, 1) seeded
+    step_jitter: float = 0.05  # and each step ± this fraction, uniform, seeded
+    learner_startup_s: float = 2.0  # process start to unit_up (imports, jit)
+    syncer_startup_s: float = 1.0
+    ckpt_save_s: float = 0.2  # a checkpoint save until it is durable
+    loopback_ms: float = 0.2  # one-way delay of a link with no latency toxic
+    # what a link's kernel send queue and proxy hold beyond the sender's outbox (KiB):
+    # measured 352 through a 16 kbit/s Toxiproxy bandwidth toxic (harness/sim/net.py)
+    held_kib: float = 352.0
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not (isinstance(value, (int, float)) and value >= 0) or (name == "step_s" and value <= 0):
+                raise ValueError(f"SimParams.{name} = {value!r}; valid: a number >= 0 (step_s > 0)")
+
+
+class World:
+    def __init__(self, cfg, topology: dict, model, params: SimParams, *, wan=None, bugs: frozenset = frozenset(),
+                 seed: int = 0, max_steps: int | None = None):
+        unknown = set(bugs) - LEARNER_BUGS - SYNCER_BUGS
+        if unknown:
+            raise ValueError(f"unknown planted bugs {sorted(unknown)}; valid: {sorted(LEARNER_BUGS | SYNCER_BUGS)}")
+        self.cfg, self.topology, self.model, self.params, self.wan = cfg, topology, model, params, wan
+        self.learner_bugs = frozenset(bugs) & LEARNER_BUGS
+        self.syncer_bugs = frozenset(bugs) & SYNCER_BUGS
+        self.dp = cfg.diloco.mode in DP_MODES
+        self.probe = None  # probe(learner_proc, event, args) after each learner core event
+        self.max_steps = cfg.steps if max_steps is None else max_steps  # a learner's own step cap
+        self.tokens = 0  # of every learner step so far (the runner's token budget)
+        self.first_step: dict[str, float] = {}  # learner -> time of its first step line
+        self.clock = Clock()
+        self.events: list[dict] = []
+        self.rng = np.random.default_rng([seed, 0x51])  # link jitter
+        names = topology["learners"]
+        self._step_rng = [np.random.default_rng([seed, 0x52, i]) for i in range(len(names))]
+        u = np.random.default_rng([seed, 0x53]).random(len(names))
+        self.step_base = [params.step_s * (1 + params.hetero * float(x)) for x in u]
+        self.learners = {n: SimLearner(self, n, i) for i, n in enumerate(names)}
+        self.syncers = {s: SimSyncer(self, s) for s in topology["shards"]}
+        self.net = Net(self, names, list(self.syncers), topology["run_id"], params.loopback_ms / 1000)
+        self.client = self.net.proxies
+        if wan is not None:
+            for link in self.net.links:
+                self.client.apply_profile(link, wan)
+
+    @property
+    def now(self) -> float:
+        return self.clock.now
+
+    def emit(self, kind: str, src: str, **fields) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown event kind {kind!r}; valid: {sorted(KINDS)}")
+        self.events.append({"t": round(self.clock.now, 6), "src": src, "kind": kind, **fields})
+
+    def step_work(self, index: int) -> float:
+        jitter = self.params.step_jitter * (2 * float(self._step_rng[index].random()) - 1)
+        return self.step_base[index] * (1 + jitter)
+
+    def start(self) -> None:
+        """t = 0: every shard and learner process starts (LocalCluster.start)."""
+        for s in self.syncers.values():
+            s.spawn()
+        for u in self.learners.values():
+            u.spawn()
+
+    # --- what LocalCluster offers the injector ----------------------------------------------
+    def _unit(self, name: str):
+        return self.learners.get(name) or self.syncers[name]
+
+    def pid(self, name: str) -> int | None:
+        unit = self._unit(name)
+        return None if unit.proc is None else 1 + unit.incarnation  # a stand-in: the sim has no pids
+
+    def kill(self, name: str) -> None:
+        self._unit(name).kill()
+
+    def spawn(self, name: str) -> None:
+        unit = self._unit(name)
+        if unit.proc is not None:
+            raise RuntimeError(f"{name} is already running")
+        unit.spawn()
+
+    def pause(self, name: str) -> None:
+        if (proc := self.learners[name].proc) is not None:
+            proc.set_rate(paused=True)
+
+    def resume(self, name: str) -> None:
+        if (proc := self.learners[name].proc) is not None:
+            proc.set_rate(paused=False)
+
+    def mechanism(self, kind: str) -> str:
+        """How the world does a fault of `kind` (the `via` of its fault_start line)."""
+        how = {"slow_unit": "step time / speed", "pause_unit": "process frozen",
+               "kill_unit": "process gone; a new one after down_for",
+               "kill_syncer": "process gone; a new one restores the checkpoint",
+               "corrupt": "the learner corrupts its outgoing contributions"}
+        return "simulated: " + mechanism_words({**LOCAL_MECHANISMS, **how}, kind)
+
+    def set_speed(self, name: str, speed: float, period_s: float = 0.1) -> None:
+        """slow_unit: the unit's process runs at `speed` (a restarted one starts at full speed)."""
+        if (proc := self.learners[name].proc) is not None:
+            proc.set_rate(speed=speed)
+
+    def set_live_slices(self, learner: str, live: int) -> None:
+        self.learners[learner].set_control(live)
+
+    def set_corrupt(self, learner: str, spec: dict | None) -> None:
+        """corrupt: as the control file on processes, it outlives a restart of the unit."""
+        self.learners[learner].corrupt = spec
+
+    # --- what the links call ---------------------------------------------------------------
+    def learner_link_event(self, learner: str, kind: str, shard: str, msg=None, nbytes: int = 0) -> None:
+        if (proc := self.learners[learner].proc) is not None:
+            proc.inbox_put((kind, shard, msg, nbytes))
+
+    def shard_listening(self, shard: str) -> bool:
+        proc = self.syncers[shard].proc
+        return proc is not None and proc.listening
+
+    def shard_event(self, shard: str, kind: str, learner: str, msg=None, nbytes: int = 0) -> None:
+        if (proc := self.syncers[shard].proc) is not None and proc.alive:
+            proc.on_net(kind, learner, msg, nbytes)
+
+    # --- the end -------------------------------------------------------------------------
+    def close(self) -> None:
+        """LocalCluster.close: SIGTERM to the learners, then the shards."""
+        for u in self.learners.values():
+            if u.proc is not None:
+                u.proc.stop()
+        for s in self.syncers.values():
+            if s.proc is not None:
+                s.proc.stop()
+                s.proc = None
+
+
+class SimInjector(Injector):
+    """The cluster tier's injector over a World; a restart's unit_up has no pid. (slow_unit
+    goes through World.set_speed, as on the docker backend: the fluid limit of the duty
+    cycle, for the current process only.)"""
+
+    def _up(self, unit: str) -> None:
+        self.down.discard(unit)
+        self.cluster.spawn(unit)
+        self.emit("unit_up", unit, reason="restarted", pid=None)
