@@ -1,12 +1,16 @@
 """pytest plugin: `pytest --chaos-report DIR` writes a page per run a test made and DIR/index.html.
 
-Tests record their runs through the session fixture `chaos_report`:
+Every run a test makes is recorded for it without a line in the test: the plugin
+listens to harness/listeners.py, which the runner (both tiers, once summary.json is
+written) and a failing property's example (`SimRun.write`) call. A run the harness did
+not write (made by a subprocess, or copied in) is recorded through the session fixture
+`chaos_report`:
 
     def test_unit_loss(chaos_report, tmp_path):
-        result = run_scenario(...)
-        chaos_report.add(result.run_dir)
+        run_dir = make_a_run_somehow(tmp_path)
+        chaos_report.add(run_dir)
 
-`add` attaches the run to the test running now, so it also works inside a Hypothesis
+`add` attaches the run to the test running now (once per directory), so it also works inside a Hypothesis
 property (a session fixture raises no function-scoped-fixture health check); for a
 Hypothesis test only its last run is kept: after a failure that is the run of the
 shrunk example, which Hypothesis replays last. A failing test's page shows the
@@ -46,9 +50,16 @@ class ChaosReport:
         if self.item is None:
             raise RuntimeError("chaos_report.add() is for use inside a test")
         runs = self.item.stash.setdefault(_RUNS, [])
+        run_dir = Path(run_dir).resolve()
         if getattr(getattr(self.item, "obj", None), "is_hypothesis_test", False):
             runs.clear()  # keep the last example's run: the shrunk one after a failure
-        runs.append(Path(run_dir))
+        if run_dir not in runs:  # the sim writes its events, then its summary: one run
+            runs.append(run_dir)
+
+    def heard(self, run_dir: Path) -> None:
+        """The harness wrote a run (harness/listeners.py): record it for the test running now."""
+        if self.item is not None:  # a run made outside any test (a session fixture) has no page
+            self.add(run_dir)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -58,7 +69,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[_REPORTS] = {"recorder": ChaosReport(config)}
+    from harness import listeners
+
+    rec = ChaosReport(config)
+    config.stash[_REPORTS] = {"recorder": rec, "unsubscribe": listeners.subscribe(rec.heard)}
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    config.stash[_REPORTS]["unsubscribe"]()
 
 
 def _recorder(config: pytest.Config) -> ChaosReport:

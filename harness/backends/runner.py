@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import eventlog
+from harness import eventlog, listeners
 from harness.backends.cluster import LocalCluster
 from harness.backends.injector import Injector, wait_until
 from harness.judging.losses import final_eval_event
@@ -172,5 +172,6 @@ def summarize(run_dir: Path, s: Scenario, reference: Path | None = None, expect:
     summary = {**judge(log, ref, dataclasses.asdict(s.expect) if expect else None),
                "run_dir": str(run_dir), "reference_dir": str(reference) if reference else None}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    listeners.run_written(run_dir)  # e.g. the pytest plugin: the test running now gets its page
     return summary
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import jax
 
-from harness import eventlog
+from harness import eventlog, listeners
 from harness.backends.cluster import make_topology
 from harness.judging.losses import final_eval_event
 from harness.backends.run_loop import MAX_STEPS_FACTOR, Budget, log_header, training_start, walk
@@ -119,6 +119,7 @@ class SimRun:
         (run_dir / "scenario.toml").write_text(scenario_to_toml(self.scenario))
         path = run_dir / "events.jsonl"
         path.write_text(self.text())
+        listeners.run_written(run_dir)  # a failing property's example gets its page too
         return path
 
 

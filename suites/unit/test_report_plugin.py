@@ -1,6 +1,7 @@
 """`pytest --chaos-report DIR`: a real pytest session in a subprocess, on a test file
 that records the fixture run from a passing test, a failing test and a failing
-Hypothesis property; then its pages, index and JUnit XML are read back."""
+Hypothesis property, and runs a sim scenario in a test that records nothing itself (the
+harness tells the plugin); then its pages, index and JUnit XML are read back."""
 from __future__ import annotations
 
 import re
@@ -32,6 +33,15 @@ def test_fails(chaos_report):
 def test_property(chaos_report, n):
     chaos_report.add(RUN)
     assert n < 17
+
+def test_runs_a_scenario_and_records_nothing_itself(tmp_path):
+    from harness.scenarios.scenario import scenario_from_dict
+    from harness.sim.run import run_sim
+    s = scenario_from_dict({{"name": "plugin-sim", "seed": 3, "cluster": {{"learners": 2, "shards": 1}},
+                            "train": {{"task": "quadratic", "steps": 20, "duration": "10s"}},
+                            "faults": [{{"kind": "kill_unit", "target": "learner-1", "at": "1s",
+                                        "down_for": "1s"}}]}})
+    run_sim(s, tmp_path)
 '''
 
 
@@ -50,11 +60,11 @@ def session(tmp_path_factory):
 def test_index_and_a_page_per_recorded_run(session):
     proc, out, _ = session
     assert proc.returncode == 1, proc.stdout + proc.stderr  # two tests fail on purpose
-    assert f"chaos report: {out / 'index.html'} (3 run pages)" in proc.stdout
+    assert f"chaos report: {out / 'index.html'} (4 run pages)" in proc.stdout
     index = (out / "index.html").read_text()
     hrefs = re.findall(r'<a href="([^"]+)">', index)
-    assert len(hrefs) == 3 and all((out / h).exists() for h in hrefs)
-    assert index.count(">failed<") == 2 and index.count(">passed<") == 1
+    assert len(hrefs) == 4 and all((out / h).exists() for h in hrefs)
+    assert index.count(">failed<") == 2 and index.count(">passed<") == 2
 
 
 def test_failing_property_page_shows_the_shrunk_example_and_replay(session):
@@ -87,3 +97,13 @@ def test_falsifying_example_is_cut_where_its_brackets_close():
     assert pytest_plugin.falsifying_example("E   Failing test case: test_p(\nE       n=17,\nE   )") == (
         "Failing test case: test_p(\n    n=17,\n)")
     assert pytest_plugin.falsifying_example("no hypothesis here") == ""
+
+
+def test_a_scenario_run_in_a_test_is_recorded_without_a_line_in_the_test(session):
+    _, out, junit = session
+    page, = (out / "test_made_runs.py_test_runs_a_scenario_and_records_nothing_itself").glob("*.html")
+    assert "plugin-sim" in page.read_text()  # one page although the sim wrote events, then summary
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    props = {p.get("name"): p.get("value") for p in
+             cases["test_runs_a_scenario_and_records_nothing_itself"].iter("property")}
+    assert 0 < float(props["chaos.goodput"]) <= 1 and {"chaos.uptime", "chaos.report"} <= set(props)
