@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed
 setup: $(STAMP) $(TOOLS)/toxiproxy-server $(TOOLS)/.browser $(TOOLS)/.docker
 
 $(STAMP): pyproject.toml requirements.lock
-	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "diloco-chaos needs Python 3.11, found " + sys.version.split()[0]'
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 11), "diloco-chaos needs Python >= 3.11 (CI tests 3.11), found " + sys.version.split()[0]'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "setup: installing pinned Python dependencies into $(VENV) (once; ~1-2 min)"
 	@$(PY) -m pip install -q --disable-pip-version-check -r requirements.lock

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-pytest_plugins = ["reports.pytest_plugin"]  # `pytest --chaos-report DIR`
+pytest_plugins = ["diloco_chaos.pytest_plugin"]  # the `chaos` fixture, `pytest --chaos-report DIR`
 
 settings.register_profile("dev", max_examples=20, deadline=None)
 settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True,

@@ -19,7 +19,8 @@ own replay command and schedule are on every page.
 
 Key figures of each run become JUnit XML properties (`chaos.goodput`, ... or
 `chaos.<run>.goodput` for a test with several runs) with or without --chaos-report.
-Registered from the repository's conftest.py: `pytest_plugins = ["reports.pytest_plugin"]`.
+Loaded by diloco_chaos/pytest_plugin.py (the `chaos` fixture), which the package's
+`pytest11` entry point registers wherever it is installed.
 """
 from __future__ import annotations
 

@@ -210,6 +210,13 @@ class DilocoConfig:
 
 
 TASK_KINDS = ("markov", "corpus", "quadratic")
+
+
+def is_plugin(kind: str) -> bool:
+    """Whether a task kind names a user's factory by import path ("module:factory")."""
+    return isinstance(kind, str) and ":" in kind
+
+
 CORPUS_SPLITS = ("shuffled", "contiguous")
 
 
@@ -217,7 +224,7 @@ CORPUS_SPLITS = ("shuffled", "contiguous")
 class TaskConfig:
     """Data. `batch_size` is per learner unit, split evenly over its S slices."""
 
-    kind: str = "markov"
+    kind: str = "markov"  # a built-in (TASK_KINDS) or a plug-in's "module:factory" (trainer/plugins.py)
     batch_size: int = 16  # sequences (LM) or samples (quadratic) per learner per step
     seq_len: int = 64  # predicted tokens per sequence; a batch row holds seq_len + 1 tokens
     markov_order: int = 1
@@ -238,9 +245,18 @@ class TaskConfig:
     # tail held out (each learner its own modules: non-IID data, the layout before)
     corpus_split: str = "shuffled"
     corpus_chunk: int = 4096
+    # a plug-in's keyword arguments (the scenario's [task] table); left out of the hash,
+    # so a config stays a cache key, and compared like any field
+    options: dict = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        _check_choice(self, "kind", TASK_KINDS)
+        if not is_plugin(self.kind):
+            _check_choice(self, "kind", TASK_KINDS + ("'package.module:factory' (a plug-in, docs/TASKS.md)",))
+        if not isinstance(self.options, dict) or not all(isinstance(k, str) for k in self.options):
+            raise ValueError(f"TaskConfig.options = {self.options!r} is not valid; valid: a table of keyword arguments")
+        if self.options and not is_plugin(self.kind):
+            raise ValueError(f"TaskConfig.options: the built-in task {self.kind!r} takes no [task] table; "
+                             f"valid: a plug-in task 'package.module:factory' (docs/TASKS.md)")
         _check_int(self, "batch_size", 1, 1 << 16)
         _check_int(self, "seq_len", 1, 1 << 16)
         _check_int(self, "markov_order", 1, 3)
@@ -268,7 +284,8 @@ class TaskConfig:
     @property
     def tokens_per_row(self) -> int:
         """Tokens one batch row contributes (the unit of c_tokens): predicted tokens for
-        the language tasks, 1 sample for the quadratic."""
+        the language tasks, 1 sample for the quadratic, `seq_len` for a plug-in (set it to
+        1 when a row is one sample: docs/TASKS.md)."""
         return 1 if self.kind == "quadratic" else self.seq_len
 
 
@@ -334,7 +351,7 @@ class RunConfig:
         if t.batch_size % d.slices:
             raise ValueError(f"TaskConfig.batch_size = {t.batch_size} must be divisible by "
                              f"DilocoConfig.slices = {d.slices} (the batch is split over slices)")
-        if t.kind != "quadratic":
+        if t.kind in ("markov", "corpus"):
             if t.seq_len > m.context:
                 raise ValueError(f"TaskConfig.seq_len = {t.seq_len} exceeds "
                                  f"ModelConfig.context = {m.context}; valid: [1, {m.context}]")

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from trainer import model
-from trainer.config import ModelConfig, RunConfig, TaskConfig
+from trainer.config import ModelConfig, RunConfig, TaskConfig, is_plugin
 
 TRAIN_STREAM, EVAL_STREAM, SPLIT_STREAM = 0, 1, 2
 MARKOV_FLOOR_MIX = 1e-4  # uniform mass mixed into each transition row: ergodic, no log(0)
@@ -66,7 +66,11 @@ def make_task(task_cfg: TaskConfig, model_cfg: ModelConfig, seed: int, *,
               learners: int = 1) -> Task:
     """The task for a run. `learners` (M) matters for the corpus (M disjoint shards)
     and the quadratic (M targets define the global objective); the Markov source
-    serves any learner index."""
+    serves any learner index. A "module:factory" kind is a user's task (trainer/plugins.py)."""
+    if is_plugin(task_cfg.kind):
+        from trainer.plugins import make_plugin_task
+
+        return make_plugin_task(task_cfg, seed, learners)
     if task_cfg.kind == "markov":
         return MarkovTask(task_cfg, model_cfg, seed)
     if task_cfg.kind == "corpus":

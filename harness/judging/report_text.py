@@ -50,12 +50,28 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     for name, s in runs.items():
         if (note := faults_note(s)) is not None:
             console.print(f"[yellow]note[/] {name}: {note}")
+    colour = {"PASS": "[green]PASS[/]", "FAIL": "[red]FAIL[/]", "UNKNOWN": "[yellow]UNKNOWN[/]"}
     for name, s in runs.items():
-        for c in s.get("checks", []):
-            mark = {True: "[green]PASS[/]", False: "[red]FAIL[/]"}.get(c.get("valid"), "[yellow]UNKNOWN[/]")
-            bound = f" (bound {c['bound']})" if c.get("bound") is not None else ""
-            value = f" = {c['value']}" if c.get("value") is not None else ""
-            if ci := (c.get("details") or {}).get("ci"):
-                value += f", 95 % interval [{ci[0]:.4g}, {ci[1]:.4g}]"
-            console.print(f"{mark} {name}: {c['name']}{value}{bound}")
+        for verdict, text in check_rows(s):
+            console.print(f"{colour[verdict]} {name}: {text}")
+
+
+def check_rows(summary: dict) -> list[tuple[str, str]]:
+    """(PASS | FAIL | UNKNOWN, "name = value (bound b)") for each of a run's checks."""
+    rows = []
+    for c in summary.get("checks", []):
+        verdict = {True: "PASS", False: "FAIL"}.get(c.get("valid"), "UNKNOWN")
+        bound = f" (bound {c['bound']})" if c.get("bound") is not None else ""
+        value = f" = {c['value']}" if c.get("value") is not None else ""
+        if ci := (c.get("details") or {}).get("ci"):
+            value += f", 95 % interval [{ci[0]:.4g}, {ci[1]:.4g}]"
+        rows.append((verdict, f"{c['name']}{value}{bound}"))
+    return rows
+
+
+def check_lines(summary: dict) -> list[str]:
+    """The check table as plain text (a failing test's message): failures first."""
+    rows = sorted(check_rows(summary), key=lambda r: ("FAIL", "UNKNOWN", "PASS").index(r[0]))
+    verdict = {True: "valid", False: "NOT valid"}.get(summary.get("valid"), "unknown")
+    return [f"  {v:<7} {text}" for v, text in rows] + [f"  verdict: {verdict}"]
 

@@ -33,7 +33,7 @@ from faults.model import FAULT_KINDS, FailureProcess, Fault, FieldError, check_c
 from faults.schedule import RunShape, Schedule, ScheduleError, validate
 from harness.links import LinkProfile
 from harness.units import _Bad, _convert, _describe, _shown, _what
-from trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, PRESETS, TASK_KINDS, InnerOptConfig, RunConfig,
+from trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, PRESETS, TASK_KINDS, InnerOptConfig, RunConfig, is_plugin,
                             with_preset)
 
 SCENARIOS_DIR = Path(__file__).resolve().parents[2] / "scenarios"
@@ -118,7 +118,8 @@ class TrainSpec:
     def __post_init__(self) -> None:
         check_number(self, "steps", ">= 1", lambda v: v >= 1, integer=True)
         check_number(self, "duration_s", "> 0 seconds", lambda v: v > 0)
-        check_choice(self, "task", TASK_KINDS)
+        if not is_plugin(self.task):
+            check_choice(self, "task", TASK_KINDS + ("'package.module:factory' (your own task: docs/TASKS.md)",))
         check_choice(self, "mode", MODES)
         if self.preset is not None:
             check_choice(self, "preset", tuple(PRESETS))
@@ -153,7 +154,7 @@ class Expect:
 # The trainer's config fields each scenario key sets (for errors from RunConfig).
 _TRAINER_KEYS = {"DilocoConfig.learners": "cluster.learners", "DilocoConfig.slices": "cluster.slices",
                  "RunConfig.steps": "train.steps", "InnerOptConfig.total_steps": "train.steps",
-                 "InnerOptConfig.lr": "train.lr", "TaskConfig.kind": "train.task",
+                 "InnerOptConfig.lr": "train.lr", "TaskConfig.kind": "train.task", "TaskConfig.options": "task",
                  **{f"DilocoConfig.{k}": f"train.{k}" for k in ("fragments", "sync_every", "quorum", "overlap",
                                                                  "mixing", "compression", "broadcast_compression",
                                                                  "merge", "mode", "max_staleness", "starve_cycles",
@@ -174,6 +175,7 @@ class Scenario:
     faults: tuple[Fault, ...] = ()
     failure_process: FailureProcess | None = None  # random faults, drawn into the schedule
     expect: Expect = field(default_factory=Expect)
+    task_options: dict = field(default_factory=dict, hash=False)  # the [task] table: a plug-in's arguments
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "faults", tuple(self.faults))
@@ -229,7 +231,8 @@ class Scenario:
                        **set_(("fragments", "sync_every", "quorum", "grace_factor", "overlap", "mixing", "compression",
                                "broadcast_compression", "merge", "max_staleness", "starve_cycles",
                                "keep_local", "keep_on_fetch", "fleet_share", "downlink"))},
-            "task": {"kind": t.task, **set_(("batch_size", "seq_len", "corpus_split"))},
+            "task": {"kind": t.task, **set_(("batch_size", "seq_len", "corpus_split")),
+                     **({"options": dict(self.task_options)} if self.task_options else {})},
             "inner": {"total_steps": t.steps, "warmup_steps": warmup, **set_(("lr",))},
             "outer": {k[len("outer_"):]: v for k, v in set_(("outer_lr", "outer_momentum")).items()},
         }, t.preset))
@@ -244,6 +247,8 @@ class Scenario:
         if self.failure_process is not None:
             d["failure_process"] = self.failure_process.to_dict()
         d["expect"] = _set(self.expect)
+        if self.task_options:
+            d["task"] = dict(self.task_options)
         return d
 
 
@@ -292,7 +297,7 @@ def _build(cls: type, data: Any, src: str, path: str, skip: tuple[str, ...] = ()
         raise ScenarioError(src, f"{path}.{key}" if key else path, str(e)) from None
 
 
-_TOP = ("name", "seed", "description", "cluster", "train", "wan", "faults", "failure_process", "expect")
+_TOP = ("name", "seed", "description", "cluster", "train", "task", "wan", "faults", "failure_process", "expect")
 
 
 def scenario_from_dict(d: dict, source: str = "<python>") -> Scenario:
@@ -315,7 +320,24 @@ def scenario_from_dict(d: dict, source: str = "<python>") -> Scenario:
         if isinstance(table, dict) and "seed" not in table:
             table = {**table, "seed": d["seed"]}  # by default the scenario's seed
         kw["failure_process"] = _build(FailureProcess, table, source, "failure_process")[0]
+    if "task" in d:
+        if not isinstance(d["task"], dict):
+            raise ScenarioError(source, "task", f"expected a table, got {_describe(d['task'])}",
+                                "a [task] table of the plug-in's keyword arguments (docs/TASKS.md)")
+        kw["task_options"] = d["task"]
     faults, written = _read_faults(d.get("faults", []), source)
+    s = _scenario(kw, faults, written, source)
+    if is_plugin(s.train.task):  # a user's task: its contract proven before any process starts
+        from trainer.plugins import PluginError, check_task
+
+        try:
+            check_task(s.run_config())
+        except PluginError as e:
+            raise ScenarioError(source, "train.task", str(e)) from None
+    return s
+
+
+def _scenario(kw: dict, faults: list[Fault], written: list[dict], source: str) -> Scenario:
     try:
         return Scenario(**kw, faults=tuple(faults))
     except ScheduleError as e:

@@ -30,7 +30,7 @@ def scenario_to_toml(s) -> str:
     d = s.to_dict()
     line = lambda k, v: f"{_shown(k)} = {_toml(v)}"  # noqa: E731
     lines = [line(k, d[k]) for k in ("name", "seed", "description")]
-    for key in ("cluster", "train", "wan"):
+    for key in ("cluster", "train", "task", "wan"):
         if key in d:
             lines += ["", f"[{key}]", *(line(k, v) for k, v in d[key].items())]
     for fault in d["faults"]:

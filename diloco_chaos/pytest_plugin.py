@@ -1,0 +1,85 @@
+"""The `chaos` fixture: a fault scenario as a test in a user's own pytest suite.
+
+    def test_my_training_survives_kills(chaos):
+        result = chaos.run("scenarios/my-kills.toml", seed=3, tier="sim")
+        chaos.assert_held(result)           # fails with the check table
+        assert result.goodput > 0.8
+
+`chaos.run` takes a scenario file, a built-in's name or a `Scenario`, runs it in the
+simulator (`tier="sim"`) or on real processes (`tier="cluster"`), under the test's
+tmp_path, and returns a `ChaosResult` (the summary: metrics, checks, verdict, run dir).
+Every run is recorded for `--chaos-report DIR` and the JUnit figures by
+reports/pytest_plugin.py, which this plugin loads. Installed with the package, both load
+through the `pytest11` entry point: no conftest in the user's repository.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest_plugins = ["reports.pytest_plugin"]
+TIERS = ("sim", "cluster")
+
+
+@dataclass(frozen=True)
+class ChaosResult:
+    """A judged run: `summary` is the run's summary.json (metrics, `checks`, `valid`)."""
+
+    run_dir: Path
+    summary: dict
+
+    def __getattr__(self, key: str) -> Any:  # result.goodput, result.final_loss, result.valid, ...
+        try:
+            return self.summary[key]
+        except KeyError:
+            raise AttributeError(f"no figure {key!r} in the summary; figures: {', '.join(sorted(self.summary))}") from None
+
+    @property
+    def failed_checks(self) -> list[dict]:
+        return [c for c in self.summary.get("checks", []) if c.get("valid") is False]
+
+
+class Chaos:
+    """What the `chaos` fixture hands out."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = out_dir
+
+    def run(self, scenario, *, seed: int | None = None, tier: str = "sim", reference: Path | None = None) -> ChaosResult:
+        from harness.scenarios.scenario import Scenario, load_scenario
+
+        if tier not in TIERS:
+            raise ValueError(f"chaos.run(tier={tier!r}) is not valid; valid: {', '.join(map(repr, TIERS))}")
+        s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+        if seed is not None:
+            s = dataclasses.replace(s, seed=seed)
+        if tier == "sim":
+            from harness.sim.run import run_sim
+
+            result = run_sim(s, self.out_dir, reference=reference)
+        else:
+            from harness.backends.runner import run_scenario
+
+            result = run_scenario(s, self.out_dir, live=False, reference=reference)
+        return ChaosResult(Path(result.run_dir), result.summary)
+
+    def assert_held(self, result: ChaosResult, *, strict: bool = False) -> None:
+        """Fails the test, with the check table, when a check failed (the verdict is not
+        valid). A check the run could not judge (UNKNOWN: e.g. too few global evals in a
+        short run) passes, as in Jepsen's :unknown; `strict=True` fails on it too."""
+        from harness.judging.report_text import check_lines
+
+        unknown = [c for c in result.summary.get("checks", []) if c.get("valid") is None]
+        if result.summary.get("valid") is not False and not result.failed_checks and not (strict and unknown):
+            return
+        pytest.fail(f"the run did not hold ({result.run_dir}):\n" + "\n".join(check_lines(result.summary)),
+                    pytrace=False)
+
+
+@pytest.fixture
+def chaos(tmp_path: Path) -> Chaos:
+    return Chaos(tmp_path / "chaos-runs")
