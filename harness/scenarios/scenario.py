@@ -389,6 +389,10 @@ def load_scenario(path_or_name: str | Path) -> Scenario:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ScenarioError(source, "", f"cannot read the file: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise ScenarioError(source, f"line {line}", f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                            f"{e.start})", "a TOML file, which is UTF-8 text") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

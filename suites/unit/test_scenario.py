@@ -297,6 +297,15 @@ def test_the_malformed_table_is_big_enough():
     assert len(MALFORMED) >= 30
 
 
+def test_a_file_that_is_not_utf8_text_names_the_file_the_line_and_the_byte(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'name = "x"\nseed = 1\ndescription = "caf\xe9"\n')
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(str(path))
+    assert str(e.value) == (f"{path}: line 3: not UTF-8 text (byte 0xe9 at offset 38); "
+                            f"valid: a TOML file, which is UTF-8 text")
+
+
 def test_from_dict_names_the_python_source():
     with pytest.raises(ScenarioError, match=r"^<python>: train.steps: missing"):
         scenario_from_dict({"name": "x", "seed": 1, "train": {"duration": 5}})
