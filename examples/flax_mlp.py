@@ -10,8 +10,8 @@ which ship with every Python.
     context = 8                 # bytes of context
     hidden = 128
 
-`pip install -e .[flax]` (or `make setup`) installs Flax; `scenarios`-style files that use
-it: examples/flax-unit-loss.toml. The harness sees only a nested dict of arrays
+`make setup` (or `pip install -e .[flax]`) installs Flax; examples/flax-unit-loss.toml is
+the built-in `unit-loss` on this model. The harness sees only a nested dict of arrays
 (`nnx.split`'s state as a pure dict) and a loss over it; the module is rebuilt from its
 graph definition inside the loss, so the learner's AdamW, the fragments and the outer
 step work on plain pytrees.
@@ -72,7 +72,7 @@ class FlaxByteTask:
 
     def init_params(self, key: jax.Array) -> dict:
         _, state = nnx.split(ByteMLP(*self.dims, rngs=nnx.Rngs(params=key)))
-        return state.to_pure_dict()
+        return nnx.to_pure_dict(state)
 
     def loss(self, params: dict, batch_BxR: jax.Array) -> jax.Array:
         model = nnx.merge(self.graphdef, params)

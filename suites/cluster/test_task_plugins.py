@@ -199,3 +199,12 @@ def test_a_task_table_for_a_built_in_task_is_refused_naming_it():
     with pytest.raises(ScenarioError, match=r"^x.toml: task: .*the built-in task 'markov' takes no \[task\] table"):
         scenario_from_dict({"name": "x", "seed": 1, "train": {"steps": 10, "duration": "5s"}, "task": {"a": 1}},
                            "x.toml")
+
+
+def test_the_flax_example_keeps_the_plugin_contract():
+    """examples/flax-unit-loss.toml loads: Flax is installed by make setup, and the Flax
+    NNX task passes every check a plug-in gets before a run (its runs: README)."""
+    from pathlib import Path
+
+    s = load_scenario(Path(__file__).resolve().parents[2] / "examples" / "flax-unit-loss.toml")
+    assert s.run_config().task.kind == "examples.flax_mlp:make_task" and s.task_options["hidden"] == 1024
