@@ -82,6 +82,18 @@ duration = "{down}"
 '''
 
 
+@pytest.fixture(autouse=True)
+def jax_defaults():
+    """A user's task runs under JAX's defaults. suites/unit/conftest.py makes implicit rank
+    promotion an error for the whole session when the unit suite is collected with this
+    one, and `x @ w + b` (Flax's Linear too) relies on it: allowed here, as in a user's
+    process."""
+    import jax
+
+    with jax.numpy_rank_promotion("allow"):
+        yield
+
+
 @pytest.fixture
 def user_dir(tmp_path, monkeypatch):
     """The user's package in a directory outside the repository, on PYTHONPATH (the
