@@ -33,6 +33,8 @@ class ChaosResult:
     summary: dict
 
     def __getattr__(self, key: str) -> Any:  # result.goodput, result.final_loss, result.valid, ...
+        if key.startswith("_") or key == "summary":  # copy/pickle probe before `summary` exists
+            raise AttributeError(key)
         try:
             return self.summary[key]
         except KeyError:

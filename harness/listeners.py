@@ -5,7 +5,8 @@ summary.json) are on disk: by the runner's `summarize` (both tiers) and by the
 simulator's `SimRun.write` (a failing property's example). The pytest plugin
 (reports/pytest_plugin.py) subscribes, so every test that runs a scenario gets its page
 and JUnit figures without a line in the test; harness/ itself knows nothing of reports/.
-A listener that raises does not fail the run: the error is kept for the caller to see.
+A listener that raises does not fail the run: `run_written` returns its error and the
+runners go on (a recorder's bug must not lose the run it was told about).
 """
 from __future__ import annotations
 
