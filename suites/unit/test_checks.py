@@ -309,6 +309,26 @@ def test_no_global_downtime_catches_a_stall():
     assert r.details["violations"] == [{"from_s": 4.0, "to_s": 10.0, "reachable_s": pytest.approx(6.0)}]
 
 
+def test_the_downtime_floor_is_longer_on_real_processes():
+    # commits every 0.1 s, then one gap: the bound is the floor (3 × 0.1 s is below it):
+    # 1 s in the sim's virtual time, 2 s on real processes sharing the machine's cores
+    # (a replacement unit's boot starves the others). A 1.5 s gap is a stall in the sim
+    # and load on processes; a 2.5 s gap is a stall on both.
+    def judged(tier, gap):
+        end = 2.0 + gap
+        b = LogBuilder(learners=1, t_end=end).up(0, "syncer-0").up(0, "learner-0")
+        b.header["tier"] = tier
+        for k in range(int(end * 10) + 1):
+            b.step(0.1 * k, "learner-0", k)
+        rounds(b, [0.1 * k for k in range(1, 21)] + [end])
+        return checks.no_global_downtime(b.log())
+
+    sim, wall = judged("sim", 1.5), judged("cluster", 1.5)
+    assert (sim.bound, wall.bound) == (pytest.approx(1.0), pytest.approx(2.0))
+    assert sim.valid is False and wall.valid is True
+    assert judged("cluster", 2.5).valid is False
+
+
 def test_no_global_downtime_excuses_dead_and_partitioned_learners():
     def kill_both(b):
         b.events = [e for e in b.events if not (e["kind"] == "step" and e["t"] > 4)]
