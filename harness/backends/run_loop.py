@@ -10,7 +10,8 @@ each passes its clock, its cluster (the `Cluster` protocol) and its injector.
    would start after `train.duration` is not started;
 3. the run ends once the job has trained its token budget, M × steps × batch tokens,
    whoever trained them (a dead learner's share is taken by the others), when every
-   learner has exited, or `duration + END_GRACE_S` after time zero.
+   learner has exited, or `duration + end_grace` after time zero (`train.end_grace`,
+   END_GRACE_S unless the scenario sets it).
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def training_start(clock: RunClock, ready: Callable[[], bool], timeout_s: float 
 
 
 def walk(schedule: Schedule, clock: RunClock, injector: Injector, budget: Budget, t0: float,
-         duration_s: float) -> None:
+         duration_s: float, end_grace_s: float | None = None) -> None:
     """Steps 2 and 3 above: returns when the run is over."""
     for t, what, fault in schedule.timeline():
         if t >= duration_s and what == "start":
@@ -69,4 +70,5 @@ def walk(schedule: Schedule, clock: RunClock, injector: Injector, budget: Budget
             return
         injector.start(fault) if what == "start" else injector.end(fault)
     if not budget.spent():
-        clock.run_until(t0 + duration_s + END_GRACE_S, until=budget.spent)
+        grace = END_GRACE_S if end_grace_s is None else end_grace_s
+        clock.run_until(t0 + duration_s + grace, until=budget.spent)

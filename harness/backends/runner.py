@@ -93,7 +93,7 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
             try:
                 header["t_start"] = t0 = training_start(
                     clock, lambda: bool(watch.crashes) or len(progress.first_step) >= cfg.diloco.learners)
-                walk(s.schedule(), clock, injector, budget, t0, s.train.duration_s)
+                walk(s.schedule(), clock, injector, budget, t0, s.train.duration_s, s.train.end_grace_s)
             finally:
                 header["t_end"] = time.time()
                 injector.teardown()

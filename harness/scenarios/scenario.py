@@ -12,7 +12,8 @@ milliseconds, `_kbps` kilobits per second (or "2mbps", "500kbps").
 The run's length: `train.duration` is the wall-clock budget of the run, measured
 from training start (t = 0, once every learner has made its first inner step; see
 docs/ARCHITECTURE.md). The run ends when the job has trained its token budget
-(learners × `train.steps` × batch tokens) or 20 s after the budget, whichever first. Fault times are checked against `train.duration`: every
+(learners × `train.steps` × batch tokens) or `train.end_grace` (20 s unless set) after
+the wall-clock budget, whichever first. Fault times are checked against `train.duration`: every
 fault starts before it; one may last past it (the injector heals it at teardown).
 
 Every error is a `ScenarioError` naming the file, the key path (`faults[1].down_for`),
@@ -91,6 +92,7 @@ class TrainSpec:
     steps: int  # inner steps per learner unit (the token budget)
     duration_s: float  # the run's wall-clock budget (see the module docstring)
     task: str = "markov"
+    end_grace_s: float | None = None  # how long past duration_s the run may go on for its tokens; None: 20 s
     mode: str = "decoupled"
     preset: str | None = None  # a named set of the keys below (trainer/config.py PRESETS); set keys win
     fragments: int | None = None
@@ -118,6 +120,8 @@ class TrainSpec:
     def __post_init__(self) -> None:
         check_number(self, "steps", ">= 1", lambda v: v >= 1, integer=True)
         check_number(self, "duration_s", "> 0 seconds", lambda v: v > 0)
+        if self.end_grace_s is not None:
+            check_number(self, "end_grace_s", ">= 0 seconds", lambda v: v >= 0)
         if not is_plugin(self.task):
             check_choice(self, "task", TASK_KINDS + ("'package.module:factory' (your own task: docs/TASKS.md)",))
         check_choice(self, "mode", MODES)

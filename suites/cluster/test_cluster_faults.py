@@ -23,12 +23,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker)]
 
 
-def _scenario(name, faults, *, backend, slices=1, learners=2, shards=1, steps=1500, duration="30s", wan=None):
-    # a token budget larger than the 30 s can train: the run lasts until duration + grace,
-    # so every fault fires however fast the machine is
+def _scenario(name, faults, *, backend, slices=1, learners=2, shards=1, steps=1500, duration="28s", wan=None):
+    # a token budget larger than the 28 s can train and no end grace: the run lasts exactly
+    # `duration`, so every fault fires (the last ends at 25 s) however fast the machine is
     d = {"name": name, "seed": 1,
          "cluster": {"learners": learners, "slices": slices, "shards": shards, "backend": backend},
-         "train": {"task": "markov", "steps": steps, "duration": duration, "batch_size": 16},
+         "train": {"task": "markov", "steps": steps, "duration": duration, "end_grace": "0s",
+                   "batch_size": 16},
          "faults": faults}
     if wan:
         d["wan"] = wan
@@ -211,7 +212,7 @@ def test_reset_and_truncate_cut_connections(link_faults):
 
 
 def test_global_model_is_evaluated_along_the_run(link_faults):
-    # two shards, one crashed 7-10 s: each kept a checkpoint per 3 s of the ~30 s run, so Θ
+    # two shards, one crashed 7-10 s: each kept a checkpoint per 3 s of the 28 s run, so Θ
     # is evaluated ≥ 5 times in the window, in time order; it learns (Θ0 is at about
     # ln 256 = 5.5 nats, the byte vocabulary; the Markov floor 1.71; measured here 4.0 at
     # t = 0.8 s, 1.83 at 3.7 s, 1.717 at the end), and ends near the floor. Not "the last

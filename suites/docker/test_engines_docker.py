@@ -62,7 +62,7 @@ def test_a_run_over_two_engines(tmp_path, docker_engine, second_engine):
         "name": "two-engines", "seed": 3,
         "cluster": {"learners": 2, "shards": 1, "backend": "docker", "engines": [url_a, url_b],
                     "listen": "127.0.0.2"},
-        "train": {"task": "markov", "steps": 1000, "duration": "14s", "batch_size": 16},
+        "train": {"task": "markov", "steps": 1000, "duration": "14s", "end_grace": "0s", "batch_size": 16},
         "faults": [{"kind": "kill_unit", "target": "learner-1", "at": "4s", "down_for": "3s"}]})
     since = time.time()
     result = runner.run_scenario(s, tmp_path, live=False)
