@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml requirements.lock
 	@$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	@touch $@
 
-$(TOOLS)/toxiproxy-server:
-	@bash scripts/install-toxiproxy.sh $(TOOLS)
+$(TOOLS)/toxiproxy-server: $(STAMP)
+	@$(VENV)/bin/diloco-chaos setup --tools $(TOOLS)
 
 $(TOOLS)/.browser:
 	@bash scripts/install-browser.sh && mkdir -p $(TOOLS) && touch $@

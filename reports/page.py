@@ -190,7 +190,9 @@ def recovery_rows(run: Run) -> list[dict]:
         return f"{r['rejoin_steps']} steps{cycles}"
 
     return [{"unit": r["unit"], "incarnation": r["incarnation"], "t": fmt(r["t_s"], "s"),
+             "start": {"spare_booting": "spare (still booting)"}.get(r.get("start"), r.get("start") or "cold"),
              "recovery": "never merged" if r["recovery_s"] is None else fmt(r["recovery_s"], "s"),
+             "cycles": "–" if r.get("recovery_cycles") is None else f"{r['recovery_cycles']:.2g}",
              "boot": fmt(r.get("boot_s"), "s"), "rejoin_s": fmt(r.get("rejoin_s"), "s"), "rejoin": rejoin(r),
              "mark": ", ".join(marks.get((r["unit"], r["incarnation"]), ["ok"] if chks else [])),
              "z0": r["t_s"] - 2, "z1": r["t_s"] + (r["recovery_s"] or 10) + 2}

@@ -24,6 +24,7 @@ from trainer.outbox import outbox_key
 from trainer.learner_driver import LearnerDriver, LearnerHost
 from trainer.learner_loop import POLL_S, Compute, Idle, learner_loop
 from trainer.protocol import LearnerCore
+from trainer.protocol_base import DP_MODES
 from trainer.sdc import Corrupter
 from trainer.tasks import task_for_run
 from trainer.transport import BufferLog, ShardLink
@@ -39,10 +40,7 @@ class Learner(LearnerHost):
         self.index = topo["learners"].index(self.name)
         self.ev = shell.open_events(self.run_dir, self.name, self.incarnation)
         self.stopper = shell.Stopper()
-        self.task = task_for_run(self.cfg)
-        self.eval_batches = self.task.eval_batches()
-        params = shell.global_init(self.task, self.cfg.seed)  # Θ0, the same everywhere
-        self.inner = make_inner(self.cfg, self.task.loss_fn)
+        self.task, self.eval_batches, params, self.inner = shared(self.cfg)  # params: Θ0
         self.opt_state = self.inner.init(params)
         self.frag = fragmenter_for(self.cfg, params)
         self.ckpt = Checkpointer(self.run_dir / "ckpt" / self.name)
@@ -205,8 +203,35 @@ class Learner(LearnerHost):
         self.ev.close()
 
 
+def shared(cfg):
+    """What every learner of the run builds alike: the task, its eval batches, Θ0 (the same
+    everywhere) and the inner loop; once per process (a warm spare builds it early)."""
+    def build():
+        task = task_for_run(cfg)
+        return task, task.eval_batches(), shell.global_init(task, cfg.seed), make_inner(cfg, task.loss_fn)
+    return shell.warm("learner", build)
+
+
+def warm_up(run_dir) -> None:
+    """A spare's preparation: `shared`, and one of each program the unit runs compiled
+    (an inner step on every slice, or dp's gradient and update; the eval)."""
+    _, cfg = shell.load_run(run_dir)
+    task, evals, params, inner = shared(cfg)
+    opt, batch = inner.init(params), task.batch(0, 0)
+    if cfg.diloco.mode in DP_MODES:
+        grads, _ = inner.grad(params, batch)
+        jax.block_until_ready(inner.apply_grads(params, opt, jax.tree.map(np.asarray, grads)))
+    else:
+        jax.block_until_ready(inner.step(params, opt, batch))
+    inner.evaluate(params, evals)
+
+
 def main(argv=None) -> int:
     args = shell.parse_args(argv, "learner")
+    if args.spare is not None:
+        warm_up(args.run_dir)
+        if shell.await_identity(args) is None:
+            return 0
     return Learner(args).run()
 
 

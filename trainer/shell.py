@@ -19,11 +19,16 @@ from trainer.protocol import Log
 def parse_args(argv, what: str) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=f"python -m trainer.{what}", description=f"one {what} process of a run")
     p.add_argument("--run-dir", required=True, type=Path, help="the run directory (holds run.json)")
-    p.add_argument("--id", required=True, help=f"this {what}'s name in the topology")
+    p.add_argument("--id", help=f"this {what}'s name in the topology (required unless --spare)")
+    p.add_argument("--spare", default=None, metavar="NAME",
+                   help=f"a warm spare: get ready to be any {what}, then take the identity the harness "
+                        "writes on stdin (one JSON line {\"id\", \"incarnation\"})")
     p.add_argument("--incarnation", type=int, default=0, help="restart count of this process")
     p.add_argument("--bugs", default=None, help="planted bugs, comma-separated (for the test suites); "
                    f"default: those of ${BUGS_ENV} that a {what} knows")
     args = p.parse_args(argv)
+    if args.id is None and args.spare is None:
+        p.error("--id is required (or --spare NAME)")
     if args.bugs is None:  # a whole run with planted bugs: each process keeps the ones of its role
         from trainer.protocol_base import LEARNER_BUGS, SYNCER_BUGS
         valid = LEARNER_BUGS if what == "learner" else SYNCER_BUGS
@@ -44,6 +49,39 @@ def planted_bugs() -> set[str]:
     if unknown := bugs - BUGS:
         raise ValueError(f"${BUGS_ENV}: unknown planted bugs {sorted(unknown)}; valid: {sorted(BUGS)}")
     return bugs
+
+
+# --- warm spares ------------------------------------------------------------------------------
+# A spare is a unit process started before it is needed: it imports JAX, builds what every
+# unit of its role shares (the task, Θ0, the compiled programs) and waits. On `spawn` the
+# harness writes the identity it takes (name, incarnation) on its stdin; from there it is
+# that unit, restoring its checkpoint like any restart. Real fleets keep hot spares; here
+# it takes the Python + JAX start (seconds) out of a restart's recovery.
+_WARM: dict = {}
+
+
+def warm(key: str, make):
+    """`make()` once per process: a spare builds it before it knows which unit it will be,
+    the unit it becomes takes it from here."""
+    if key not in _WARM:
+        _WARM[key] = make()
+    return _WARM[key]
+
+
+def await_identity(args: argparse.Namespace) -> argparse.Namespace | None:
+    """A spare, ready: says so (spares/NAME.ready) and blocks until the harness writes the
+    identity it takes; None when the harness closed the pipe instead (not needed)."""
+    import sys
+
+    ready = args.run_dir / "spares" / f"{args.spare}.ready"
+    ready.parent.mkdir(exist_ok=True)
+    ready.write_text(f"{time.time()}\n")
+    line = sys.stdin.readline()
+    if not line.strip():
+        return None
+    who = json.loads(line)
+    args.id, args.incarnation = who["id"], int(who["incarnation"])
+    return args
 
 
 def load_run(run_dir: Path) -> tuple[dict, RunConfig]:

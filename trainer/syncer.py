@@ -36,7 +36,7 @@ class Syncer:
         topo = self.run_info["topology"]
         self.ev = shell.open_events(self.run_dir, self.name, self.incarnation)
         self.stopper = shell.Stopper()
-        params = shell.global_init(task_for_run(self.cfg), self.cfg.seed)  # Θ0
+        params = theta0(self.cfg)
         frag = fragmenter_for(self.cfg, params)
         self.bugs = frozenset(b for b in args.bugs.split(",") if b)
         core = SyncerCore(syncer_config(self.cfg, topo, self.name, self.bugs), syncer_math(self.cfg, frag))
@@ -109,8 +109,17 @@ class Syncer:
         return 0
 
 
+def theta0(cfg):
+    """Θ0 (the same in every process), once per process: a warm spare builds it early."""
+    return shell.warm("syncer", lambda: shell.global_init(task_for_run(cfg), cfg.seed))
+
+
 def main(argv=None) -> int:
     args = shell.parse_args(argv, "syncer")
+    if args.spare is not None:
+        theta0(shell.load_run(args.run_dir)[1])
+        if shell.await_identity(args) is None:
+            return 0
     return Syncer(args).run()
 
 

@@ -16,11 +16,8 @@ Run directory:
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -28,7 +25,6 @@ from pathlib import Path
 from typing import Protocol
 
 from faults.model import FAULT_KINDS
-from harness.backends import procs
 from harness.backends.toxiproxy_client import ToxiproxyClient
 from harness.links import LinkProfile
 from harness.backends.toxiproxy_server import ToxiproxyServer, free_port
@@ -56,6 +52,7 @@ class Member:
     proc: subprocess.Popen | None = None
     incarnation: int = -1
     paused: bool = False
+    start: str = "cold"  # how its current process started: "cold", "spare" (warm), "spare_booting"
 
 
 # How each fault kind is done on this backend: written into every fault_start line
@@ -89,36 +86,12 @@ class Cluster(Protocol):
     def mechanism(self, kind: str) -> str: ...               # how a fault kind is done here, in words
     def pid(self, name: str) -> int | None: ...              # None: not running
     def kill(self, name: str) -> None: ...
-    def spawn(self, name: str) -> None: ...
+    def spawn(self, name: str) -> str: ...                   # how it started: "cold" | "spare" | "spare_booting"
     def pause(self, name: str) -> str | None: ...            # None, or the words for another way
     def resume(self, name: str) -> None: ...
     def set_speed(self, name: str, speed: float, period_s: float = 0.1) -> None: ...  # 1.0: full speed
     def set_live_slices(self, learner: str, live: int) -> None: ...
     def set_corrupt(self, learner: str, spec: dict | None) -> None: ...
-
-
-@dataclass
-class SlowCycle:
-    """Duty-cycled SIGSTOP/SIGCONT: the process runs `speed` of each `period_s`."""
-
-    pid: int
-    speed: float
-    period_s: float
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                os.kill(self.pid, signal.SIGSTOP)
-                self.stop.wait((1 - self.speed) * self.period_s)
-                os.kill(self.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                return
-            self.stop.wait(self.speed * self.period_s)
-        try:
-            os.kill(self.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
 
 
 class Units(Protocol):
@@ -137,82 +110,8 @@ class Units(Protocol):
     def resume(self, cluster: "LocalCluster", m: Member) -> None: ...
     def set_speed(self, cluster: "LocalCluster", m: Member, speed: float, period_s: float) -> None: ...
     def pid(self, m: Member) -> int | None: ...
+    def start_spares(self, cluster: "LocalCluster", delay_s: float = 0.0) -> None: ...  # warm spares, if any
     def stop_all(self, cluster: "LocalCluster") -> None: ...  # the end: every unit, gracefully
-
-
-@dataclass
-class Processes:
-    """Units as processes of this host: SIGKILL, SIGSTOP/SIGCONT, a SIGSTOP duty cycle."""
-
-    backend: str = "local"
-    mechanisms: dict = field(default_factory=lambda: dict(LOCAL_MECHANISMS))
-    slowed: dict[str, SlowCycle] = field(default_factory=dict)  # slow_unit's duty cycles
-
-    def prepare(self, cluster: "LocalCluster") -> None:
-        pass
-
-    def backend_info(self, cluster: "LocalCluster") -> dict:
-        return {"name": "local", "host": os.uname().nodename}
-
-    def spawn(self, cluster: "LocalCluster", m: Member) -> subprocess.Popen:
-        module = "trainer.learner" if m.role == "learner" else "trainer.syncer"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if m.role == "learner":
-            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cluster.slices}"
-        env.setdefault("JAX_PLATFORMS", "cpu")
-        # A restarted unit recompiles nothing: XLA programs persist across processes
-        # (real fleets keep compilation caches for the same reason).
-        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
-        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-        env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-        out = open(cluster.run_dir / "stdout" / f"{m.name}.{m.incarnation}.log", "wb")
-        argv = [cluster.python, "-m", module, "--run-dir", str(cluster.run_dir), "--id", m.name,
-                "--incarnation", str(m.incarnation)]
-        with out:
-            return procs.spawn(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-    def pid(self, m: Member) -> int | None:
-        return m.proc.pid if m.proc is not None and m.proc.poll() is None else None
-
-    def kill(self, cluster: "LocalCluster", m: Member) -> None:
-        """SIGKILL: the process gets no chance to clean up, as with a machine failure."""
-        if m.proc is not None:
-            if m.proc.poll() is None:
-                os.kill(m.proc.pid, signal.SIGKILL)
-            m.proc.wait()
-            m.proc = None
-
-    def pause(self, cluster: "LocalCluster", m: Member) -> str | None:
-        self._signal(m, signal.SIGSTOP)
-        m.paused = True
-        return None
-
-    def resume(self, cluster: "LocalCluster", m: Member) -> None:
-        self._signal(m, signal.SIGCONT)
-        m.paused = False
-
-    def set_speed(self, cluster: "LocalCluster", m: Member, speed: float, period_s: float) -> None:
-        """The process runs `speed` of every `period_s` (SIGSTOP/SIGCONT from a thread); 1.0
-        ends it. A unit restarted meanwhile is not slowed (its new pid)."""
-        if (old := self.slowed.pop(m.name, None)) is not None:
-            old.stop.set()
-        pid = self.pid(m)
-        if speed < 1.0 and pid is not None:
-            cycle = self.slowed[m.name] = SlowCycle(pid, speed, period_s)
-            threading.Thread(target=cycle.run, name=f"slow-{m.name}", daemon=True).start()
-
-    def _signal(self, m: Member, sig: int) -> None:
-        if (pid := self.pid(m)) is not None:
-            os.kill(pid, sig)
-
-    def stop_all(self, cluster: "LocalCluster") -> None:
-        """SIGTERM, a grace period, SIGKILL: learners first (members are shards, then learners)."""
-        for cycle in self.slowed.values():
-            cycle.stop.set()
-        for m in list(cluster.members.values())[::-1]:
-            if m.proc is not None:
-                procs.stop(m.proc, grace_s=5.0)
-                m.proc = None
 
 
 @dataclass
@@ -230,7 +129,8 @@ class LocalCluster:
     max_steps_factor: float = 1.0  # learners stop by themselves after this × cfg.steps
     python: str = sys.executable
     listen: str = "127.0.0.1"  # where the link proxies and the syncer shards listen
-    units: Units = field(default_factory=Processes)
+    spares: tuple[str, ...] = ()  # roles ("learner", "syncer") that keep a warm spare for restarts
+    units: Units = field(default_factory=lambda: _processes())
     toxiproxy: ToxiproxyServer | None = None
     client: ToxiproxyClient | None = None
     members: dict[str, Member] = field(default_factory=dict)
@@ -279,6 +179,7 @@ class LocalCluster:
             self.members[learner] = Member(learner, "learner")
             if start_learners:
                 self.spawn(learner)
+        self.units.start_spares(self)
 
     def _fragments(self) -> int:
         d, m = self.config["diloco"], self.config["model"]
@@ -305,14 +206,16 @@ class LocalCluster:
         self.close()
 
     # unit control (what faults use): the cluster's members, run by `units` --------
-    def spawn(self, name: str):
+    def spawn(self, name: str) -> str:
+        """A new process for `name`; returns how it started: "cold", or "spare" (a warm
+        spare took the identity; "spare_booting" if it was not ready yet)."""
         m = self.members[name]
         if m.proc is not None and m.proc.poll() is None:
             raise RuntimeError(f"{name} is already running (pid {m.proc.pid})")
         m.incarnation += 1
         m.proc = self.units.spawn(self, m)
         m.paused = False
-        return m.proc
+        return m.start
 
     def pid(self, name: str) -> int | None:
         return self.units.pid(self.members[name])
@@ -365,3 +268,8 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 return False
         return True
+
+
+def _processes() -> "Units":
+    from harness.backends.processes import Processes  # (it imports this module)
+    return Processes()

@@ -185,6 +185,9 @@ class Containers:
         """The client of the engine that runs unit `name`."""
         return self._clients[self.placement[name]]
 
+    def start_spares(self, cluster: LocalCluster, delay_s: float = 0.0) -> None:
+        """No warm spares on this backend yet: every restart is a new container (cold)."""
+
     def stop_all(self, cluster: LocalCluster) -> None:
         """Stops the units as on local (SIGTERM, a grace period, learners first), then
         removes every container of this run (by label, so also ones a failed spawn left)."""

@@ -81,8 +81,8 @@ class Injector:
 
     def _up(self, unit: str) -> None:
         self.down.discard(unit)
-        self.cluster.spawn(unit)
-        self.emit("unit_up", unit, reason="restarted", pid=self.cluster.pid(unit))
+        start = self.cluster.spawn(unit)  # "cold", or "spare": a warm spare took the identity
+        self.emit("unit_up", unit, reason="restarted", pid=self.cluster.pid(unit), start=start)
 
     def _start_kill_unit(self, n, f) -> None:
         if self.dp_rollback:  # a synchronous job cannot go on without one of its members

@@ -31,13 +31,14 @@ def _die_with_parent() -> None:
 
 
 def spawn(argv: Sequence[str], *, stdout: IO | int | None = None, stderr: IO | int | None = None,
-          env: dict[str, str] | None = None, cwd: str | None = None) -> subprocess.Popen:
+          env: dict[str, str] | None = None, cwd: str | None = None,
+          stdin: IO | int | None = subprocess.DEVNULL) -> subprocess.Popen:
     with warnings.catch_warnings():
         # Python warns when forking a process that runs threads (JAX's, once the harness
         # evaluated a model); the child here only calls prctl and exec.
         warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
         return subprocess.Popen(
-            list(argv), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
+            list(argv), stdout=stdout, stderr=stderr, stdin=stdin, env=env, cwd=cwd,
             start_new_session=True, preexec_fn=_die_with_parent,
         )
 

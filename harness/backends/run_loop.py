@@ -39,11 +39,16 @@ def log_header(s: Scenario, cfg: RunConfig, tier: str, replay: str | None) -> di
             "schedule": s.schedule().to_dicts(), "replay": replay}
 
 
+def token_budget(cfg: RunConfig) -> int:
+    """The job's token budget: M × steps × batch tokens, whoever trains them."""
+    return cfg.diloco.learners * cfg.steps * cfg.task.batch_size * cfg.task.tokens_per_row
+
+
 class Budget:
     """Whether the run is over: its tokens trained, or every learner gone for good."""
 
     def __init__(self, cfg: RunConfig, cluster: Cluster, injector: Injector, tokens: Callable[[], int]):
-        self.total = cfg.diloco.learners * cfg.steps * cfg.task.batch_size * cfg.task.tokens_per_row
+        self.total = token_budget(cfg)
         self.cluster, self.injector, self.tokens = cluster, injector, tokens
         self.learners = cluster.topology["learners"]
 

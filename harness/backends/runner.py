@@ -21,7 +21,7 @@ from harness.backends.cluster import LocalCluster
 from harness.backends.injector import Injector, wait_until
 from harness.judging.losses import final_eval_event
 from harness.progress import Progress
-from harness.backends.run_loop import MAX_STEPS_FACTOR, Budget, log_header, training_start, walk
+from harness.backends.run_loop import END_GRACE_S, MAX_STEPS_FACTOR, Budget, log_header, token_budget, training_start, walk
 from harness.scenarios.scenario import Scenario
 from harness.scenarios.scenario_toml import scenario_to_toml
 from trainer.config import RunConfig
@@ -73,14 +73,14 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
 
     header["task"] = task_for_run(cfg).describe()  # loss_floor: the entropy floor of the task
     kw = dict(shards=s.cluster.shards, seed=s.seed, wan=s.wan, slices=s.cluster.slices,
-              max_steps_factor=MAX_STEPS_FACTOR, listen=s.cluster.listen)
+              max_steps_factor=MAX_STEPS_FACTOR, listen=s.cluster.listen, spares=s.spare_roles())
     if s.cluster.backend == "docker":
         from harness.backends.docker_cluster import DockerCluster
 
         cluster = DockerCluster(run_dir, cfg.to_dict(), engines=s.cluster.engines, **kw)
     else:
         cluster = LocalCluster(run_dir, cfg.to_dict(), **kw)
-    progress = Progress(run_dir, s, enabled=live)
+    progress = Progress(run_dir, s, enabled=live, total_tokens=token_budget(cfg), end_grace_s=END_GRACE_S)
     try:
         with cluster:
             header["topology"] = cluster.topology
@@ -93,6 +93,7 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
             try:
                 header["t_start"] = t0 = training_start(
                     clock, lambda: bool(watch.crashes) or len(progress.first_step) >= cfg.diloco.learners)
+                progress.started(t0)
                 walk(s.schedule(), clock, injector, budget, t0, s.train.duration_s, s.train.end_grace_s)
             finally:
                 header["t_end"] = time.time()

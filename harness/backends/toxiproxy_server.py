@@ -25,16 +25,26 @@ class ToxiproxyUnavailable(RuntimeError):
     pass
 
 
+def user_tools() -> Path:
+    """Where `diloco-chaos setup` puts the server for an installed package."""
+    if os.environ.get("DILOCO_CHAOS_TOOLS"):
+        return Path(os.environ["DILOCO_CHAOS_TOOLS"])
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "diloco-chaos" / "bin"
+
+
 def find_binary() -> str:
-    """The project-local build first, then a `toxiproxy-server` on PATH."""
-    if os.access(LOCAL_BINARY, os.X_OK):
-        return str(LOCAL_BINARY)
+    """The checkout's build (.tools/), then the user's tools folder, then PATH."""
+    for candidate in (LOCAL_BINARY, user_tools() / "toxiproxy-server"):
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
     found = shutil.which("toxiproxy-server")
     if found:
         return found
     raise ToxiproxyUnavailable(
-        "no toxiproxy-server found: run `make setup` (builds it with Go >= 1.23 into .tools/), "
-        "or put the release binary on PATH as toxiproxy-server, or `brew install toxiproxy`."
+        f"no toxiproxy-server found (looked in {LOCAL_BINARY.parent}, {user_tools()} and PATH): run "
+        "`diloco-chaos setup` (builds it with Go >= 1.23; `make setup` in a checkout), or put the "
+        "release binary on PATH as toxiproxy-server, or `brew install toxiproxy`."
     )
 
 

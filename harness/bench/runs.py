@@ -169,7 +169,8 @@ def run_cluster(run_dir: Path, cfg: RunConfig, *, wan: LinkProfile | None = None
         cluster.start(start_learners=False)
         pids = {"syncer-0": cluster.pid("syncer-0"), "toxiproxy": cluster.toxiproxy.pid}
         for n in names:
-            pids[n] = cluster.spawn(n).pid
+            cluster.spawn(n)
+            pids[n] = cluster.pid(n)
             if learner_cpus:
                 pin(pids[n], learner_cpus)  # before the child imports JAX: its XLA pool sees these CPUs
         if sampler:

@@ -68,6 +68,7 @@ class Incarnation:
     sends: list = field(default_factory=list)    # (Contribution / GradStep send or drop line, step lines before it)
     blocked: list = field(default_factory=list)  # (on, off) spans
     events: list = field(default_factory=list)   # every line the process wrote
+    start: str = "cold"  # how the harness started it: "cold", "spare" (warm), "spare_booting"
 
 
 @dataclass
@@ -104,7 +105,7 @@ class UnitHistory:
                 self._close("pause", self.paused, t)
             else:
                 self._close("down", self.dead, t)
-                o["restart"] = t
+                o["restart"], o["start"] = t, e.get("start", "cold")
             return
         if kind == "checkpoint_restored":  # written before the process's unit_up
             o["restore"] = e
@@ -118,7 +119,7 @@ class UnitHistory:
             restore = o.pop("restore", None) or {}
             self.incs.append(Incarnation(int(e["incarnation"]), t, o.pop("restart", t),
                                          int(e.get("step") or restore.get("step") or 0), t_end,
-                                         restored=restore or None))
+                                         restored=restore or None, start=o.pop("start", "cold")))
             self._live = True
         if not self.incs:
             return

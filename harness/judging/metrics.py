@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from harness.eventlog import EventLog
 from harness.judging.history import (Incarnation, UnitHistory, clip, first_step_start, fragment_count, histories,
@@ -151,18 +151,21 @@ def recoveries(log: EventLog, hs: dict[str, UnitHistory], lag: int, t0: float, f
     out = []
     for n, h in hs.items():
         merged = merged_by[n]
+        gaps = [b["t"] - a["t"] for inc in h.incs for a, b in zip(inc.steps, inc.steps[1:])]
+        cycle = H * statistics.median(gaps) if gaps and H else None
         for inc in h.incs:
             if inc.n < 1:
                 continue
             first_merge, first_step = firsts.get((n, inc.n)), first_step_start(inc, lag)
             steps = _rejoin_steps(inc, merged) if first_merge is not None else None
+            rec = None if first_merge is None else first_merge - inc.restart_t
             out.append(Recovery(
-                n, inc.n, inc.restart_t - t0,
-                None if first_merge is None else first_merge - inc.restart_t,
+                n, inc.n, inc.restart_t - t0, rec,
                 boot_s=None if first_step is None else max(0.0, first_step - inc.restart_t),
                 rejoin_s=None if first_merge is None or first_step is None else max(0.0, first_merge - first_step),
                 rejoin_steps=steps, rejoin_cycles=None if steps is None or not H else steps / H,
-                steps_run=len(inc.steps), sync_every=H))
+                steps_run=len(inc.steps), sync_every=H, start=inc.start, cycle_s=cycle,
+                recovery_cycles=None if rec is None or not cycle else rec / cycle))
     return tuple(out)
 
 
@@ -260,6 +263,9 @@ class Recovery:
     rejoin_cycles: float | None = None     # rejoin_steps / H: fragment cycles (the design: ≤ 1)
     steps_run: int = 0                     # inner steps the incarnation logged
     sync_every: int | None = None          # H, from the run's config
+    start: str = "cold"                    # the restart's path: "cold", "spare" (warm), "spare_booting"
+    cycle_s: float | None = None           # a fragment cycle of wall time: H × the unit's median step interval
+    recovery_cycles: float | None = None   # recovery_s / cycle_s (the design: ≤ 2 with spares)
 
 
 @dataclass(frozen=True)
@@ -293,6 +299,7 @@ class Metrics:
     recovery: tuple              # of Recovery
     recovery_max_s: float | None
     rejoin_cycles_max: float | None  # the largest Recovery.rejoin_cycles
+    recovery_cycles_median: float | None  # the median Recovery.recovery_cycles (restart → first merge, in cycles)
     final_loss: float | None
     final_loss_from: str | None  # "global" (the harness's eval of Θ) or "learners"
     reference_loss: float | None
@@ -325,6 +332,10 @@ class Metrics:
         d["staleness_hist"] = {str(k): v for k, v in sorted(self.staleness_hist.items())}
         d["downtime"] = [list(g) for g in self.downtime]
         return d
+
+
+def _median(xs: list) -> float | None:
+    return statistics.median(xs) if xs else None
 
 
 def _bandwidth(log: EventLog, learners: set, t0: float, t1: float):
@@ -397,6 +408,7 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
         uptime=measure(up) / dur if dur else 0.0, uptime_s=measure(up), commit_gap_bound_s=bound,
         downtime=down, recovery=recs, recovery_max_s=max(done) if done else None,
         rejoin_cycles_max=max((r.rejoin_cycles for r in recs if r.rejoin_cycles is not None), default=None),
+        recovery_cycles_median=_median([r.recovery_cycles for r in recs if r.recovery_cycles is not None]),
         final_loss=loss, final_loss_from=loss_from, reference_loss=ref,
         loss_parity=(loss - ref) / ref if loss is not None and ref else None,
         loss_parity_ci=parity_ci(batch_losses(log), batch_losses(reference) if reference is not None else None),

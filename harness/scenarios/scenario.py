@@ -37,7 +37,7 @@ from harness.units import _Bad, _convert, _describe, _shown, _what
 from trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, PRESETS, TASK_KINDS, InnerOptConfig, RunConfig, is_plugin,
                             with_preset)
 
-SCENARIOS_DIR = Path(__file__).resolve().parents[2] / "scenarios"
+SCENARIOS_DIR = Path(__file__).resolve().parent / "builtin"  # scenarios/ in a checkout links here
 BACKENDS = ("local", "docker")
 ENGINE_SCHEMES = ("unix://", "tcp://", "ssh://")
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
@@ -65,8 +65,13 @@ class ClusterSpec:
     # the address learners reach the link proxies and syncer shards at: loopback unless
     # the units run on other hosts (docs/DOCKER.md, "A run over several hosts")
     listen: str = "127.0.0.1"
+    # warm spares: a pre-started process per role takes a restarted unit's identity (local
+    # backend; the docker backend restarts cold). docs/SCENARIOS.md
+    spares: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.spares, bool):
+            raise FieldError("ClusterSpec", "spares", f"{self.spares!r} is not true or false", "true or false")
         for name in ("learners", "slices", "shards"):
             check_number(self, name, "1..1024", lambda v: 1 <= v <= 1024, integer=True)
         check_choice(self, "backend", BACKENDS)
@@ -205,6 +210,18 @@ class Scenario:
         n = len(self.faults)
         validate(self.schedule_faults(), self.shape(),
                  name=lambda i: f"faults[{i}]" if i < n else "a drawn fault")
+
+    def spare_roles(self) -> tuple[str, ...]:
+        """The roles whose units this run restarts (a kill with a return, in the schedule or
+        drawn by the failure process): they keep a warm spare when `cluster.spares` is on
+        (the local backend; docker restarts cold)."""
+        if not self.cluster.spares or self.cluster.backend != "local":
+            return ()
+        roles = set()
+        for _, what, f in self.schedule().timeline():
+            if what == "end" and f.kind in ("kill_unit", "kill_syncer"):
+                roles.add("syncer" if f.kind == "kill_syncer" else "learner")
+        return tuple(r for r in ("learner", "syncer") if r in roles)
 
     def shape(self) -> RunShape:
         c = self.cluster

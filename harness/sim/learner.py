@@ -31,7 +31,7 @@ from trainer.wiring import learner_config, logged_combiner
 class LearnerProc(LearnerHost):
     """One incarnation of a learner unit (a process, from spawn to death or exit)."""
 
-    def __init__(self, unit: "SimLearner", incarnation: int):
+    def __init__(self, unit: "SimLearner", incarnation: int, startup_s: float | None = None):
         self.unit, self.world, self.incarnation = unit, unit.world, incarnation
         self.alive, self.phase = True, "starting"
         self.paused, self.speed = False, 1.0
@@ -43,7 +43,7 @@ class LearnerProc(LearnerHost):
         self.max_steps, self.cfg = self.world.max_steps, self.world.cfg
         self.driver: LearnerDriver | None = None
         self.combine = logged_combiner(self.world.cfg, self.emit)  # two unsent Δs of p waiting on a link
-        self.wait_own(self.world.params.learner_startup_s, self.started)
+        self.wait_own(self.world.params.learner_startup_s if startup_s is None else startup_s, self.started)
 
     # --- own time: a paused or slowed process runs its waits slower ----------------------
     @property
@@ -271,9 +271,9 @@ class SimLearner:
         self.control, self.control_version = None, 0
         self.corrupt: dict | None = None  # the `corrupt` fault's spec while it is on
 
-    def spawn(self) -> None:
+    def spawn(self, startup_s: float | None = None) -> None:
         self.incarnation += 1
-        self.proc = LearnerProc(self, self.incarnation)
+        self.proc = LearnerProc(self, self.incarnation, startup_s)
 
     def kill(self) -> None:
         if self.proc is not None:

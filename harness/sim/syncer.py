@@ -17,13 +17,14 @@ from trainer.wiring import syncer_config
 class SyncerProc:
     """One incarnation: the SyncerPort of its driver on the simulated world."""
 
-    def __init__(self, unit: "SimSyncer", incarnation: int):
+    def __init__(self, unit: "SimSyncer", incarnation: int, startup_s: float | None = None):
         self.unit, self.world, self.incarnation = unit, unit.world, incarnation
         self.alive, self.listening = True, False
         self.timers: dict[str, object] = {}
         self.stats: dict[str, LinkStats] = {}
         self.driver: SyncerDriver | None = None
-        self.world.clock.at(self.world.now + self.world.params.syncer_startup_s, self.started)
+        startup = self.world.params.syncer_startup_s if startup_s is None else startup_s
+        self.world.clock.at(self.world.now + startup, self.started)
 
     @property
     def state(self):
@@ -128,9 +129,9 @@ class SimSyncer:
         self.durable = None
         self.saved = 0
 
-    def spawn(self) -> None:
+    def spawn(self, startup_s: float | None = None) -> None:
         self.incarnation += 1
-        self.proc = SyncerProc(self, self.incarnation)
+        self.proc = SyncerProc(self, self.incarnation, startup_s)
 
     def kill(self) -> None:
         if self.proc is not None:

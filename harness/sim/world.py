@@ -18,6 +18,7 @@ import numpy as np
 
 from harness.backends.cluster import LOCAL_MECHANISMS, mechanism_words
 from harness.backends.injector import Injector
+from harness.backends.processes import SPARE_DELAY_S
 from harness.sim.learner import SimLearner
 from harness.sim.net import Net
 from harness.sim.syncer import SimSyncer
@@ -73,6 +74,7 @@ class SimParams:
     step_jitter: float = 0.05  # and each step ± this fraction, uniform, seeded
     learner_startup_s: float = 2.0  # process start to unit_up (imports, jit)
     syncer_startup_s: float = 1.0
+    spare_startup_s: float = 0.5  # a warm spare taking a restarted unit's identity, to its unit_up
     ckpt_save_s: float = 0.2  # a checkpoint save until it is durable
     loopback_ms: float = 0.2  # one-way delay of a link with no latency toxic
     # what a link's kernel send queue and proxy hold beyond the sender's outbox (KiB):
@@ -87,7 +89,7 @@ class SimParams:
 
 class World:
     def __init__(self, cfg, topology: dict, model, params: SimParams, *, wan=None, bugs: frozenset = frozenset(),
-                 seed: int = 0, max_steps: int | None = None):
+                 seed: int = 0, max_steps: int | None = None, spares: tuple = ()):
         unknown = set(bugs) - LEARNER_BUGS - SYNCER_BUGS
         if unknown:
             raise ValueError(f"unknown planted bugs {sorted(unknown)}; valid: {sorted(LEARNER_BUGS | SYNCER_BUGS)}")
@@ -106,6 +108,10 @@ class World:
         self._step_rng = [np.random.default_rng([seed, 0x52, i]) for i in range(len(names))]
         u = np.random.default_rng([seed, 0x53]).random(len(names))
         self.step_base = [params.step_s * (1 + params.hetero * float(x)) for x in u]
+        # warm spares (`[cluster] spares`, the roles the schedule restarts): when each role's
+        # spare is ready; the first boots with the units at t = 0 (harness/backends/processes.py)
+        self.spare_ready = {r: params.learner_startup_s if r == "learner" else params.syncer_startup_s
+                            for r in spares}
         self.learners = {n: SimLearner(self, n, i) for i, n in enumerate(names)}
         self.syncers = {s: SimSyncer(self, s) for s in topology["shards"]}
         self.net = Net(self, names, list(self.syncers), topology["run_id"], params.loopback_ms / 1000)
@@ -145,11 +151,23 @@ class World:
     def kill(self, name: str) -> None:
         self._unit(name).kill()
 
-    def spawn(self, name: str) -> None:
+    def spawn(self, name: str) -> str:
+        """A restart: cold (learner_startup_s / syncer_startup_s), or a warm spare's
+        spare_startup_s (plus what is left of its boot if it is not ready yet); the spare's
+        replacement is ready SPARE_DELAY_S + a cold start later."""
         unit = self._unit(name)
         if unit.proc is not None:
             raise RuntimeError(f"{name} is already running")
-        unit.spawn()
+        role = "learner" if name in self.learners else "syncer"
+        cold = self.params.learner_startup_s if role == "learner" else self.params.syncer_startup_s
+        start, startup = "cold", cold
+        if role in self.spare_ready:
+            ready = self.spare_ready[role]
+            start = "spare" if self.now >= ready else "spare_booting"
+            startup = max(ready - self.now, 0.0) + self.params.spare_startup_s
+            self.spare_ready[role] = self.now + SPARE_DELAY_S + cold
+        unit.spawn(startup)
+        return start
 
     def pause(self, name: str) -> None:
         if (proc := self.learners[name].proc) is not None:
@@ -211,5 +229,5 @@ class SimInjector(Injector):
 
     def _up(self, unit: str) -> None:
         self.down.discard(unit)
-        self.cluster.spawn(unit)
-        self.emit("unit_up", unit, reason="restarted", pid=None)
+        start = self.cluster.spawn(unit)
+        self.emit("unit_up", unit, reason="restarted", pid=None, start=start)

@@ -5,6 +5,7 @@ virtualenv where the repository was `pip install`ed, so the plugin comes only fr
 package's `pytest11` entry point."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -64,7 +65,7 @@ def test_pip_install_into_a_fresh_virtualenv_gives_the_fixture(tmp_path):
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     for f in files:
         (src / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / f, src / f)
+        shutil.copy2(ROOT / f, src / f, follow_symlinks=False)  # scenarios/ is a link
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next((venv / "lib").glob("python3*/site-packages"))
@@ -78,3 +79,25 @@ def test_pip_install_into_a_fresh_virtualenv_gives_the_fixture(tmp_path):
     proc = _pytest(str(venv / "bin" / "python"), d)
     _check(proc)
     assert str(ROOT) not in (proc.stdout + proc.stderr)  # nothing came from the checkout
+
+    # the built-in scenarios are package data: by name, from the installed package
+    cli = str(venv / "bin" / "diloco-chaos")
+    listed = subprocess.run([cli, "scenarios"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert listed.returncode == 0 and "one-way-cut" in listed.stdout, listed.stdout + listed.stderr
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "from harness.scenarios import scenario as m; "
+                            "print(m.load_scenario('chaos').name, m.SCENARIOS_DIR)"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert where.stdout.startswith("chaos ") and str(venv) in where.stdout, where.stdout + where.stderr
+
+    # `diloco-chaos setup` puts a Toxiproxy server in the user's tools folder (here: the
+    # checkout's, found on PATH, linked) and the installed harness finds it there
+    tools = tmp_path / "tools"
+    env = {**os.environ, "DILOCO_CHAOS_TOOLS": str(tools),
+           "PATH": f"{ROOT / '.tools'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    setup = subprocess.run([cli, "setup"], capture_output=True, text=True, env=env, timeout=300)
+    assert setup.returncode == 0 and (tools / "toxiproxy-server").exists(), setup.stdout + setup.stderr
+    env["PATH"] = os.environ.get("PATH", "")
+    found = subprocess.run([str(venv / "bin" / "python"), "-c", "from harness.backends import toxiproxy_server as t; "
+                            "print(t.find_binary())"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                           timeout=120)
+    assert found.stdout.strip() == str(tools / "toxiproxy-server"), found.stdout + found.stderr

@@ -1,0 +1,177 @@
+"""The local backend's units: processes of this host, started through `procs.spawn`
+(their own session, SIGKILL if the harness dies, signalled by pid), killed with SIGKILL,
+paused with SIGSTOP/SIGCONT, slowed by a SIGSTOP duty cycle, and restarted from warm
+spares when the run keeps them (`[cluster] spares`)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from harness.backends import procs
+from harness.backends.cluster import JAX_CACHE, LOCAL_MECHANISMS, Member
+
+if TYPE_CHECKING:
+    from harness.backends.cluster import LocalCluster
+
+
+@dataclass
+class SlowCycle:
+    """Duty-cycled SIGSTOP/SIGCONT: the process runs `speed` of each `period_s`."""
+
+    pid: int
+    speed: float
+    period_s: float
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                os.kill(self.pid, signal.SIGSTOP)
+                self.stop.wait((1 - self.speed) * self.period_s)
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                return
+            self.stop.wait(self.speed * self.period_s)
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+SPARE_DELAY_S = 3.0  # a replacement spare waits this long before its boot (see trainer/spare.py)
+
+
+@dataclass
+class Spare:
+    name: str                 # spare-learner-2: its stdout/ file and spares/NAME.ready
+    role: str
+    proc: subprocess.Popen
+
+
+@dataclass
+class Processes:
+    """Units as processes of this host: SIGKILL, SIGSTOP/SIGCONT, a SIGSTOP duty cycle.
+
+    Warm spares (the cluster's `spares`, from `[cluster] spares`): one process per role started
+    ahead (trainer/spare.py) takes the next restart's identity, so a restart costs a
+    checkpoint restore instead of a Python + JAX start; a new spare replaces it
+    SPARE_DELAY_S later. Each restart's path is in the harness's unit_up line (`start`)."""
+
+    backend: str = "local"
+    mechanisms: dict = field(default_factory=lambda: dict(LOCAL_MECHANISMS))
+    slowed: dict[str, SlowCycle] = field(default_factory=dict)  # slow_unit's duty cycles
+    spares: dict[str, Spare] = field(default_factory=dict)      # role -> its spare
+    made: int = 0
+
+    def prepare(self, cluster: "LocalCluster") -> None:
+        pass
+
+    def backend_info(self, cluster: "LocalCluster") -> dict:
+        return {"name": "local", "host": os.uname().nodename, "spares": list(cluster.spares)}
+
+    def _env(self, cluster: "LocalCluster", role: str) -> dict:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if role == "learner":
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cluster.slices}"
+        env.setdefault("JAX_PLATFORMS", "cpu")
+        # A restarted unit recompiles nothing: XLA programs persist across processes
+        # (real fleets keep compilation caches for the same reason).
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+        return env
+
+    def start_spares(self, cluster: "LocalCluster", delay_s: float = 0.0) -> None:
+        """A spare for every role that keeps one (`cluster.spares`) and has none."""
+        for role in cluster.spares:
+            if role not in self.spares:
+                self.made += 1
+                name = f"spare-{role}-{self.made}"
+                argv = [cluster.python, "-m", "trainer.spare", role, "--delay", str(delay_s),
+                        "--run-dir", str(cluster.run_dir), "--spare", name]
+                with open(cluster.run_dir / "stdout" / f"{name}.log", "wb") as out:
+                    proc = procs.spawn(argv, stdout=out, stderr=subprocess.STDOUT, env=self._env(cluster, role),
+                                       stdin=subprocess.PIPE)
+                self.spares[role] = Spare(name, role, proc)
+
+    def spawn(self, cluster: "LocalCluster", m: Member) -> subprocess.Popen:
+        spare = self.spares.pop(m.role, None)
+        if spare is not None:
+            self.start_spares(cluster, SPARE_DELAY_S)  # its replacement
+            if self._hand_over(cluster, spare, m):
+                return spare.proc
+        m.start = "cold"
+        module = "trainer.learner" if m.role == "learner" else "trainer.syncer"
+        out = open(cluster.run_dir / "stdout" / f"{m.name}.{m.incarnation}.log", "wb")
+        argv = [cluster.python, "-m", module, "--run-dir", str(cluster.run_dir), "--id", m.name,
+                "--incarnation", str(m.incarnation)]
+        with out:
+            return procs.spawn(argv, stdout=out, stderr=subprocess.STDOUT, env=self._env(cluster, m.role))
+
+    def _hand_over(self, cluster: "LocalCluster", spare: Spare, m: Member) -> bool:
+        """The spare takes m's identity (one JSON line on its stdin); False if it had died
+        (its stdout/ file says why): the restart is then cold."""
+        ready = (cluster.run_dir / "spares" / f"{spare.name}.ready").exists()
+        try:
+            spare.proc.stdin.write(json.dumps({"id": m.name, "incarnation": m.incarnation}).encode() + b"\n")
+            spare.proc.stdin.close()  # flushes the one line it reads
+        except (BrokenPipeError, ValueError):
+            procs.stop(spare.proc, grace_s=1.0)
+            return False
+        (cluster.run_dir / "stdout" / f"{m.name}.{m.incarnation}.log").symlink_to(f"{spare.name}.log")
+        m.start = "spare" if ready else "spare_booting"
+        return True
+
+    def pid(self, m: Member) -> int | None:
+        return m.proc.pid if m.proc is not None and m.proc.poll() is None else None
+
+    def kill(self, cluster: "LocalCluster", m: Member) -> None:
+        """SIGKILL: the process gets no chance to clean up, as with a machine failure."""
+        if m.proc is not None:
+            if m.proc.poll() is None:
+                os.kill(m.proc.pid, signal.SIGKILL)
+            m.proc.wait()
+            m.proc = None
+
+    def pause(self, cluster: "LocalCluster", m: Member) -> str | None:
+        self._signal(m, signal.SIGSTOP)
+        m.paused = True
+        return None
+
+    def resume(self, cluster: "LocalCluster", m: Member) -> None:
+        self._signal(m, signal.SIGCONT)
+        m.paused = False
+
+    def set_speed(self, cluster: "LocalCluster", m: Member, speed: float, period_s: float) -> None:
+        """The process runs `speed` of every `period_s` (SIGSTOP/SIGCONT from a thread); 1.0
+        ends it. A unit restarted meanwhile is not slowed (its new pid)."""
+        if (old := self.slowed.pop(m.name, None)) is not None:
+            old.stop.set()
+        pid = self.pid(m)
+        if speed < 1.0 and pid is not None:
+            cycle = self.slowed[m.name] = SlowCycle(pid, speed, period_s)
+            threading.Thread(target=cycle.run, name=f"slow-{m.name}", daemon=True).start()
+
+    def _signal(self, m: Member, sig: int) -> None:
+        if (pid := self.pid(m)) is not None:
+            os.kill(pid, sig)
+
+    def stop_all(self, cluster: "LocalCluster") -> None:
+        """SIGTERM, a grace period, SIGKILL: spares, then learners (members are shards, then
+        learners), then shards."""
+        for cycle in self.slowed.values():
+            cycle.stop.set()
+        for spare in list(self.spares.values()):
+            procs.stop(spare.proc, grace_s=2.0)
+            if spare.proc.stdin is not None:
+                spare.proc.stdin.close()
+        self.spares.clear()
+        for m in list(cluster.members.values())[::-1]:
+            if m.proc is not None:
+                procs.stop(m.proc, grace_s=5.0)
+                m.proc = None
