@@ -214,9 +214,16 @@ def shared(cfg):
 
 def warm_up(run_dir) -> None:
     """A spare's preparation: `shared`, and one of each program the unit runs compiled
-    (an inner step on every slice, or dp's gradient and update; the eval)."""
+    (an inner step on every slice, or dp's gradient and update; the eval; the fragment
+    operations a fetch and a contribution use)."""
     _, cfg = shell.load_run(run_dir)
     task, evals, params, inner = shared(cfg)
+    frag = fragmenter_for(cfg, params)
+    math = learner_math(cfg, frag)
+    for p in range(cfg.n_fragments):
+        x = frag.get(params, p)
+        jax.block_until_ready(frag.rebase(frag.set(params, p, x), p, x, x))
+        math.pseudo_grad_payload(x, x)
     opt, batch = inner.init(params), task.batch(0, 0)
     if cfg.diloco.mode in DP_MODES:
         grads, _ = inner.grad(params, batch)

@@ -162,16 +162,18 @@ class Processes:
             os.kill(pid, sig)
 
     def stop_all(self, cluster: "LocalCluster") -> None:
-        """SIGTERM, a grace period, SIGKILL: spares, then learners (members are shards, then
-        learners), then shards."""
+        """SIGTERM, a grace period, SIGKILL: the spares, then every learner at once (each
+        drains its links, writes its last lines and saves: their shutdowns overlap), then
+        the shards, which stayed up for the learners' last contributions."""
         for cycle in self.slowed.values():
             cycle.stop.set()
-        for spare in list(self.spares.values()):
-            procs.stop(spare.proc, grace_s=2.0)
+        procs.stop_all([s.proc for s in self.spares.values()], grace_s=2.0)
+        for spare in self.spares.values():
             if spare.proc.stdin is not None:
                 spare.proc.stdin.close()
         self.spares.clear()
-        for m in list(cluster.members.values())[::-1]:
-            if m.proc is not None:
-                procs.stop(m.proc, grace_s=5.0)
+        for role in ("learner", "syncer"):
+            members = [m for m in cluster.members.values() if m.role == role and m.proc is not None]
+            procs.stop_all([m.proc for m in members], grace_s=5.0)
+            for m in members:
                 m.proc = None

@@ -73,6 +73,21 @@ def stop(proc: subprocess.Popen, *, grace_s: float = 5.0) -> int | None:
         return proc.wait()
 
 
+def stop_all(children: Sequence[subprocess.Popen], *, grace_s: float = 5.0) -> None:
+    """`stop` for several at once: every one gets SIGCONT and SIGTERM first, then they
+    share one `grace_s` to leave (their shutdowns overlap), then SIGKILL; all reaped."""
+    live = [p for p in children if p.poll() is None]
+    for proc in live:
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            try:
+                os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                break
+    deadline = time.monotonic() + grace_s
+    for proc in live:
+        stop(proc, grace_s=max(0.0, deadline - time.monotonic()))
+
+
 @dataclass
 class ProcessSet:
     """The processes of one run; `close()` stops every one of them, in reverse start order."""
