@@ -131,16 +131,18 @@ class Checkpointer:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def restore(self, step: int | None = None) -> dict | None:
+    def restore(self, step: int | None = None, listed: list[int] | None = None) -> dict | None:
         """The tree saved at `step` (default: the latest finalized one), or None if
-        there is none. Never a partially written checkpoint."""
+        there is none. Never a partially written checkpoint. `listed`: the caller's own
+        `steps()` to check `step` against (restoring every kept step, one listing of the
+        folder instead of one per restore: 36 ms each)."""
         if step is None:
             step = self.latest_step()
             if step is None:
                 return None
-        elif step not in self.steps():
+        elif step not in (finalized := self.steps() if listed is None else listed):
             raise ValueError(f"no finalized checkpoint for step {step} in "
-                             f"{self.directory}; finalized steps: {self.steps()}")
+                             f"{self.directory}; finalized steps: {finalized}")
         restored = self._mngr.restore(step, args=ocp.args.StandardRestore())
         return _to_numpy(restored)
 
