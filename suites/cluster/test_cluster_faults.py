@@ -26,8 +26,11 @@ BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker)]
 def _scenario(name, faults, *, backend, slices=1, learners=2, shards=1, steps=1500, duration="28s", wan=None):
     # a token budget larger than the 28 s can train and no end grace: the run lasts exactly
     # `duration`, so every fault fires (the last ends at 25 s) however fast the machine is
+    # spares off: these runs keep the cold restart path covered through the runner (on
+    # docker it is the only one; warm spares: test_spares.py), and start no spare beside the units
     d = {"name": name, "seed": 1,
-         "cluster": {"learners": learners, "slices": slices, "shards": shards, "backend": backend},
+         "cluster": {"learners": learners, "slices": slices, "shards": shards, "backend": backend,
+                     "spares": False},
          "train": {"task": "markov", "steps": steps, "duration": duration, "end_grace": "0s",
                    "batch_size": 16},
          "faults": faults}
@@ -172,6 +175,8 @@ def test_kill_unit_restarts_and_contributes_again(unit_faults):
     ups = [e for e in log.of("unit_up", src="learner-1") if "incarnation" in e]
     assert [e["incarnation"] for e in ups] == [0, 1]
     assert any(m["learner"] == "learner-1" and m["incarnation"] == 1 for m in log.of("merge"))
+    restart = next(e for e in log.of("unit_up", src="learner-1") if e.get("reason") == "restarted")
+    assert restart["start"] == "cold"  # a new process (spares off here)
 
 
 def test_wan_fault_throttles_the_link(unit_faults):
