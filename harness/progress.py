@@ -123,10 +123,8 @@ class Progress:
     def _view(self, status: dict, faults: list | None = None) -> Group:
         now = self.clock()
         bar = ProgressBar(total=max(self.total_tokens, 1), completed=min(self.tokens, max(self.total_tokens, 1)),
-                          width=40)
-        line = Table.grid(padding=(0, 1))
-        line.add_row(f"[bold]{self.name}[/]", bar, self.headline(now))
-        return Group(line, self._table(status, faults))
+                          width=50)
+        return Group(f"[bold]{self.name}[/] {self.headline(now)}", bar, self._table(status, faults))
 
     def _table(self, status: dict, faults: list | None = None) -> Table:
         t = Table(caption="active faults: " + (", ".join(faults or []) or "none"))
