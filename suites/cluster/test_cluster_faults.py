@@ -272,7 +272,10 @@ def test_latency_spike_delays_its_link(link_faults):
 
 
 def test_latency_spike_delays_its_link_in_the_sim():
+    # the same spike 15 s earlier in a 13 s run (the check needs 4 s before it and its
+    # 4 s): the sim computes every inner step, 18.7 s of a CI run for the 28 s one
     from harness.sim.run import simulate
 
-    s = _scenario("latency-spike", [LATENCY_SPIKE], shards=2, backend="local")
+    spike = {**LATENCY_SPIKE, "at": "6s"}
+    s = _scenario("latency-spike", [spike], shards=2, backend="local", duration="13s")
     _latency_spike_delays_its_link(simulate(s).log(), "simulated: Toxiproxy")
