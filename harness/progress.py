@@ -45,11 +45,12 @@ class Tail:
 
 class Progress:
     def __init__(self, run_dir: Path, scenario, enabled: bool = True, every_s: float = 0.5,
-                 total_tokens: int = 0, end_grace_s: float = 20.0, clock=time.time, out=None):
+                 total_tokens: int = 0, end_s: float | None = None, clock=time.time, out=None):
+        """`end_s`: when the run ends at the latest, from time zero (the run loop's
+        `run_end_s`; None: `train.duration`)."""
         self.tail = Tail(run_dir / "logs")
         self.name, self.duration_s = scenario.name, scenario.train.duration_s
-        self.end_s = self.duration_s + (end_grace_s if scenario.train.end_grace_s is None
-                                        else scenario.train.end_grace_s)
+        self.end_s = self.duration_s if end_s is None else end_s
         self.steps_target = scenario.train.steps
         self.total_tokens = total_tokens
         self.enabled, self.every_s, self.clock = enabled, every_s, clock
@@ -88,8 +89,7 @@ class Progress:
         """`tokens 12,288/40,960 (30 %) · 9 s of 70 s · ETA 21 s`"""
         share = f" ({100 * self.tokens / self.total_tokens:.0f} %)" if self.total_tokens else ""
         eta = self.eta_s(now)
-        since = self.t_zero if self.t_zero is not None else self.t0
-        when = "starting" if self.t_zero is None else f"{now - since:.0f} s of {self.duration_s:.0f} s"
+        when = "starting" if self.t_zero is None else f"{now - self.t_zero:.0f} s of {self.duration_s:.0f} s"
         return (f"tokens {self.tokens:,}/{self.total_tokens:,}{share} · {when} · "
                 f"ETA {'-' if eta is None else f'{eta:.0f} s'}")
 

@@ -49,7 +49,6 @@ SPARE_DELAY_S = 3.0  # a replacement spare waits this long before its boot (see 
 @dataclass
 class Spare:
     name: str                 # spare-learner-2: its stdout/ file and spares/NAME.ready
-    role: str
     proc: subprocess.Popen
 
 
@@ -97,7 +96,7 @@ class Processes:
                 with open(cluster.run_dir / "stdout" / f"{name}.log", "wb") as out:
                     proc = procs.spawn(argv, stdout=out, stderr=subprocess.STDOUT, env=self._env(cluster, role),
                                        stdin=subprocess.PIPE)
-                self.spares[role] = Spare(name, role, proc)
+                self.spares[role] = Spare(name, proc)
 
     def spawn(self, cluster: "LocalCluster", m: Member) -> subprocess.Popen:
         spare = self.spares.pop(m.role, None)

@@ -64,16 +64,21 @@ def training_start(clock: RunClock, ready: Callable[[], bool], timeout_s: float 
     return clock.now()
 
 
+def run_end_s(train) -> float:
+    """The latest end of a run, from time zero: `train.duration` + its end grace
+    (`train.end_grace`, END_GRACE_S unless set)."""
+    return train.duration_s + (END_GRACE_S if train.end_grace_s is None else train.end_grace_s)
+
+
 def walk(schedule: Schedule, clock: RunClock, injector: Injector, budget: Budget, t0: float,
-         duration_s: float, end_grace_s: float | None = None) -> None:
+         train) -> None:
     """Steps 2 and 3 above: returns when the run is over."""
     for t, what, fault in schedule.timeline():
-        if t >= duration_s and what == "start":
+        if t >= train.duration_s and what == "start":
             break
         clock.run_until(t0 + t, until=budget.spent)
         if budget.spent():
             return
         injector.start(fault) if what == "start" else injector.end(fault)
     if not budget.spent():
-        grace = END_GRACE_S if end_grace_s is None else end_grace_s
-        clock.run_until(t0 + duration_s + grace, until=budget.spent)
+        clock.run_until(t0 + run_end_s(train), until=budget.spent)

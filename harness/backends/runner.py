@@ -21,7 +21,8 @@ from harness.backends.cluster import LocalCluster
 from harness.backends.injector import Injector, wait_until
 from harness.judging.losses import final_eval_event
 from harness.progress import Progress
-from harness.backends.run_loop import END_GRACE_S, MAX_STEPS_FACTOR, Budget, log_header, token_budget, training_start, walk
+from harness.backends.run_loop import (MAX_STEPS_FACTOR, Budget, log_header, run_end_s, token_budget,
+                                       training_start, walk)
 from harness.scenarios.scenario import Scenario
 from harness.scenarios.scenario_toml import scenario_to_toml
 from trainer.config import RunConfig
@@ -80,7 +81,7 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
         cluster = DockerCluster(run_dir, cfg.to_dict(), engines=s.cluster.engines, **kw)
     else:
         cluster = LocalCluster(run_dir, cfg.to_dict(), **kw)
-    progress = Progress(run_dir, s, enabled=live, total_tokens=token_budget(cfg), end_grace_s=END_GRACE_S)
+    progress = Progress(run_dir, s, enabled=live, total_tokens=token_budget(cfg), end_s=run_end_s(s.train))
     try:
         with cluster:
             header["topology"] = cluster.topology
@@ -94,7 +95,7 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
                 header["t_start"] = t0 = training_start(
                     clock, lambda: bool(watch.crashes) or len(progress.first_step) >= cfg.diloco.learners)
                 progress.started(t0)
-                walk(s.schedule(), clock, injector, budget, t0, s.train.duration_s, s.train.end_grace_s)
+                walk(s.schedule(), clock, injector, budget, t0, s.train)
             finally:
                 header["t_end"] = time.time()
                 injector.teardown()

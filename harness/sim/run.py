@@ -161,7 +161,7 @@ def simulate(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), 
     n = len(world.topology["learners"])
     budget, clock = Budget(world.cfg, world, injector, lambda: world.tokens), _VirtualClock(world.clock)
     header["t_start"] = t0 = training_start(clock, lambda: len(world.first_step) == n)
-    walk(s.schedule(), clock, injector, budget, t0, s.train.duration_s, s.train.end_grace_s)
+    walk(s.schedule(), clock, injector, budget, t0, s.train)
     return finish(s, world, injector, header)
 
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
+from harness.backends.run_loop import run_end_s
 from harness.progress import Progress
 from harness.scenarios.scenario import scenario_from_dict
 
@@ -29,7 +30,7 @@ def _setup(tmp_path, end_grace="0s"):
     member = SimpleNamespace(paused=False, proc=SimpleNamespace(poll=lambda: None))
     injector = SimpleNamespace(down={"learner-1": 0}, active={0: SimpleNamespace(kind="partition", target="link:learner-1")},
                                cluster=SimpleNamespace(members={"learner-0": member, "learner-1": member}))
-    p = Progress(tmp_path, s, total_tokens=1000, clock=clock, out=out)
+    p = Progress(tmp_path, s, total_tokens=1000, end_s=run_end_s(s.train), clock=clock, out=out)
     return p, clock, out, injector
 
 
