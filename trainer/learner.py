@@ -17,7 +17,7 @@ import time
 import jax
 import numpy as np
 
-from trainer import shell
+from trainer import auth, shell
 from trainer.checkpoint import Checkpointer
 from trainer.inner import make_inner, opt_state_to_tree
 from trainer.outbox import outbox_key
@@ -62,7 +62,8 @@ class Learner(LearnerHost):
                                     self.cfg.diloco.slices)
         self.control_mtime, self.control_live, self.corrupt = 0.0, None, None
         self.inbox: queue.Queue = queue.Queue()
-        self.links = {shard: ShardLink(self.name, shard, addr, topo["run_id"], self.inbox)
+        secret = auth.secret_from_env()
+        self.links = {shard: ShardLink(self.name, shard, addr, topo["run_id"], self.inbox, secret=secret)
                       for shard, addr in topo["links"][self.name].items()}
         self.buffer_log = BufferLog()
         self.resources = shell.ResourceLog(self.ev)
@@ -96,7 +97,10 @@ class Learner(LearnerHost):
         except queue.Empty:
             return
         while True:
-            self.driver.handle(ev.kind, ev.peer, ev.msg, ev.nbytes)
+            if ev.kind == "refused":  # the shard did not prove the run's secret: nothing to feed
+                self.ev.emit("auth_refused", peer=ev.peer, reason=ev.msg)
+            else:
+                self.driver.handle(ev.kind, ev.peer, ev.msg, ev.nbytes)
             try:
                 ev = self.inbox.get_nowait()
             except queue.Empty:

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from trainer import shell
+from trainer import auth, shell
 from trainer.checkpoint import Checkpointer
 from trainer.outbox import outbox_key
 from trainer.protocol import SyncerCore
@@ -51,7 +51,7 @@ class Syncer:
                                        self, saved)
         self.timers = shell.Timers()
         host, port = parse_addr(topo["shard_addrs"][self.name])
-        self.server = ShardServer(self.name, topo["run_id"], host, port)
+        self.server = ShardServer(self.name, topo["run_id"], host, port, secret=auth.secret_from_env())
         self.buffer_log = BufferLog()
         self.resources = shell.ResourceLog(self.ev)
 
@@ -91,6 +91,8 @@ class Syncer:
                     d.connected(ev.peer)
                 elif ev.kind == "disconnected":
                     d.disconnected(ev.peer)
+                elif ev.kind == "refused":  # no proof of the run's secret: nothing reached the core
+                    self.ev.emit("auth_refused", peer=ev.peer, reason=ev.msg)
                 else:
                     d.received(ev.peer, ev.msg, ev.nbytes)
             if d.in_flight is not None and not self.ckpt.saving():

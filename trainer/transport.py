@@ -18,6 +18,12 @@ so only the frame being written and the kernel's send buffer (`SNDBUF_BYTES`) ar
 beyond reach. `unsent_bytes()` = bytes waiting in the outbox + the rest of the frame
 being written + the kernel's unsent bytes on the socket (SIOCOUTQ).
 
+Run membership (trainer/auth.py): every connection opens with a mutual HMAC challenge
+keyed by the run secret. The shard adopts a connection as learner X only once X proved
+it, and cuts one whose frames then claim another sender; what fails is a `refused`
+event and never reaches a core. The learner's link is up only once the shard proved
+itself in turn.
+
 Bytes are counted per link and direction, at the socket, as `LinkStats`.
 """
 from __future__ import annotations
@@ -32,6 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from trainer import auth
 from trainer.codec import FrameDecoder, ProtocolError, encode_frame
 from trainer.outbox import Outbox
 
@@ -97,10 +104,13 @@ def _tune(sock: socket.socket) -> None:
 
 
 class _Conn:
-    __slots__ = ("sock", "decoder", "peer", "outbox", "partial", "writing")
+    __slots__ = ("sock", "decoder", "peer", "outbox", "partial", "writing", "proof", "deadline", "remote")
 
-    def __init__(self, sock: socket.socket, decoder: FrameDecoder):
+    def __init__(self, sock: socket.socket, decoder: FrameDecoder, proof: auth.ProofReader, deadline: float,
+                 remote: str):
         self.sock, self.decoder = sock, decoder
+        self.proof: auth.ProofReader | None = proof  # None once the peer proved itself
+        self.deadline, self.remote = deadline, remote
         self.peer: str | None = None
         self.outbox = Outbox()
         self.partial: memoryview | None = None  # the rest of the frame being written; never replaced
@@ -108,10 +118,11 @@ class _Conn:
 
 
 class ShardServer:
-    """The syncer shard's end: listens on loopback, one connection per learner unit."""
+    """The syncer shard's end: listens on loopback (or the address given), one connection
+    per learner unit that proved it belongs to the run."""
 
-    def __init__(self, name: str, run_id: str, host: str = "127.0.0.1", port: int = 0):
-        self.name, self.run_id = name, run_id
+    def __init__(self, name: str, run_id: str, host: str = "127.0.0.1", port: int = 0, *, secret: bytes):
+        self.name, self.run_id, self.secret = name, run_id, secret
         self.sel = selectors.DefaultSelector()
         self.listener = socket.create_server((host, port))
         self.listener.setblocking(False)
@@ -120,9 +131,14 @@ class ShardServer:
         self.by_peer: dict[str, _Conn] = {}
         self.stats: dict[str, LinkStats] = {}
         self._pending: list[NetEvent] = []  # a disconnection found while sending, for the next poll
+        self._unproven: set[_Conn] = set()  # accepted, no proof yet
+        self.refused = 0
 
     def poll(self, timeout_s: float) -> list[NetEvent]:
         events, self._pending = self._pending, []
+        now = time.monotonic()
+        for conn in [c for c in self._unproven if c.deadline <= now]:
+            self._refuse(conn, f"no run-membership proof within {auth.AUTH_TIMEOUT_S:g} s", events)
         for key, mask in self.sel.select(timeout=0.0 if events else max(0.0, timeout_s)):
             if key.data is None:
                 self._accept()
@@ -179,7 +195,17 @@ class ShardServer:
             return
         sock.setblocking(False)
         _tune(sock)
-        conn = _Conn(sock, FrameDecoder(expected_run_id=self.run_id))
+        n_shard = auth.nonce()
+        try:
+            remote = "%s:%d" % sock.getpeername()[:2]
+            sock.send(auth.challenge(n_shard))  # 20 bytes into an empty send buffer
+        except OSError:  # gone already
+            sock.close()
+            return
+        conn = _Conn(sock, FrameDecoder(expected_run_id=self.run_id),
+                     auth.ProofReader(self.secret, self.run_id, self.name, n_shard),
+                     time.monotonic() + auth.AUTH_TIMEOUT_S, remote)
+        self._unproven.add(conn)
         self.sel.register(sock, selectors.EVENT_READ, conn)
 
     def _read(self, conn: _Conn, events: list[NetEvent]) -> None:
@@ -192,18 +218,40 @@ class ShardServer:
         if not data:
             self._drop(conn, events)
             return
-        if conn.peer:
-            self.stats[conn.peer].bytes_recv += len(data)
+        if conn.proof is not None:
+            try:
+                if not conn.proof.feed(data):
+                    return
+                conn.sock.send(conn.proof.answer())  # 36 bytes: the send buffer holds only the challenge
+            except (auth.AuthError, OSError) as e:
+                self._refuse(conn, str(e), events)
+                return
+            proven, rest, size = conn.proof.learner, conn.proof.rest, conn.proof.size
+            conn.proof = None
+            self._unproven.discard(conn)
+            self._adopt(conn, proven, size, events)
+            self.stats[proven].bytes_sent += auth.CHALLENGE_BYTES + auth.ANSWER_BYTES
+            data = rest
+        self.stats[conn.peer].bytes_recv += len(data)
         try:
             conn.decoder.feed(data)
             while (item := conn.decoder.next()) is not None:
                 header, msg = item
-                if conn.peer is None:
-                    self._adopt(conn, header["sender"], len(data), events)
+                if header["sender"] != conn.peer:
+                    self._refuse(conn, f"a frame from {header['sender']!r} on {conn.peer!r}'s connection", events)
+                    return
                 self.stats[conn.peer].frames_recv += 1
                 events.append(NetEvent("message", conn.peer, msg, header.get("frame_bytes", 0)))
         except ProtocolError:
             self._drop(conn, events)  # a malformed stream is cut; the learner reconnects
+
+    def _refuse(self, conn: _Conn, reason: str, events: list[NetEvent]) -> None:
+        """Cuts a connection that did not prove run membership (or broke it): nothing it sent
+        reaches a core; the shard's host logs the event."""
+        self._unproven.discard(conn)
+        self.refused += 1
+        events.append(NetEvent("refused", conn.peer, f"{conn.remote}: {reason}"))
+        self._drop(conn, events)
 
     def _adopt(self, conn: _Conn, peer: str, first_bytes: int, events: list[NetEvent]) -> None:
         old = self.by_peer.get(peer)
@@ -243,6 +291,7 @@ class ShardServer:
             self.sel.modify(conn.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if writing else 0), conn)
 
     def _drop(self, conn: _Conn, events: list[NetEvent]) -> None:
+        self._unproven.discard(conn)
         try:
             self.sel.unregister(conn.sock)
         except (KeyError, ValueError):
@@ -259,8 +308,8 @@ class ShardLink:
     """A learner unit's link to one syncer shard, kept up by a background thread."""
 
     def __init__(self, name: str, shard: str, addr: str, run_id: str, inbox: "queue.Queue[NetEvent]",
-                 *, backoff_s: tuple[float, float] = (0.05, 1.0)):
-        self.name, self.shard, self.addr, self.run_id = name, shard, addr, run_id
+                 *, secret: bytes, backoff_s: tuple[float, float] = (0.05, 1.0)):
+        self.name, self.shard, self.addr, self.run_id, self.secret = name, shard, addr, run_id, secret
         self.inbox = inbox
         self.backoff_s = backoff_s
         self.stats = LinkStats()
@@ -269,6 +318,7 @@ class ShardLink:
         self._outbox = Outbox()
         self._cv = threading.Condition()
         self._sock: socket.socket | None = None
+        self._proving: socket.socket | None = None  # a connection in the run-membership exchange
         self._partial = 0  # bytes of the frame being written not yet handed to the kernel
         self._up = threading.Event()
         self._closed = threading.Event()
@@ -317,11 +367,12 @@ class ShardLink:
         self._closed.set()
         with self._cv:
             self._cv.notify_all()
-            if self._sock is not None:
-                try:
-                    self._sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            for sock in (self._sock, self._proving):
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
         self._thread.join(timeout=2)
         self._writer.join(timeout=2)
 
@@ -337,9 +388,23 @@ class ShardLink:
                 self._closed.wait(delay)
                 delay = min(delay * 2, self.backoff_s[1])
                 continue
-            sock.settimeout(None)
             _tune(sock)
             connected_at = time.monotonic()
+            self._proving = sock  # close() wakes a blocked exchange through it
+            try:
+                if self._closed.is_set():
+                    raise ConnectionError("closed")
+                self._prove(sock)
+            except (auth.AuthError, OSError) as e:  # OSError: a cut link or a shard gone; retried
+                if isinstance(e, auth.AuthError):
+                    self.inbox.put(NetEvent("refused", self.shard, str(e)))
+                sock.close()
+                self._closed.wait(delay)
+                delay = min(delay * 2, self.backoff_s[1])
+                continue
+            finally:
+                self._proving = None
+            sock.settimeout(None)
             with self._cv:
                 self._sock = sock
                 self._outbox.clear()  # nothing from a previous connection leaks into this one
@@ -366,6 +431,19 @@ class ShardLink:
                 self._closed.wait(delay)
                 delay = min(delay * 2, self.backoff_s[1])
 
+    def _prove(self, sock: socket.socket) -> None:
+        """The learner's half of the run-membership exchange (trainer/auth.py), blocking, at
+        most AUTH_TIMEOUT_S per read: the shard's challenge, our proof, its answer."""
+        sock.settimeout(auth.AUTH_TIMEOUT_S)
+        n_shard = auth.read_challenge(_recv_exact(sock, auth.CHALLENGE_BYTES))
+        n_learner = auth.nonce()
+        mine = auth.proof(self.secret, self.run_id, self.name, self.shard, n_shard, n_learner)
+        sock.sendall(mine)
+        auth.check_answer(_recv_exact(sock, auth.ANSWER_BYTES), self.secret, self.run_id, self.name, self.shard,
+                          n_shard, n_learner)
+        self.stats.bytes_recv += auth.CHALLENGE_BYTES + auth.ANSWER_BYTES
+        self.stats.bytes_sent += len(mine)
+
     def _read_loop(self, sock: socket.socket) -> None:
         decoder = FrameDecoder(expected_run_id=self.run_id)
         while not self._closed.is_set():
@@ -380,6 +458,8 @@ class ShardLink:
                 decoder.feed(data)
                 while (item := decoder.next()) is not None:
                     header, msg = item
+                    if header["sender"] != self.shard:
+                        return  # only the proven shard speaks on this connection
                     self.stats.frames_recv += 1
                     self.inbox.put(NetEvent("message", self.shard, msg, header.get("frame_bytes", 0)))
             except ProtocolError:
@@ -440,6 +520,16 @@ class BufferLog:
             out.append({"peer": peer, "unsent_bytes": b.unsent_bytes, "frames": b.frames,
                         "superseded": b.superseded})
         return out
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("closed during the run-membership exchange")
+        buf += chunk
+    return buf
 
 
 def wait_until(pred, timeout_s: float, interval_s: float = 0.01) -> bool:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from faults.model import FAULT_KINDS
+from trainer.auth import SECRET_ENV, new_secret
 from harness.backends.toxiproxy_client import ToxiproxyClient
 from harness.links import LinkProfile
 from harness.backends.toxiproxy_server import ToxiproxyServer, free_port
@@ -135,6 +136,13 @@ class LocalCluster:
     client: ToxiproxyClient | None = None
     members: dict[str, Member] = field(default_factory=dict)
     topology: dict = field(default_factory=dict)
+    # The run secret every unit proves on each connection (trainer/auth.py): in the units'
+    # environment only, never in run.json or the event log.
+    secret: str = field(default_factory=new_secret, repr=False)
+
+    def unit_env(self) -> dict[str, str]:
+        """What every unit's environment gets from the cluster, whatever runs it."""
+        return {SECRET_ENV: self.secret}
 
     def mechanism(self, kind: str) -> str:
         """How a fault of `kind` is done here, in words (the report's timeline shows it)."""

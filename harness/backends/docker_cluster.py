@@ -230,6 +230,7 @@ class Containers:
         module = "trainer.learner" if m.role == "learner" else "trainer.syncer"
         env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(cluster.unit_env())  # the run secret: in the container's environment only
         if m.role == "learner":
             env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cluster.slices}"
         env.setdefault("JAX_PLATFORMS", "cpu")

@@ -74,7 +74,7 @@ class Processes:
         return {"name": "local", "host": os.uname().nodename, "spares": list(cluster.spares)}
 
     def _env(self, cluster: "LocalCluster", role: str) -> dict:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **cluster.unit_env()}
         if role == "learner":
             env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cluster.slices}"
         env.setdefault("JAX_PLATFORMS", "cpu")

@@ -65,13 +65,17 @@ class ClusterSpec:
     # the address learners reach the link proxies and syncer shards at: loopback unless
     # the units run on other hosts (docs/DOCKER.md, "A run over several hosts")
     listen: str = "127.0.0.1"
+    # a public (globally routed or unspecified) `listen` address is refused unless this is
+    # set: the shards and proxies would take connections from anyone who can route to them
+    listen_public: bool = False
     # warm spares: a pre-started process per role takes a restarted unit's identity (local
     # backend; the docker backend restarts cold). docs/SCENARIOS.md
     spares: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.spares, bool):
-            raise FieldError("ClusterSpec", "spares", f"{self.spares!r} is not true or false", "true or false")
+        for flag in ("spares", "listen_public"):
+            if not isinstance(getattr(self, flag), bool):
+                raise FieldError("ClusterSpec", flag, f"{getattr(self, flag)!r} is not true or false", "true or false")
         for name in ("learners", "slices", "shards"):
             check_number(self, name, "1..1024", lambda v: 1 <= v <= 1024, integer=True)
         check_choice(self, "backend", BACKENDS)
@@ -84,10 +88,16 @@ class ClusterSpec:
                 raise FieldError("ClusterSpec", "engines", f"{url!r} is not a Docker engine URL",
                                  "unix:///path/docker.sock, tcp://host:2376 or ssh://user@host")
         try:
-            ipaddress.ip_address(self.listen)
+            addr = ipaddress.ip_address(self.listen)
         except ValueError:
             raise FieldError("ClusterSpec", "listen", f"{self.listen!r} is not an IP address",
                              '"127.0.0.1" (default), or this machine\'s address on the hosts\' network') from None
+        if (addr.is_global or addr.is_unspecified) and not self.listen_public:
+            raise FieldError("ClusterSpec", "listen",
+                             f"{self.listen!r} is {'every address' if addr.is_unspecified else 'a public address'}: "
+                             "the link proxies and syncer shards would take connections from anyone who can reach it",
+                             "a loopback or private address (127.0.0.1, 10.x, 172.16-31.x, 192.168.x), "
+                             "or set listen_public = true to mean it")
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ import collections
 import json
 import math
 import time
-from pathlib import Path
 
 import pytest
 
 from harness import eventlog
+from suites.cluster.unit_logs import events, last_step, wait_for
 
 from harness.judging import global_eval
 from harness.backends.cluster import LocalCluster
@@ -23,25 +23,6 @@ from trainer.tasks import task_for_run
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 STEPS = 150
-
-
-def _events(run_dir: Path, src: str) -> list[dict]:
-    out = []
-    for f in sorted((run_dir / "logs").glob(f"{src}.*.jsonl")):
-        out += [json.loads(line) for line in f.read_text().splitlines() if line.endswith("}")]
-    return out
-
-
-def _wait_for(pred, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.1)
-
-
-def _last_step(run_dir: Path, src: str) -> int:
-    return max([e["step"] for e in _events(run_dir, src) if e["kind"] == "step"], default=0)
 
 
 @pytest.mark.parametrize("broadcast", ["fp32", "int4"])
@@ -55,10 +36,10 @@ def test_kill_and_restart_learner_and_syncer_shard(tmp_path, broadcast):
     cluster = LocalCluster(run_dir, cfg.to_dict(), shards=2, seed=cfg.seed)
     with cluster:
         pids = {n: cluster.pid(n) for n in cluster.members}
-        _wait_for(lambda: _last_step(run_dir, "learner-1") >= 40, 120, "learner-1 at step 40")
+        wait_for(lambda: last_step(run_dir, "learner-1") >= 40, 120, "learner-1 at step 40")
         cluster.kill("learner-1")
-        killed_learner_at = _last_step(run_dir, "learner-1")
-        _wait_for(lambda: any(e["kind"] == "checkpoint_saved" for e in _events(run_dir, "syncer-1")), 60,
+        killed_learner_at = last_step(run_dir, "learner-1")
+        wait_for(lambda: any(e["kind"] == "checkpoint_saved" for e in events(run_dir, "syncer-1")), 60,
                   "a durable checkpoint of syncer-1")
         cluster.kill("syncer-1")
         time.sleep(1.0)   # learners keep stepping with one shard gone

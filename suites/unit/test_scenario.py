@@ -181,6 +181,9 @@ MALFORMED = [
     (HEAD + '[cluster]\nbackend = "docker"\nengines = "unix:///a.sock"\n' + TRAIN,
      "cluster.engines: expected an array of strings, got a string 'unix:///a.sock'"),
     (HEAD + '[cluster]\nlisten = "my-laptop"\n' + TRAIN, "cluster.listen: 'my-laptop' is not an IP address"),
+    (HEAD + '[cluster]\nlisten = "8.8.8.8"\n' + TRAIN, "cluster.listen: '8.8.8.8' is a public address"),
+    (HEAD + '[cluster]\nlisten = "0.0.0.0"\n' + TRAIN, "cluster.listen: '0.0.0.0' is every address"),
+    (HEAD + '[cluster]\nlisten_public = "yes"\n' + TRAIN, "cluster.listen_public: expected true or false, got a string 'yes'"),
     (HEAD + "[cluster]\nshards = 5\n" + TRAIN, "cluster.shards: 5 shards for 3 fragments: a shard would own none"),
     # train
     (HEAD + CLUSTER + '[train]\nsteps = 100\n', "train.duration: missing (required); valid: a duration"),
@@ -333,3 +336,6 @@ def test_engines_and_listen_round_trip():
     assert 'engines = ["unix:///tmp/a.sock", "ssh://me@host-b"]' in text
     assert scenario_from_dict(tomllib.loads(text)) == s
     assert load_scenario("unit-loss").cluster.engines == () and load_scenario("unit-loss").cluster.listen == "127.0.0.1"
+    # a public address only when asked for, and the ask survives the round trip
+    public = dataclasses.replace(s, cluster=dataclasses.replace(s.cluster, listen="0.0.0.0", listen_public=True))
+    assert scenario_from_dict(tomllib.loads(scenario_to_toml(public))) == public

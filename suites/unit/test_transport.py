@@ -15,12 +15,14 @@ import pytest
 from harness.sim.net import Net
 from harness.sim.world import Clock
 from harness.links import toxic_spec
-from trainer import transport
+from trainer import auth, transport
 from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, SliceControl
 from trainer.outbox import Outbox, outbox_key
 from trainer.transport import BufferLog, BufferState, ShardLink, ShardServer, wait_until
 
 RUN = "run-transport"
+SECRET = bytes(range(32))  # the run secret every link here proves (trainer/auth.py)
+PROOF_BYTES = len(auth.proof(SECRET, RUN, "learner-0", "syncer-0", bytes(16), bytes(16)))
 N = 8192  # float32 values per fragment: frames of ~32 KB
 
 
@@ -32,9 +34,11 @@ class Relay:
 
     SLICE_S = 0.05
 
-    def __init__(self, target: str, *, up: float | None = None, down: float | None = None, rcvbuf: int = 4096):
+    def __init__(self, target: str, *, up: float | None = None, down: float | None = None, rcvbuf: int = 4096,
+                 free: dict[str, int] | None = None):
         self.target, self.rcvbuf = transport.parse_addr(target), rcvbuf
         self.rate = {"up": up, "down": down}
+        self.free = free or {}  # per direction: the first bytes of each connection pass at full speed
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # inherited by accepted sockets
         self.listener.bind(("127.0.0.1", 0))
@@ -101,8 +105,16 @@ class Relay:
                 t.start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, way: str) -> None:
+        allowance = self.free.get(way, 0)
         try:
             while not self.closed.is_set():
+                if allowance > 0:
+                    data = src.recv(allowance)
+                    if not data:
+                        break
+                    dst.sendall(data)
+                    allowance -= len(data)
+                    continue
                 rate = self.rate[way]
                 if rate is not None:
                     n = int(rate * self.SLICE_S)
@@ -235,17 +247,18 @@ def test_buffer_log_reports_while_unsent_then_once_when_empty():
 # --- (b) a shard and a learner through a slow link ------------------------------------------
 
 def connect_pair(closing, relay_kw: dict):
-    server = ShardServer("syncer-0", RUN)
+    server = ShardServer("syncer-0", RUN, secret=SECRET)
     closing(server)
     relay = Relay(server.addr, **relay_kw)
     closing(relay)
     inbox: queue.Queue = queue.Queue()
-    link = ShardLink("learner-0", "syncer-0", relay.addr, RUN, inbox, backoff_s=(0.02, 0.2)).start()
+    link = ShardLink("learner-0", "syncer-0", relay.addr, RUN, inbox, secret=SECRET, backoff_s=(0.02, 0.2)).start()
     closing(link)
-    assert wait_until(lambda: link.up, 5)
-    assert link.send(Hello("learner-0", 0)) > 0
     got = []
-    assert wait_until(lambda: got.extend(server.poll(0.01)) or "learner-0" in server.connected(), 5)
+    assert wait_until(lambda: got.extend(server.poll(0.01)) or link.up, 5)  # the shard answers while polled
+    assert link.send(Hello("learner-0", 0)) > 0
+    assert wait_until(lambda: got.extend(server.poll(0.01)) or any(e.kind == "message" for e in got), 5)
+    assert "learner-0" in server.connected()
     return server, relay, link, inbox
 
 
@@ -336,44 +349,46 @@ def free_port() -> int:
 def test_a_link_keeps_retrying_within_its_backoff_cap_and_drops_sends_while_down(closing):
     port, cap = free_port(), 0.2
     inbox: queue.Queue = queue.Queue()
-    link = ShardLink("learner-0", "syncer-0", f"127.0.0.1:{port}", RUN, inbox, backoff_s=(0.01, cap)).start()
+    link = ShardLink("learner-0", "syncer-0", f"127.0.0.1:{port}", RUN, inbox, secret=SECRET, backoff_s=(0.01, cap)).start()
     closing(link)
     assert link.send(Hello("learner-0", 0)) == 0          # down: dropped, nothing queued
     assert link.unsent_bytes() == 0
     time.sleep(3 * cap)                                   # let the backoff reach its cap (not an assertion)
     assert not link.up and link.stats.connects == 0
     t0 = time.monotonic()
-    server = ShardServer("syncer-0", RUN, port=port)
+    server = ShardServer("syncer-0", RUN, port=port, secret=SECRET)
     closing(server)
-    assert wait_until(lambda: link.up, 5)
-    assert time.monotonic() - t0 < cap + 1.0              # one backoff, plus the connect, at most
+    got: list = []
+    assert wait_until(lambda: got.extend(server.poll(0.01)) or link.up, 5)
+    assert time.monotonic() - t0 < cap + 1.0              # one backoff, plus the connect and the proof, at most
     assert inbox.get(timeout=1).kind == "connected"
+    assert "learner-0" in [e.peer for e in got if e.kind == "connected"]  # adopted once it proved itself
     assert link.send(Hello("learner-0", 0)) > 0
-    assert wait_until(lambda: "learner-0" in [e.peer for e in server.poll(0.01) if e.kind == "connected"], 5)
+    assert wait_until(lambda: any(e.kind == "message" for e in server.poll(0.01)), 5)
 
 
 def test_frames_waiting_when_a_link_drops_are_not_sent_on_the_next_connection(closing):
-    server = ShardServer("syncer-0", RUN)
+    server = ShardServer("syncer-0", RUN, secret=SECRET)
     closing(server)
-    relay = Relay(server.addr, up=0)                      # nothing reaches the shard for now
+    # nothing but the run-membership proof reaches the shard for now
+    relay = Relay(server.addr, up=0, free={"up": PROOF_BYTES})
     closing(relay)
     inbox: queue.Queue = queue.Queue()
-    link = ShardLink("learner-0", "syncer-0", relay.addr, RUN, inbox, backoff_s=(0.02, 0.2)).start()
+    link = ShardLink("learner-0", "syncer-0", relay.addr, RUN, inbox, secret=SECRET, backoff_s=(0.02, 0.2)).start()
     closing(link)
-    # the relay must hold the connection before it can cut it: `link.up` is true once the kernel
-    # queued the connect, and a cut before the accept loop took it cut nothing (the frames then
-    # went through on the first connection: a failed `make test` on 2 loaded cores)
-    assert wait_until(lambda: link.up and relay.relayed() == 1, 5)
+    got: list = []
+    assert wait_until(lambda: got.extend(server.poll(0.01)) or (link.up and relay.relayed() == 1), 5)
     for v in range(1, 21):
         assert link.send(update(v)) > 0
     assert wait_until(lambda: link.buffer().frames > 0, 5)  # the kernel is full, frames wait in the outbox
     relay.set_rate("up", None)
     relay.drop_connections()
     # one-sided: reconnected at least once (a CI run on 2 loaded cores missed `== 2` within 5 s)
-    assert wait_until(lambda: link.stats.connects >= 2 and link.up, 15), (link.stats, link.up)
+    got = []
+    assert wait_until(lambda: got.extend(server.poll(0.01)) or (link.stats.connects >= 2 and link.up), 15), \
+        (link.stats, link.up)
     assert link.buffer().frames == 0
     assert link.send(update(999)) > 0
-    got: list = []
     assert wait_until(lambda: got.extend(server.poll(0.01)) or
                       any(e.kind == "message" for e in got), 5)
     got.extend(server.poll(0.2))  # anything else the new connection carried would be in by now
