@@ -1,15 +1,16 @@
 """A warm spare: `python -m trainer.spare learner --delay 3 --run-dir D --spare NAME`.
 
-Sleeps `delay` seconds first (a replacement spare started right at a restart would take
+Waits `delay` seconds first (a replacement spare started right at a restart would take
 the CPU from the unit that is restarting: on one machine the spares share the units'
 cores, in a fleet they have their own), then runs the role's process entry point as a
 spare (trainer/shell.py, "warm spares"): it gets ready and waits for the identity the
-harness gives it."""
+harness gives it. An identity that comes during the delay ends it: a restart that takes
+a spare still waiting boots at once, never later than a cold start would."""
 from __future__ import annotations
 
 import importlib
+import select
 import sys
-import time
 
 
 def main(argv=None) -> int:
@@ -20,7 +21,8 @@ def main(argv=None) -> int:
         argv = argv[2:]
     if role not in ("learner", "syncer"):
         raise SystemExit(f"python -m trainer.spare: role must be learner or syncer, not {role!r}")
-    time.sleep(delay)
+    if delay > 0:
+        select.select([sys.stdin], [], [], delay)  # readable: the identity (or the harness gone)
     return importlib.import_module(f"trainer.{role}").main(argv)
 
 

@@ -17,9 +17,13 @@ traffic sees, the way Toxiproxy would:
 
 Connections follow trainer/transport.py: the learner side (`ShardLink`) connects,
 reconnects after a loss (at once if the connection lasted > 1 s, else after a
-backoff doubling from 50 ms to 1 s), and only the first frame a shard receives on
-a connection makes the shard see the learner (`ShardServer._adopt`). A connection
-to a shard that is down is accepted by the proxy and hung up at once.
+backoff doubling from 50 ms to 1 s). Each connection first runs the run-membership
+exchange (trainer/auth.py) as three small frames through the same toxics: the shard's
+challenge down, the learner's proof up — the shard sees the learner once it arrives
+(`ShardServer._adopt`) — and the shard's answer down, after which the learner's link
+is up (`connected`). An exchange not done within AUTH_TIMEOUT_S (a partitioned
+stream) is cut, and the learner retries after its backoff, as a connection to a shard
+that is down (accepted by the proxy and hung up at once) is: the learner sees neither.
 
 Bounded buffers (docs/PROTOCOL.md): each end of a connection has an outbox
 (trainer/outbox.py). A frame leaves it for the wire once what the kernel's send queue
@@ -39,6 +43,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from harness.backends.toxiproxy_client import ToxiproxyClient
+from trainer import auth
 from trainer.codec import encode_frame
 from trainer.outbox import Outbox, outbox_key
 from trainer.transport import LinkStats
@@ -83,6 +88,22 @@ class SimProxies(ToxiproxyClient):
     def of(self, link: "Link", kind: str, stream: str | None = None) -> list[dict]:
         return [t for t in self.toxic[link.name].values()
                 if t["type"] == kind and (stream is None or t["stream"] == stream)]
+
+
+class Exchange:
+    """One of the run-membership exchange's three messages (trainer/auth.py), by size."""
+
+    __slots__ = ("stage",)
+
+    def __init__(self, stage: str):
+        self.stage = stage  # "challenge" (down), "proof" (up), "answer" (down)
+
+
+CHALLENGE, PROOF, ANSWER = Exchange("challenge"), Exchange("proof"), Exchange("answer")
+
+
+def proof_bytes(learner: str) -> int:
+    return len(auth.MAGIC) + 1 + len(learner.encode()) + auth.NONCE_BYTES + auth.MAC_BYTES
 
 
 class Frame:
@@ -131,8 +152,10 @@ class Conn:
 
     link: "Link"
     opened_at: float
-    adopted: bool = False  # the shard has seen its first frame
+    adopted: bool = False  # the shard has the learner's proof
+    up: bool = False  # the learner has the shard's answer: its link is up
     closed: bool = False
+    deadline: object = None  # clock handle: the exchange's AUTH_TIMEOUT_S
     wire: dict = field(default_factory=lambda: {"up": Wire(), "down": Wire()})
 
 
@@ -186,7 +209,7 @@ class Net:
         """ShardLink.send: the frame size, or 0 while the link is down; `combine(old, new)`
         merges two unsent Contributions of one fragment (trainer/outbox.py)."""
         link = self.link(learner, shard)
-        if link.conn is None:
+        if link.conn is None or not link.conn.up:
             return 0
         nbytes = len(encode_frame(msg, run_id=self.run_id, sender=learner))
 
@@ -203,11 +226,36 @@ class Net:
     def _connect(self, link: Link) -> None:
         link.attempt = None
         conn = link.conn = Conn(link, self.world.now)
-        link.stats.connects += 1
-        self.world.learner_link_event(link.learner, "connected", link.shard)
         # The proxy accepted; it hangs up at once if the shard is down or resets are on.
         if not self.world.shard_listening(link.shard) or self.proxies.of(link, "reset_peer"):
             self._close(conn)
+            return
+        conn.deadline = self.world.clock.at(self.world.now + auth.AUTH_TIMEOUT_S, self._exchange_timeout, conn)
+        self._hand_over(conn, "down", Frame(CHALLENGE, auth.CHALLENGE_BYTES))  # the shard writes it on accept
+
+    def _exchange_timeout(self, conn: Conn) -> None:
+        conn.deadline = None
+        if not conn.up:
+            self._close(conn)  # the shard cuts a connection that did not prove itself in time
+
+    def _exchanged(self, conn: Conn, msg: Exchange) -> None:
+        """A message of the run-membership exchange arrived at its end."""
+        link = conn.link
+        if msg is CHALLENGE:  # at the learner: its proof goes up
+            link.stats.bytes_recv += auth.CHALLENGE_BYTES
+            self._hand_over(conn, "up", Frame(PROOF, proof_bytes(link.learner)))
+        elif msg is PROOF:  # at the shard: it adopts the learner and answers
+            conn.adopted = True
+            self.world.shard_event(link.shard, "connected", link.learner)
+            self._hand_over(conn, "down", Frame(ANSWER, auth.ANSWER_BYTES))
+        else:  # at the learner: the shard proved itself; the link is up
+            link.stats.bytes_recv += auth.ANSWER_BYTES
+            conn.up = True
+            if conn.deadline is not None:
+                conn.deadline.cancel()
+                conn.deadline = None
+            link.stats.connects += 1
+            self.world.learner_link_event(link.learner, "connected", link.shard)
 
     def _close(self, conn: Conn, learner_alive: bool = True) -> None:
         if conn.closed:
@@ -219,14 +267,18 @@ class Net:
             for handle in (w.done, w.wake):
                 if handle is not None:
                     handle.cancel()
+        if conn.deadline is not None:
+            conn.deadline.cancel()
+            conn.deadline = None
         if link.conn is conn:
             link.conn = None
         if conn.adopted:
             self.world.shard_event(link.shard, "disconnected", link.learner)
         if not learner_alive:
             return
-        self.world.learner_link_event(link.learner, "disconnected", link.shard)
-        if now - conn.opened_at > LASTED_S:
+        if conn.up:
+            self.world.learner_link_event(link.learner, "disconnected", link.shard)
+        if conn.up and now - conn.opened_at > LASTED_S:
             link.delay_s = BACKOFF_S[0]
             self._connect_at(link, now)
         else:
@@ -306,7 +358,8 @@ class Net:
         stream = STREAM[way]
         if way == "up":
             link.stats.bytes_sent += frame.nbytes
-            link.stats.frames_sent += 1
+            if not isinstance(frame.msg, Exchange):  # the transport counts the exchange's bytes, not as frames
+                link.stats.frames_sent += 1
         if self.proxies.of(link, "timeout", stream):
             return  # black-holed
         limits = [t["attributes"]["bytes"] for t in self.proxies.of(link, "limit_data", stream)]
@@ -363,15 +416,15 @@ class Net:
         link = conn.link
         if conn.closed or self.proxies.of(link, "timeout", stream):
             return
+        if isinstance(msg, Exchange):
+            self._exchanged(conn, msg)
+            return
         if way == "down":
             link.stats.bytes_recv += nbytes
             link.stats.frames_recv += 1
             self.world.learner_link_event(link.learner, "message", link.shard, msg, nbytes)
             return
-        if not conn.adopted:
-            conn.adopted = True
-            self.world.shard_event(link.shard, "connected", link.learner)
-        self.world.shard_event(link.shard, "message", link.learner, msg, nbytes)
+        self.world.shard_event(link.shard, "message", link.learner, msg, nbytes)  # adopted: its proof came first
 
     # --- toxics coming and going ---------------------------------------------------------
     def toxic_added(self, link: Link, spec: dict) -> None:

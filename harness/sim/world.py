@@ -153,8 +153,9 @@ class World:
 
     def spawn(self, name: str) -> str:
         """A restart: cold (learner_startup_s / syncer_startup_s), or a warm spare's
-        spare_startup_s (plus what is left of its boot if it is not ready yet); the spare's
-        replacement is ready SPARE_DELAY_S + a cold start later."""
+        spare_startup_s (plus what is left of its boot if it is not ready yet: a spare still
+        in its delay boots at once, so at most a cold start); the spare's replacement is
+        ready SPARE_DELAY_S + a cold start later."""
         unit = self._unit(name)
         if unit.proc is not None:
             raise RuntimeError(f"{name} is already running")
@@ -162,7 +163,7 @@ class World:
         cold = self.params.learner_startup_s if role == "learner" else self.params.syncer_startup_s
         start, startup = "cold", cold
         if role in self.spare_ready:
-            ready = self.spare_ready[role]
+            ready = min(self.spare_ready[role], self.now + cold)  # trainer/spare.py ends its delay
             start = "spare" if self.now >= ready else "spare_booting"
             startup = max(ready - self.now, 0.0) + self.params.spare_startup_s
             self.spare_ready[role] = self.now + SPARE_DELAY_S + cold
