@@ -24,6 +24,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "wan": ("harness.bench.wan:wan", "time to a target loss over throttled links (rate sweep), DP vs Decoupled DiLoCo"),
     "grace": ("harness.bench.grace:grace", "heterogeneous units: K = M vs K = 1 without / with the grace window "
               "(goodput, final loss with intervals)"),
+    "fidelity": ("harness.bench.fidelity:fidelity", "goodput of every built-in scenario with faults on real processes "
+                 "and in the simulator, and their difference in points"),
     "sim": ("harness.bench.sim:bench", "simulator: property examples/min (quadratic), simulated s per wall s (LM)"),
 }
 

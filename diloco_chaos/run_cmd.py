@@ -120,8 +120,43 @@ def cmd_replay(args) -> int:
         print_summary(result.summary)
         print(f"results: {result.run_dir}\nreport: {result.run_dir / 'report.html'}")
         return 0 if result.summary["valid"] is not False else 1
+    if tier == "sim":  # a real run in the simulator: its parameters measured from the run's own log
+        return _replay_calibrated(args, s)
     return _on_backend(s, tier, lambda: _execute(s, args.out, compare=None, reference="none", live=not args.no_live,
                                                  label=f"{s.name}-replay", tier=tier))
+
+
+def _replay_calibrated(args, s) -> int:
+    import dataclasses
+    import json
+
+    from harness import eventlog
+    from harness.judging import metrics
+    from harness.judging.report_text import print_summary
+    from harness.sim.calibrate import params_from_log
+    from harness.sim.run import run_sim
+
+    log = eventlog.read(args.run_dir)
+    params = params_from_log(log)
+    stored = args.run_dir / "summary.json"  # the run's own judgement (its global evals); else judged again
+    real = json.loads(stored.read_text()) if stored.is_file() else metrics.compute(log).to_dict()
+    result = run_sim(s, args.out, params=params, label=f"{s.name}-sim-replay", expect=False)
+    render(result.run_dir)
+    print_summary(result.summary)
+    real_g, sim_g = real.get("goodput"), result.summary["goodput"]
+    row = {"real_goodput": real_g, "sim_goodput": sim_g,
+           "sim_minus_real_points": None if real_g is None or sim_g is None else 100 * (sim_g - real_g),
+           "real_final_loss": real.get("final_loss"), "sim_final_loss": result.summary["final_loss"],
+           "sim_params": dataclasses.asdict(params)}
+    (result.run_dir / "calibrated.json").write_text(json.dumps(row, indent=1, default=list) + "\n")
+    print(f"calibrated from {args.run_dir}: step {params.step_s * 1000:.1f} ms (median of the learners'), "
+          f"eval {params.eval_s * 1000:.0f} ms, checkpoint {params.ckpt_s * 1000:.0f} ms, learner start-up "
+          f"{params.learner_startup_s:.2f} s, shard start-up {params.syncer_startup_s:.2f} s, spare "
+          f"{params.spare_startup_s:.2f} s")
+    if row["sim_minus_real_points"] is not None:
+        print(f"goodput: real {real_g:.1%}, sim {sim_g:.1%} ({row['sim_minus_real_points']:+.1f} points)")
+    print(f"results: {result.run_dir} (calibrated.json)\nreport: {result.run_dir / 'report.html'}")
+    return 0 if result.summary["valid"] is not False else 1
 
 
 def _runner(tier: str):

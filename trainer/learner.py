@@ -22,7 +22,7 @@ from trainer.checkpoint import Checkpointer
 from trainer.inner import make_inner, opt_state_to_tree
 from trainer.outbox import outbox_key
 from trainer.learner_driver import LearnerDriver, LearnerHost
-from trainer.learner_loop import POLL_S, Compute, Idle, learner_loop
+from trainer.learner_loop import POLL_S, Compute, Idle, Spent, learner_loop
 from trainer.protocol import LearnerCore
 from trainer.protocol_base import DP_MODES
 from trainer.sdc import Corrupter
@@ -147,6 +147,8 @@ class Learner(LearnerHost):
             return w.fn()
         if isinstance(w, Idle):
             self.drain(timeout_s=POLL_S)
+            return None
+        if isinstance(w, Spent):  # its wall time is spent already
             return None
         deadline = time.monotonic() + (w.timeout_s if w.timeout_s is not None else float("inf"))
         while not (w.cond is not None and w.cond()) and not self.stopper.stop and time.monotonic() < deadline:

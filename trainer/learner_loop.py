@@ -13,6 +13,10 @@ waits out its own way:
   at most POLL_S, then comes back to read its control file and its stop flag.
 - `Until(cond, timeout_s)`: take what the links deliver as it arrives until cond()
   holds (None: never) or timeout_s of the unit's own time has passed (None: no limit).
+- `Spent(what)`: host work just done between two steps ("loop": the step's own
+  bookkeeping, every step; "eval"; "checkpoint"). The process already spent its wall
+  time on it and goes on; the simulator lets the time it models for `what` pass
+  (SimParams.loop_s / eval_s / ckpt_s: 0 unless calibrated from a real run).
 
 A stop (SIGTERM at the end of the run) ends the loop at its next check: the unit writes
 its last step line, saves its final θ and exits. The host's port is `LearnerLoopHost`.
@@ -36,6 +40,11 @@ class Compute:
 @dataclass(frozen=True)
 class Idle:
     pass
+
+
+@dataclass(frozen=True)
+class Spent:
+    what: str  # "loop" | "eval" | "checkpoint"
 
 
 @dataclass(frozen=True)
@@ -103,10 +112,13 @@ def learner_loop(h):
             h.do("after_inner_step", params, tokens, h.now() - t0)
         h.step += 1
         h.step_line(step=h.step, tokens=tokens, loss=loss, dt=round(h.now() - t0, 6), live_slices=h.live_slices)
+        yield Spent("loop")
         if h.step % h.cfg.eval_every == 0 or h.step == h.cfg.steps:
             h.emit("eval", step=h.step, loss=h.evaluate(h.core.params(h.state)))
+            yield Spent("eval")
         if h.step % CKPT_EVERY == 0:
             h.save()
+            yield Spent("checkpoint")
     h.flush_step_line()
     yield Until(None, 0.0 if h.stopping else DRAIN_S)
     if h.step > h.saved_step():

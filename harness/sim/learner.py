@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from trainer.learner_driver import LearnerDriver, LearnerHost
-from trainer.learner_loop import Compute, Idle, Until, learner_loop
+from trainer.learner_loop import Compute, Idle, Spent, Until, learner_loop
 from trainer.messages import SliceControl
 from trainer.protocol import LearnerCore
 from trainer.sdc import Corrupter
@@ -132,6 +132,14 @@ class LearnerProc(LearnerHost):
                 out = w.fn()  # real JAX now; the step's time passes on the unit's own clock
                 self.waiting = w
                 self.wait_own(self.world.step_work(self.unit.index), lambda: self.resume(out))
+                return
+            if isinstance(w, Spent):  # loop, eval or checkpoint: what a calibrated run measured
+                spent = {"loop": self.world.params.loop_s, "eval": self.world.params.eval_s,
+                         "checkpoint": self.world.params.ckpt_s}[w.what]
+                if spent <= 0 or self.stopping:
+                    continue
+                self.waiting = w
+                self.wait_own(spent, self.resume)
                 return
             if isinstance(w, Until):
                 if self.stopping or (w.timeout_s is not None and w.timeout_s <= 0):

@@ -80,11 +80,22 @@ class SimParams:
     # what a link's kernel send queue and proxy hold beyond the sender's outbox (KiB):
     # measured 352 through a 16 kbit/s Toxiproxy bandwidth toxic (harness/sim/net.py)
     held_kib: float = 352.0
+    # host work between steps on a learner (its loop's `Spent` waits): 0 unless calibrated
+    loop_s: float = 0.0  # after every step: links, control file, the step line (the `other` badput)
+    eval_s: float = 0.0  # one held-out eval
+    ckpt_s: float = 0.0  # starting a checkpoint save
+    # each learner's own step time, in topology order (calibrated from a real run:
+    # harness/sim/calibrate.py); empty: step_s · (1 + hetero · u_m) as above
+    step_s_by_unit: tuple = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "step_s_by_unit", tuple(self.step_s_by_unit))
         for name, value in vars(self).items():
-            if not (isinstance(value, (int, float)) and value >= 0) or (name == "step_s" and value <= 0):
-                raise ValueError(f"SimParams.{name} = {value!r}; valid: a number >= 0 (step_s > 0)")
+            values = value if name == "step_s_by_unit" else (value,)
+            for v in values:
+                if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0) \
+                        or (name.startswith("step_s") and v <= 0):
+                    raise ValueError(f"SimParams.{name} = {value!r}; valid: a number >= 0 (step times > 0)")
 
 
 class World:
@@ -108,6 +119,11 @@ class World:
         self._step_rng = [np.random.default_rng([seed, 0x52, i]) for i in range(len(names))]
         u = np.random.default_rng([seed, 0x53]).random(len(names))
         self.step_base = [params.step_s * (1 + params.hetero * float(x)) for x in u]
+        if params.step_s_by_unit:
+            if len(params.step_s_by_unit) != len(names):
+                raise ValueError(f"SimParams.step_s_by_unit has {len(params.step_s_by_unit)} step times for "
+                                 f"{len(names)} learners")
+            self.step_base = [float(x) for x in params.step_s_by_unit]
         # warm spares (`[cluster] spares`, the roles the schedule restarts): when each role's
         # spare is ready; the first boots with the units at t = 0 (harness/backends/processes.py)
         self.spare_ready = {r: params.learner_startup_s if r == "learner" else params.syncer_startup_s
