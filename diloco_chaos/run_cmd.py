@@ -133,14 +133,11 @@ def _replay_calibrated(args, s) -> int:
     from harness import eventlog
     from harness.judging import metrics
     from harness.judging.report_text import print_summary
-    from harness.sim.calibrate import params_from_log
-    from harness.sim.run import run_sim
+    from harness.sim.calibrate import replay_calibrated
 
-    log = eventlog.read(args.run_dir)
-    params = params_from_log(log)
     stored = args.run_dir / "summary.json"  # the run's own judgement (its global evals); else judged again
-    real = json.loads(stored.read_text()) if stored.is_file() else metrics.compute(log).to_dict()
-    result = run_sim(s, args.out, params=params, label=f"{s.name}-sim-replay", expect=False)
+    real = json.loads(stored.read_text()) if stored.is_file() else metrics.compute(eventlog.read(args.run_dir)).to_dict()
+    result, params = replay_calibrated(s, args.run_dir, args.out, label=f"{s.name}-sim-replay")
     render(result.run_dir)
     print_summary(result.summary)
     real_g, sim_g = real.get("goodput"), result.summary["goodput"]

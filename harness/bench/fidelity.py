@@ -52,14 +52,13 @@ def _timed(fn, *args, **kw) -> dict:
 
 def sim_rows(s, real: dict, out: Path) -> dict:
     """The two simulator runs of `s` beside its real run, and the differences."""
-    from harness import eventlog
-    from harness.sim.calibrate import params_from_log
+    from harness.sim.calibrate import replay_calibrated
     from harness.sim.run import run_sim
 
-    params = params_from_log(eventlog.read(Path(real["run_dir"])))
     sim = _timed(run_sim, s, out / "sim", expect=False)
-    cal = _timed(run_sim, s, out / "sim-calibrated", params=params, expect=False)
-    cal["sim_params"] = dataclasses.asdict(params)
+    t0 = time.monotonic()
+    result, params = replay_calibrated(s, real["run_dir"], out / "sim-calibrated")
+    cal = {**_tier(result, time.monotonic() - t0), "sim_params": dataclasses.asdict(params)}
     return {"sim": sim, "sim_calibrated": cal,
             "sim_minus_real_points": round(100 * (cal["goodput"] - real["goodput"]), 2),
             "sim_default_minus_real_points": round(100 * (sim["goodput"] - real["goodput"]), 2),

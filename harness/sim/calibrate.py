@@ -105,3 +105,15 @@ def params_from_log(log: EventLog, base: SimParams = SimParams()) -> SimParams:
         learner_startup_s=round(max(0.0, _median(firsts, base.learner_startup_s)), 6),
         syncer_startup_s=round(max(0.0, _median(shard_ups, base.syncer_startup_s)), 6),
         spare_startup_s=round(_median(spare_boots, base.spare_startup_s), 6))
+
+
+def replay_calibrated(s, real_dir, out, *, label: str | None = None):
+    """Scenario `s` (the real run's, with its drawn schedule) in the simulator with the
+    parameters measured from the real run in `real_dir`: (the sim's RunResult, the params)."""
+    from pathlib import Path
+
+    from harness import eventlog
+    from harness.sim.run import run_sim
+
+    params = params_from_log(eventlog.read(Path(real_dir)))
+    return run_sim(s, out, params=params, label=label, expect=False), params
