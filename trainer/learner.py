@@ -195,10 +195,11 @@ class Learner(LearnerHost):
         return self.ckpt.latest_step() or 0
 
     def save(self, final: bool = False) -> None:  # orbax: durable when its async write ends
+        durable = self.saved_step()  # the newest finalized save, before this one starts
         params = self.core.params(self.state)
         self.ckpt.save(self.step, {"params": jax.tree.map(np.asarray, params),
                                    "opt": opt_state_to_tree(self.opt_state), "step": np.int64(self.step)})
-        self.ev.emit("checkpoint_saved", step=self.step)
+        self.ev.emit("checkpoint_saved", step=self.step, durable=durable)
 
     def close(self, finished: bool) -> None:
         for link in self.links.values():

@@ -214,7 +214,7 @@ class LearnerProc(LearnerHost):
 
     def save(self, final: bool = False) -> None:
         snap = (self.core.params(self.state), self.opt_state, self.step)
-        self.emit("checkpoint_saved", step=self.step)
+        self.emit("checkpoint_saved", step=self.step, durable=self.saved_step())
         if final:  # the process waits for it before it exits
             self.unit.ckpt = snap
         else:
