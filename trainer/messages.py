@@ -13,6 +13,7 @@ Data-parallel baselines (mode "dp", "elastic_dp"), one message per fragment per 
   learner → shard   GradStep
   shard → learner   GradMean
 Harness → learner   SliceControl
+Either end of a link, consumed by the transport (never a core): Received
 """
 from __future__ import annotations
 
@@ -182,9 +183,23 @@ class SliceControl(_Message):
         self._non_negative("live_slices")
 
 
+@dataclass(frozen=True, eq=False)
+class Received(_Message):
+    """Either end of a link → the other: `nbytes` of this connection's stream (counted after
+    the run-membership exchange) have been read. The transport's delivery window
+    (trainer/transport.py): a sender writes a new frame only while what it wrote and the
+    peer has not yet read is under WINDOW_BYTES, so a backlog waits in its outbox, where
+    a newer Θ[p] can still replace it, not in buffers along the path."""
+
+    nbytes: int
+
+    def __post_init__(self):
+        self._non_negative("nbytes")
+
+
 MESSAGE_TYPES: dict[str, type] = {
     c.__name__: c for c in (Hello, Contribution, FragmentUpdate, FragmentDelta, GradStep, GradMean,
-                             SliceControl)
+                             SliceControl, Received)
 }
 
 

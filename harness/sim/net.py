@@ -54,7 +54,9 @@ STREAM_OF = {"upstream": "up", "downstream": "down"}  # upstream = learner → s
 STREAM = {way: stream for stream, way in STREAM_OF.items()}
 # What the kernel's send queue (SO_SNDBUF 64 KiB, trainer/transport.py) and Toxiproxy
 # hold beyond a sender's outbox on a thin link: measured 359 KB through a 16 kbit/s
-# bandwidth toxic (174 KB in the kernel, 185 KB in the proxy; docs/PROTOCOL.md).
+# bandwidth toxic (174 KB in the kernel, 185 KB in the proxy; docs/PROTOCOL.md). On a
+# faster link the proxy's autotuned buffer can hold more, up to the transport's delivery
+# window (WINDOW_BYTES, 1 MiB) and a frame; this model keeps the thin link's figure.
 HELD_BYTES = 352 * 1024
 
 

@@ -15,7 +15,7 @@ from trainer import codec
 from trainer.codec import FrameDecoder, decode_frame, encode_frame
 from trainer.compression import KINDS, encode
 from trainer.messages import (MESSAGE_TYPES, Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello,
-                              SliceControl, describe)
+                              Received, SliceControl, describe)
 
 RUN = "run-7"
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -40,6 +40,7 @@ def one_of_each():
         GradStep("learner-2", 1, 5, 0, 41, 256, encode(arrays(), "bf16")),
         GradMean(0, 8, 5, 3, arrays()),
         SliceControl(1),
+        Received(1 << 40),
     ]
 
 

@@ -16,7 +16,8 @@ from harness.sim.net import Net
 from harness.sim.world import Clock
 from harness.links import toxic_spec
 from trainer import auth, transport
-from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, SliceControl
+from trainer.codec import encode_frame
+from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, Received, SliceControl
 from trainer.outbox import Outbox, outbox_key
 from trainer.transport import BufferLog, BufferState, ShardLink, ShardServer, wait_until
 
@@ -394,6 +395,120 @@ def test_frames_waiting_when_a_link_drops_are_not_sent_on_the_next_connection(cl
     got.extend(server.poll(0.2))  # anything else the new connection carried would be in by now
     got.extend(server.poll(0.05))
     assert [e.msg.version for e in got if e.kind == "message"] == [999]
+
+
+# --- (d) the delivery window -------------------------------------------------------------------
+
+BIG = 32768  # float32 values: frames of ~128 KB
+
+
+def big(version: int) -> FragmentUpdate:
+    return FragmentUpdate(0, version, False, [np.full(BIG, version, np.float32)])
+
+
+class Reader:
+    """Reads everything a socket delivers, in a thread, and never acknowledges it: what
+    reaches it is what the sender let past its window (the kernel's buffers are small
+    next to the window, and this end drains them)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.n = sock, 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while data := self.sock.recv(1 << 20):
+                self.n += len(data)
+        except OSError:
+            pass
+
+    def settled(self) -> int:
+        """The count once nothing more arrives for 0.3 s."""
+        last = -1
+        while last != self.n:
+            last = self.n
+            time.sleep(0.3)
+        return self.n
+
+    def ack(self, sender: str) -> None:
+        self.sock.sendall(encode_frame(Received(self.n), run_id=RUN, sender=sender))
+
+
+class Polling:
+    """Polls a ShardServer in a thread while the block runs (nothing else touches it then)."""
+
+    def __init__(self, server: ShardServer):
+        self.server, self.stop = server, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.server.poll(0.01)
+
+    def __enter__(self):
+        self.thread.start()
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+def test_the_shard_writes_no_more_than_the_window_ahead_of_what_the_learner_read(closing):
+    server = ShardServer("syncer-0", RUN, secret=SECRET)
+    closing(server)
+    sock = socket.create_connection(transport.parse_addr(server.addr), timeout=5)  # a learner done by hand
+    closing(sock)
+    with Polling(server):
+        n_shard = auth.read_challenge(transport._recv_exact(sock, auth.CHALLENGE_BYTES))
+        sock.sendall(auth.proof(SECRET, RUN, "learner-0", "syncer-0", n_shard, bytes(16)))
+        transport._recv_exact(sock, auth.ANSWER_BYTES)
+        assert wait_until(lambda: "learner-0" in server.connected(), 5)
+    reader = Reader(sock)
+    frame = max(server.send("learner-0", big(v)) for v in range(40))  # 5 MB, no keys: nothing replaced
+    with Polling(server):
+        first = reader.settled()
+    # the window, plus the frame that was being started when it filled
+    assert transport.WINDOW_BYTES <= first <= transport.WINDOW_BYTES + frame, (first, frame)
+    assert server.buffers()["learner-0"].frames >= 30  # the rest waits where it can be replaced
+    reader.ack("learner-0")  # read it all: the shard may write a window more
+    with Polling(server):
+        second = reader.settled()
+    assert first + transport.WINDOW_BYTES <= second <= first + transport.WINDOW_BYTES + frame, (first, second)
+    assert not [e for e in server.poll(0.05) if e.kind == "message"]  # an acknowledgement never reaches the core
+
+
+def test_a_learner_writes_no_more_than_the_window_ahead_of_what_the_shard_read(closing):
+    listener = socket.create_server(("127.0.0.1", 0))  # a shard done by hand
+    closing(listener)
+    accepted: list[socket.socket] = []
+
+    def shard():
+        conn, _ = listener.accept()
+        accepted.append(conn)
+
+    thread = threading.Thread(target=shard, daemon=True)
+    thread.start()
+    inbox: queue.Queue = queue.Queue()
+    link = ShardLink("learner-0", "syncer-0", "127.0.0.1:%d" % listener.getsockname()[1], RUN, inbox,
+                     secret=SECRET, backoff_s=(5.0, 5.0))
+    closing(link)
+    # the exchange is not what this test is about: the link's own check of the answer is skipped
+    link._prove = lambda sock: None
+    link.start()
+    assert wait_until(lambda: link.up, 5)
+    thread.join(timeout=5)
+    conn = accepted[0]
+    closing(conn)
+    reader = Reader(conn)
+    frame = max(link.send(big(v)) for v in range(40))
+    first = reader.settled()
+    assert transport.WINDOW_BYTES <= first <= transport.WINDOW_BYTES + frame, (first, frame)
+    assert link.buffer().frames >= 30
+    reader.ack("syncer-0")
+    second = reader.settled()
+    assert first + transport.WINDOW_BYTES <= second <= first + transport.WINDOW_BYTES + frame, (first, second)
+    assert inbox.get(timeout=1).kind == "connected" and inbox.empty()  # the acknowledgement is the link's own
 
 
 # --- the simulator's links follow the same rule -------------------------------------------
