@@ -79,16 +79,20 @@ class LinkStats:
     connects: int = 0
     unsent_max: int = 0  # high-water mark of unsent_bytes, sampled on each send and flush
     superseded: int = 0  # frames replaced in the outbox by a newer one with the same key
+    unread_max: int = 0  # high-water mark of bytes written and not yet read by the peer (≤ window + a frame)
 
 
 @dataclass(frozen=True)
 class BufferState:
     """What waits on one link: unsent bytes (outbox + partial frame + kernel), frames
-    waiting in the outbox, frames superseded so far."""
+    waiting in the outbox, frames superseded so far, and bytes written that the peer has
+    not yet said it read (the kernel's, the path's and the peer's buffers; the peer says
+    so every ACK_EVERY_BYTES, so up to that much more than is really unread)."""
 
     unsent_bytes: int
     frames: int
     superseded: int
+    unread_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,9 @@ class Flow:
 
     def __init__(self):
         self.tx = self.acked = self.rx = self.rx_acked = 0
+
+    def unread(self) -> int:
+        return self.tx - self.acked
 
     def open(self) -> bool:
         """May a new frame be started?"""
@@ -222,7 +229,8 @@ class ShardServer:
         out = {}
         for peer, stats in self.stats.items():
             conn = self.by_peer.get(peer)
-            out[peer] = BufferState(self.unsent_bytes(peer), conn.outbox.frames if conn else 0, stats.superseded)
+            out[peer] = BufferState(self.unsent_bytes(peer), conn.outbox.frames if conn else 0, stats.superseded,
+                                    conn.flow.unread() if conn else 0)
         return out
 
     def close(self) -> None:
@@ -340,6 +348,7 @@ class ShardServer:
             self._drop(conn, events)
             return
         stats.unsent_max = max(stats.unsent_max, self.unsent_bytes(conn.peer))
+        stats.unread_max = max(stats.unread_max, flow.unread())
         writing = conn.partial is not None or (bool(conn.outbox) and flow.open())  # else a Received reopens it
         if writing != conn.writing:
             conn.writing = writing
@@ -417,7 +426,8 @@ class ShardLink:
 
     def buffer(self) -> BufferState:
         with self._cv:
-            return BufferState(self._unsent_locked(), self._outbox.frames, self.stats.superseded)
+            return BufferState(self._unsent_locked(), self._outbox.frames, self.stats.superseded,
+                               self._flow.unread() if self._sock is not None else 0)
 
     def close(self) -> None:
         self._closed.set()
@@ -561,6 +571,7 @@ class ShardLink:
                     pass
                 continue
             self.stats.bytes_sent += len(frame)
+            self.stats.unread_max = max(self.stats.unread_max, flow.unread())
             if not ack:
                 self.stats.frames_sent += 1
 
@@ -591,7 +602,7 @@ class BufferLog:
             else:
                 continue
             out.append({"peer": peer, "unsent_bytes": b.unsent_bytes, "frames": b.frames,
-                        "superseded": b.superseded})
+                        "superseded": b.superseded, "unread_bytes": b.unread_bytes})
         return out
 
 

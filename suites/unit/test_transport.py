@@ -239,9 +239,9 @@ def test_buffer_log_reports_while_unsent_then_once_when_empty():
     assert log.lines(0.0, {"a": BufferState(0, 0, 0)}) == []
     assert not log.due(0.5) and log.due(1.0)
     assert log.lines(1.0, {"a": BufferState(70, 1, 3)}) == [
-        {"peer": "a", "unsent_bytes": 70, "frames": 1, "superseded": 3}]
-    assert log.lines(2.0, {"a": BufferState(10, 0, 3)})[0]["unsent_bytes"] == 10
-    assert log.lines(3.0, {}) == [{"peer": "a", "unsent_bytes": 0, "frames": 0, "superseded": 0}]
+        {"peer": "a", "unsent_bytes": 70, "frames": 1, "superseded": 3, "unread_bytes": 0}]
+    assert log.lines(2.0, {"a": BufferState(10, 0, 3, 5)})[0]["unread_bytes"] == 5
+    assert log.lines(3.0, {}) == [{"peer": "a", "unsent_bytes": 0, "frames": 0, "superseded": 0, "unread_bytes": 0}]
     assert log.lines(4.0, {"a": BufferState(0, 0, 3)}) == []
 
 
@@ -470,7 +470,9 @@ def test_the_shard_writes_no_more_than_the_window_ahead_of_what_the_learner_read
         first = reader.settled()
     # the window, plus the frame that was being started when it filled
     assert transport.WINDOW_BYTES <= first <= transport.WINDOW_BYTES + frame, (first, frame)
-    assert server.buffers()["learner-0"].frames >= 30  # the rest waits where it can be replaced
+    buffer = server.buffers()["learner-0"]
+    assert buffer.frames >= 30  # the rest waits where it can be replaced
+    assert buffer.unread_bytes == first == server.stats["learner-0"].unread_max  # what it says is past the outbox
     reader.ack("learner-0")  # read it all: the shard may write a window more
     with Polling(server):
         second = reader.settled()
@@ -504,7 +506,7 @@ def test_a_learner_writes_no_more_than_the_window_ahead_of_what_the_shard_read(c
     frame = max(link.send(big(v)) for v in range(40))
     first = reader.settled()
     assert transport.WINDOW_BYTES <= first <= transport.WINDOW_BYTES + frame, (first, frame)
-    assert link.buffer().frames >= 30
+    assert link.buffer().frames >= 30 and link.buffer().unread_bytes == first == link.stats.unread_max
     reader.ack("syncer-0")
     second = reader.settled()
     assert first + transport.WINDOW_BYTES <= second <= first + transport.WINDOW_BYTES + frame, (first, second)
