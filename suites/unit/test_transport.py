@@ -423,8 +423,10 @@ class Reader:
         except OSError:
             pass
 
-    def settled(self) -> int:
-        """The count once nothing more arrives for 0.3 s."""
+    def settled(self, at_least: int) -> int:
+        """The count once it reached `at_least` (what the window lets through: waited for,
+        not assumed to arrive within some time) and nothing more arrived for 0.3 s."""
+        assert wait_until(lambda: self.n >= at_least, 20), (self.n, at_least)
         last = -1
         while last != self.n:
             last = self.n
@@ -467,7 +469,7 @@ def test_the_shard_writes_no_more_than_the_window_ahead_of_what_the_learner_read
     reader = Reader(sock)
     frame = max(server.send("learner-0", big(v)) for v in range(40))  # 5 MB, no keys: nothing replaced
     with Polling(server):
-        first = reader.settled()
+        first = reader.settled(transport.WINDOW_BYTES)
     # the window, plus the frame that was being started when it filled
     assert transport.WINDOW_BYTES <= first <= transport.WINDOW_BYTES + frame, (first, frame)
     buffer = server.buffers()["learner-0"]
@@ -475,7 +477,7 @@ def test_the_shard_writes_no_more_than_the_window_ahead_of_what_the_learner_read
     assert buffer.unread_bytes == first == server.stats["learner-0"].unread_max  # what it says is past the outbox
     reader.ack("learner-0")  # read it all: the shard may write a window more
     with Polling(server):
-        second = reader.settled()
+        second = reader.settled(first + transport.WINDOW_BYTES)
     assert first + transport.WINDOW_BYTES <= second <= first + transport.WINDOW_BYTES + frame, (first, second)
     assert not [e for e in server.poll(0.05) if e.kind == "message"]  # an acknowledgement never reaches the core
 
@@ -504,11 +506,11 @@ def test_a_learner_writes_no_more_than_the_window_ahead_of_what_the_shard_read(c
     closing(conn)
     reader = Reader(conn)
     frame = max(link.send(big(v)) for v in range(40))
-    first = reader.settled()
+    first = reader.settled(transport.WINDOW_BYTES)
     assert transport.WINDOW_BYTES <= first <= transport.WINDOW_BYTES + frame, (first, frame)
     assert link.buffer().frames >= 30 and link.buffer().unread_bytes == first == link.stats.unread_max
     reader.ack("syncer-0")
-    second = reader.settled()
+    second = reader.settled(first + transport.WINDOW_BYTES)
     assert first + transport.WINDOW_BYTES <= second <= first + transport.WINDOW_BYTES + frame, (first, second)
     assert inbox.get(timeout=1).kind == "connected" and inbox.empty()  # the acknowledgement is the link's own
 
