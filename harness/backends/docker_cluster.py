@@ -35,12 +35,14 @@ left (e.g. after a `kill -9` of the harness, which no `finally` survives).
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.backends.cluster import JAX_CACHE, LOCAL_MECHANISMS, LocalCluster
+from harness.backends.processes import SPARE_DELAY_S, Spare
 from harness.backends.docker_engine import LABEL, REPO, engine, host_image, host_mounts, remove_all
 
 UNIT_LABEL = "diloco-chaos.unit"
@@ -130,6 +132,8 @@ class Containers:
         "pause_unit": "docker pause / unpause (cgroup freezer)",
         "slow_unit": "docker update: CPU quota"})
     placement: dict = field(default_factory=dict)  # unit -> engine URL
+    spares: dict = field(default_factory=dict)  # (role, engine URL) -> its warm spare (Spare)
+    made: int = 0  # spares started so far (their names: spare-ROLE-N)
     _clients: dict = field(default_factory=dict)  # engine URL -> client
     _image_ref: str = ""
     _mounts: list = field(default_factory=list)
@@ -166,7 +170,8 @@ class Containers:
         for shard in cluster.topology["shards"]:
             self.placement[shard] = next(iter(self._clients))
         return {"name": "docker", "image": self._image_ref, "engine": next(iter(self._clients)),
-                "engines": list(self._clients), "placement": dict(self.placement), "cpus": self.cpus}
+                "engines": list(self._clients), "placement": dict(self.placement), "cpus": self.cpus,
+                "spares": list(cluster.spares)}
 
     @staticmethod
     def _engine_name(client) -> str:
@@ -186,11 +191,62 @@ class Containers:
         return self._clients[self.placement[name]]
 
     def start_spares(self, cluster: LocalCluster, delay_s: float = 0.0) -> None:
-        """No warm spares on this backend yet: every restart is a new container (cold)."""
+        """A warm spare container (trainer/spare.py, stdin kept open) for every role that keeps
+        one (`cluster.spares`), on every engine that runs a unit of that role: a spare takes
+        the identity of a unit on its own engine only, so a restarted unit stays on its host
+        (its checkpoint, and later its data, are there)."""
+        for role in cluster.spares:
+            for url in dict.fromkeys(self.placement.get(n) or next(iter(self._clients))
+                                     for n in cluster.members if cluster.members[n].role == role):
+                if (role, url) not in self.spares:
+                    self.made += 1
+                    name = f"spare-{role}-{self.made}"
+                    c = self._run(cluster, url, role, name, "spare",
+                                  ["trainer.spare", role, "--delay", str(delay_s), "--run-dir", str(cluster.run_dir),
+                                   "--spare", name], log=f"{name}.log", stdin=True)
+                    self.spares[(role, url)] = Spare(name, ContainerProc(c))
+
+    def _hand_over(self, cluster: LocalCluster, spare: "Spare", m) -> bool:
+        """The spare container takes m's identity: one JSON line on its stdin, written through
+        the engine (`docker attach`); False if it had exited (its stdout/ file says why)."""
+        import socket as _socket
+
+        import docker
+
+        ready = (cluster.run_dir / "spares" / f"{spare.name}.ready").exists()
+        if spare.proc.poll() is not None:
+            self._remove(spare.proc.container)
+            return False
+        line = json.dumps({"id": m.name, "incarnation": m.incarnation}).encode() + b"\n"
+        try:
+            sock = spare.proc.container.attach_socket(params={"stdin": 1, "stream": 1})
+            raw = getattr(sock, "_sock", sock)
+            raw.sendall(line)
+            try:
+                raw.shutdown(_socket.SHUT_WR)
+            except OSError:
+                pass
+            sock.close()
+        except (docker.errors.APIError, OSError):
+            self._remove(spare.proc.container)
+            return False
+        (cluster.run_dir / "stdout" / f"{m.name}.{m.incarnation}.log").symlink_to(f"{spare.name}.log")
+        m.start = "spare" if ready else "spare_booting"
+        return True
+
+    @staticmethod
+    def _remove(container) -> None:
+        import docker
+
+        try:
+            container.remove(force=True)
+        except docker.errors.APIError:
+            pass
 
     def stop_all(self, cluster: LocalCluster) -> None:
         """Stops the units as on local (SIGTERM, a grace period, learners first), then
         removes every container of this run (by label, so also ones a failed spawn left)."""
+        self.spares.clear()  # removed with the rest, by label
         try:
             self._stop_units(cluster)
         finally:
@@ -226,36 +282,47 @@ class Containers:
 
     # unit control ----------------------------------------------------------------------
     def spawn(self, cluster: LocalCluster, m) -> ContainerProc:
-        name = m.name
+        url = self.placement.get(m.name) or next(iter(self._clients))
+        spare = self.spares.pop((m.role, url), None)
+        if spare is not None:
+            self.start_spares(cluster, SPARE_DELAY_S)  # its replacement
+            if self._hand_over(cluster, spare, m):
+                return spare.proc
+        m.start = "cold"
         module = "trainer.learner" if m.role == "learner" else "trainer.syncer"
+        c = self._run(cluster, url, m.role, m.name, str(m.incarnation),
+                      [module, "--run-dir", str(cluster.run_dir), "--id", m.name, "--incarnation", str(m.incarnation)],
+                      log=f"{m.name}.{m.incarnation}.log")
+        return ContainerProc(c)
+
+    def _run(self, cluster: LocalCluster, url: str, role: str, name: str, incarnation: str, args: list[str], *,
+             log: str, stdin: bool = False):
+        """A container on engine `url` running `python -m ARGS...` for unit (or spare) `name`."""
         env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
         env["PYTHONUNBUFFERED"] = "1"
         env.update(cluster.unit_env())  # the run secret: in the container's environment only
-        if m.role == "learner":
+        if role == "learner":
             env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cluster.slices}"
         env.setdefault("JAX_PLATFORMS", "cpu")
         env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE.resolve()))
         env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
         env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-        env["DILOCO_CHAOS_LOG"] = str(cluster.run_dir / "stdout" / f"{name}.{m.incarnation}.log")
+        env["DILOCO_CHAOS_LOG"] = str(cluster.run_dir / "stdout" / log)
         python = cluster.python if self.image == "host" else "python"
-        argv = [python, "-m", module, "--run-dir", str(cluster.run_dir), "--id", name,
-                "--incarnation", str(m.incarnation)]
         # stdout/stderr to the run directory, as on local; `exec` keeps python the main process
-        cmd = ["/bin/sh", "-c", 'exec "$@" >>"$DILOCO_CHAOS_LOG" 2>&1', "sh", *argv]
+        cmd = ["/bin/sh", "-c", 'exec "$@" >>"$DILOCO_CHAOS_LOG" 2>&1', "sh", python, "-m", *args]
         from docker.types import Mount
 
         kwargs = {}
         if self.cpus is not None:
             kwargs["nano_cpus"] = int(self.cpus * 1e9)
         run_id = cluster.topology["run_id"]
-        c = self.client_of(name).containers.run(
-            self._image_ref, cmd, detach=True, name=f"dc-{run_id}-{name}-{m.incarnation}",
-            environment=env, network_mode="host", working_dir=str(REPO), init=False,
+        return self._clients[url].containers.run(
+            self._image_ref, cmd, detach=True, name=f"dc-{run_id}-{name}-{incarnation}",
+            environment=env, network_mode="host", working_dir=str(REPO), init=False, stdin_open=stdin,
             mounts=[Mount(target=p, source=p, type="bind", read_only=ro) for p, ro in self._mounts],
-            labels={LABEL: run_id, UNIT_LABEL: name, "diloco-chaos.incarnation": str(m.incarnation)},
+            labels={LABEL: run_id, UNIT_LABEL: name, "diloco-chaos.incarnation": incarnation},
             stop_signal="SIGTERM", **kwargs)
-        return ContainerProc(c)
 
     def kill(self, cluster: LocalCluster, m) -> None:
         """`docker kill` (SIGKILL to the container: no chance to clean up), then removed."""

@@ -68,8 +68,8 @@ class ClusterSpec:
     # a public (globally routed or unspecified) `listen` address is refused unless this is
     # set: the shards and proxies would take connections from anyone who can route to them
     listen_public: bool = False
-    # warm spares: a pre-started process per role takes a restarted unit's identity (local
-    # backend; the docker backend restarts cold). docs/SCENARIOS.md
+    # warm spares: a pre-started process (a container on docker, one per engine) per role
+    # takes a restarted unit's identity. docs/SCENARIOS.md
     spares: bool = True
 
     def __post_init__(self) -> None:
@@ -224,8 +224,8 @@ class Scenario:
     def spare_roles(self) -> tuple[str, ...]:
         """The roles whose units this run restarts (a kill with a return, in the schedule or
         drawn by the failure process): they keep a warm spare when `cluster.spares` is on
-        (the local backend; docker restarts cold)."""
-        if not self.cluster.spares or self.cluster.backend != "local":
+        (a process on local, a container on each engine that runs the role on docker)."""
+        if not self.cluster.spares:
             return ()
         roles = set()
         for _, what, f in self.schedule().timeline():
