@@ -27,7 +27,8 @@ from trainer.protocol import LearnerCore
 from trainer.protocol_base import DP_MODES
 from trainer.sdc import Corrupter
 from trainer.tasks import task_for_run
-from trainer.transport import BufferLog, ShardLink
+from trainer.flow import BufferLog
+from trainer.shard_link import ShardLink
 from trainer.wiring import fragmenter_for, learner_config, learner_math, logged_combiner
 
 

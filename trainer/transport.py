@@ -1,11 +1,13 @@
 """TCP transport: length-prefixed frames (trainer/codec.py) between learner units and
-syncer shards. The only networking code in trainer/.
+syncer shards. With trainer/shard_link.py, the only networking code in trainer/; the
+bookkeeping both ends share (the window, the counters, `link_buffer` lines) is in
+trainer/flow.py.
 
 - `ShardServer` (a syncer shard): a single-threaded selector loop. `poll(timeout_s)`
   returns what happened — connections, decoded messages, disconnections — and
   `send(peer, msg, key)` queues a frame that later polls flush. The shard process
   drives its sans-IO core from these.
-- `ShardLink` (a learner unit's link to one shard): a background thread that
+- `ShardLink` (trainer/shard_link.py, a learner unit's link to one shard): a background thread that
   connects to the address it was given (the harness puts a Toxiproxy proxy there),
   reconnects with exponential backoff, and hands what it reads to an inbox queue.
   `send(msg, key)` never blocks the learner: frames go to an outbox a writer thread
@@ -23,7 +25,7 @@ in buffers the sender cannot see or replace — a proxy's receive buffer, autotu
 megabytes (Toxiproxy held 2.8 MB ahead of a 10 Mbit/s bandwidth toxic, 2.3 s: a
 learner's updates arrived 16+ versions stale), or a router's queue on a real WAN. So
 each end acknowledges what it read (`Received`, every ACK_EVERY_BYTES of the stream,
-consumed here and never passed on), and a sender takes a new frame from its outbox only
+consumed by the transport and never passed on; `Flow`), and a sender takes a new frame from its outbox only
 while what it wrote and the peer has not read is under WINDOW_BYTES: at most the window
 and one frame are ever past the outbox (an acknowledgement goes first and never waits
 for the window, and a frame once started is written whole, so the two ends can never
@@ -40,17 +42,16 @@ Bytes are counted per link and direction, at the socket, as `LinkStats`.
 from __future__ import annotations
 
 import fcntl
-import queue
 import selectors
 import socket
 import struct
 import termios
-import threading
 import time
 from dataclasses import dataclass
 
 from trainer import auth
 from trainer.codec import FrameDecoder, ProtocolError, encode_frame
+from trainer.flow import ACK_EVERY_BYTES, WINDOW_BYTES, BufferLog, BufferState, Flow, LinkStats  # noqa: F401
 from trainer.messages import Received
 from trainer.outbox import Outbox
 
@@ -62,37 +63,6 @@ SNDBUF_BYTES: int | None = 64 * 1024
 
 _TIOCOUTQ = getattr(termios, "TIOCOUTQ", None)  # = SIOCOUTQ on a TCP socket (Linux)
 
-# The delivery window (module docstring): bytes written and not yet read by the peer,
-# beyond which no new frame leaves the outbox; and how often the reader says how far it
-# read. 1 MiB keeps a 32 Mbit/s link with 40 ms round trips full and bounds the wait
-# behind the window on a 10 Mbit/s one to under a second. None: no window (as before).
-WINDOW_BYTES: int | None = 1 << 20
-ACK_EVERY_BYTES = 64 * 1024
-
-
-@dataclass
-class LinkStats:
-    bytes_sent: int = 0
-    bytes_recv: int = 0
-    frames_sent: int = 0
-    frames_recv: int = 0
-    connects: int = 0
-    unsent_max: int = 0  # high-water mark of unsent_bytes, sampled on each send and flush
-    superseded: int = 0  # frames replaced in the outbox by a newer one with the same key
-    unread_max: int = 0  # high-water mark of bytes written and not yet read by the peer (≤ window + a frame)
-
-
-@dataclass(frozen=True)
-class BufferState:
-    """What waits on one link: unsent bytes (outbox + partial frame + kernel), frames
-    waiting in the outbox, frames superseded so far, and bytes written that the peer has
-    not yet said it read (the kernel's, the path's and the peer's buffers; the peer says
-    so every ACK_EVERY_BYTES, so up to that much more than is really unread)."""
-
-    unsent_bytes: int
-    frames: int
-    superseded: int
-    unread_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -124,34 +94,6 @@ def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if SNDBUF_BYTES is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF_BYTES)
-
-
-class Flow:
-    """One connection's delivery window, both directions (counted after the membership
-    exchange): `tx` bytes written, `acked` the peer's latest `Received`; `rx` bytes read,
-    `rx_acked` what our latest `Received` said."""
-
-    __slots__ = ("tx", "acked", "rx", "rx_acked")
-
-    def __init__(self):
-        self.tx = self.acked = self.rx = self.rx_acked = 0
-
-    def unread(self) -> int:
-        return self.tx - self.acked
-
-    def open(self) -> bool:
-        """May a new frame be started?"""
-        return WINDOW_BYTES is None or self.tx - self.acked < WINDOW_BYTES
-
-    def ack_due(self) -> bool:
-        return self.rx - self.rx_acked >= ACK_EVERY_BYTES
-
-    def ack(self) -> Received:
-        self.rx_acked = self.rx
-        return Received(self.rx)
-
-    def took(self, msg: Received) -> None:
-        self.acked = max(self.acked, msg.nbytes)
 
 
 class _Conn:
@@ -366,244 +308,6 @@ class ShardServer:
         if conn.peer and self.by_peer.get(conn.peer) is conn:
             del self.by_peer[conn.peer]
             events.append(NetEvent("disconnected", conn.peer))
-
-
-class ShardLink:
-    """A learner unit's link to one syncer shard, kept up by a background thread."""
-
-    def __init__(self, name: str, shard: str, addr: str, run_id: str, inbox: "queue.Queue[NetEvent]",
-                 *, secret: bytes, backoff_s: tuple[float, float] = (0.05, 1.0)):
-        self.name, self.shard, self.addr, self.run_id, self.secret = name, shard, addr, run_id, secret
-        self.inbox = inbox
-        self.backoff_s = backoff_s
-        self.stats = LinkStats()
-        # Guarded by _cv: the outbox, _sock, and _up's transitions to down. A frame in the
-        # outbox always belongs to the current connection (it is emptied on each change).
-        self._outbox = Outbox()
-        self._cv = threading.Condition()
-        self._sock: socket.socket | None = None
-        self._proving: socket.socket | None = None  # a connection in the run-membership exchange
-        self._partial = 0  # bytes of the frame being written not yet handed to the kernel
-        self._flow = Flow()  # the current connection's delivery window (a new one per connection)
-        self._up = threading.Event()
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"link-{shard}", daemon=True)
-        self._writer = threading.Thread(target=self._write_loop, name=f"write-{shard}", daemon=True)
-
-    def start(self) -> "ShardLink":
-        self._thread.start()
-        self._writer.start()
-        return self
-
-    @property
-    def up(self) -> bool:
-        return self._up.is_set()
-
-    def send(self, msg, key=None, combine=None) -> int:
-        """Queues `msg`, superseding a waiting frame with the same key (None: never; a
-        Contribution's key: combined with it by `combine(old, new) -> msg`); returns the
-        frame size, or 0 (dropped) while the link is down."""
-        if not self._up.is_set():
-            return 0
-        frame = encode_frame(msg, run_id=self.run_id, sender=self.name)
-
-        def merged(old, new):
-            m = combine(old, new)
-            return m, encode_frame(m, run_id=self.run_id, sender=self.name)
-
-        with self._cv:
-            if self._sock is None or not self._up.is_set():
-                return 0
-            if self._outbox.put(frame, key, msg=msg, combine=None if combine is None else merged):
-                self.stats.superseded += 1
-            self._cv.notify()
-            self.stats.unsent_max = max(self.stats.unsent_max, self._unsent_locked())
-        return len(frame)
-
-    def unsent_bytes(self) -> int:
-        with self._cv:
-            return self._unsent_locked()
-
-    def buffer(self) -> BufferState:
-        with self._cv:
-            return BufferState(self._unsent_locked(), self._outbox.frames, self.stats.superseded,
-                               self._flow.unread() if self._sock is not None else 0)
-
-    def close(self) -> None:
-        self._closed.set()
-        with self._cv:
-            self._cv.notify_all()
-            for sock in (self._sock, self._proving):
-                if sock is not None:
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-        self._thread.join(timeout=2)
-        self._writer.join(timeout=2)
-
-    def _unsent_locked(self) -> int:
-        return self._outbox.unsent_bytes + self._partial + kernel_unsent(self._sock)
-
-    def _run(self) -> None:
-        delay = self.backoff_s[0]
-        while not self._closed.is_set():
-            try:
-                sock = socket.create_connection(parse_addr(self.addr), timeout=2.0)
-            except OSError:
-                self._closed.wait(delay)
-                delay = min(delay * 2, self.backoff_s[1])
-                continue
-            _tune(sock)
-            connected_at = time.monotonic()
-            self._proving = sock  # close() wakes a blocked exchange through it
-            try:
-                if self._closed.is_set():
-                    raise ConnectionError("closed")
-                self._prove(sock)
-            except (auth.AuthError, OSError) as e:  # OSError: a cut link or a shard gone; retried
-                if isinstance(e, auth.AuthError):
-                    self.inbox.put(NetEvent("refused", self.shard, str(e)))
-                sock.close()
-                self._closed.wait(delay)
-                delay = min(delay * 2, self.backoff_s[1])
-                continue
-            finally:
-                self._proving = None
-            sock.settimeout(None)
-            with self._cv:
-                self._sock, self._flow = sock, Flow()
-                self._outbox.clear()  # nothing from a previous connection leaks into this one
-            self.stats.connects += 1
-            self._up.set()
-            self.inbox.put(NetEvent("connected", self.shard))
-            self._read_loop(sock)
-            with self._cv:
-                self._up.clear()
-                self._sock = None
-                self._outbox.clear()
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # wakes a writer blocked on this socket
-            except OSError:
-                pass
-            sock.close()
-            self.inbox.put(NetEvent("disconnected", self.shard))
-            # Through a proxy, connect succeeds even when the shard behind it is down
-            # and the proxy hangs up at once: only a connection that lasted resets
-            # the backoff, so a dead shard is retried ever more slowly.
-            if time.monotonic() - connected_at > 1.0:
-                delay = self.backoff_s[0]
-            else:
-                self._closed.wait(delay)
-                delay = min(delay * 2, self.backoff_s[1])
-
-    def _prove(self, sock: socket.socket) -> None:
-        """The learner's half of the run-membership exchange (trainer/auth.py), blocking, at
-        most AUTH_TIMEOUT_S per read: the shard's challenge, our proof, its answer."""
-        sock.settimeout(auth.AUTH_TIMEOUT_S)
-        n_shard = auth.read_challenge(_recv_exact(sock, auth.CHALLENGE_BYTES))
-        n_learner = auth.nonce()
-        mine = auth.proof(self.secret, self.run_id, self.name, self.shard, n_shard, n_learner)
-        sock.sendall(mine)
-        auth.check_answer(_recv_exact(sock, auth.ANSWER_BYTES), self.secret, self.run_id, self.name, self.shard,
-                          n_shard, n_learner)
-        self.stats.bytes_recv += auth.CHALLENGE_BYTES + auth.ANSWER_BYTES
-        self.stats.bytes_sent += len(mine)
-
-    def _read_loop(self, sock: socket.socket) -> None:
-        decoder, flow = FrameDecoder(expected_run_id=self.run_id), self._flow
-        while not self._closed.is_set():
-            try:
-                data = sock.recv(1 << 20)
-            except OSError:
-                return
-            if not data:
-                return
-            self.stats.bytes_recv += len(data)
-            try:
-                decoder.feed(data)
-                while (item := decoder.next()) is not None:
-                    header, msg = item
-                    if header["sender"] != self.shard:
-                        return  # only the proven shard speaks on this connection
-                    if isinstance(msg, Received):
-                        with self._cv:
-                            flow.took(msg)
-                            self._cv.notify()
-                        continue
-                    self.stats.frames_recv += 1
-                    self.inbox.put(NetEvent("message", self.shard, msg, header.get("frame_bytes", 0)))
-            except ProtocolError:
-                return
-            with self._cv:
-                flow.rx += len(data)
-                if flow.ack_due():
-                    self._cv.notify()
-
-    def _write_loop(self) -> None:
-        """One frame at a time: an acknowledgement when one is due, else the next frame from
-        the outbox while the window is open (it leaves the outbox only once the previous
-        one is written)."""
-        while True:
-            with self._cv:
-                while not self._closed.is_set() and not (
-                        self._sock is not None and (self._flow.ack_due() or (self._outbox and self._flow.open()))):
-                    self._cv.wait()
-                if self._closed.is_set():
-                    return
-                sock, flow = self._sock, self._flow
-                ack = flow.ack_due()
-                frame = encode_frame(flow.ack(), run_id=self.run_id, sender=self.name) if ack else self._outbox.take()
-                self._partial = 0 if ack else len(frame)
-            view = memoryview(frame)
-            try:
-                while view:
-                    n = sock.send(view)
-                    view = view[n:]
-                    flow.tx += n
-                    if not ack:
-                        self._partial = len(view)
-            except OSError:
-                self._partial = 0
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)  # wakes the reader, which reconnects
-                except OSError:
-                    pass
-                continue
-            self.stats.bytes_sent += len(frame)
-            self.stats.unread_max = max(self.stats.unread_max, flow.unread())
-            if not ack:
-                self.stats.frames_sent += 1
-
-
-class BufferLog:
-    """When a process writes `link_buffer` lines: on a time check (`due`, one clock read
-    per loop), each link at most once per `interval_s` while something is unsent on it,
-    and once more when it empties."""
-
-    def __init__(self, interval_s: float = 1.0):
-        self.interval_s = interval_s
-        self._next = 0.0
-        self._reported: set[str] = set()  # peers whose last line said something was unsent
-
-    def due(self, now: float) -> bool:
-        return now >= self._next
-
-    def lines(self, now: float, buffers: dict[str, BufferState]) -> list[dict]:
-        """The fields of each `link_buffer` line to write now."""
-        self._next = now + self.interval_s
-        out = []
-        for peer in sorted(set(buffers) | self._reported):
-            b = buffers.get(peer, BufferState(0, 0, 0))
-            if b.unsent_bytes > 0:
-                self._reported.add(peer)
-            elif peer in self._reported:
-                self._reported.discard(peer)
-            else:
-                continue
-            out.append({"peer": peer, "unsent_bytes": b.unsent_bytes, "frames": b.frames,
-                        "superseded": b.superseded, "unread_bytes": b.unread_bytes})
-        return out
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

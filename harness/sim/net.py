@@ -15,7 +15,7 @@ traffic sees, the way Toxiproxy would:
   limit_data (bytes)         a connection is closed once a stream passed `bytes`;
                              the frame that crossed the limit is lost
 
-Connections follow trainer/transport.py: the learner side (`ShardLink`) connects,
+Connections follow trainer/shard_link.py: the learner side (`ShardLink`) connects,
 reconnects after a loss (at once if the connection lasted > 1 s, else after a
 backoff doubling from 50 ms to 1 s). Each connection first runs the run-membership
 exchange (trainer/auth.py) as three small frames through the same toxics: the shard's

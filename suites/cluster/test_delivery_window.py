@@ -23,7 +23,8 @@ from harness.links import toxic_spec
 from trainer import transport
 from trainer.messages import FragmentUpdate
 from trainer.outbox import outbox_key
-from trainer.transport import ShardLink, ShardServer, wait_until
+from trainer.shard_link import ShardLink
+from trainer.transport import ShardServer, wait_until
 
 pytestmark = [pytest.mark.cluster]
 

@@ -20,7 +20,8 @@ from trainer import auth
 from trainer.codec import encode_frame
 from trainer.config import DilocoConfig, InnerOptConfig, RunConfig
 from trainer.messages import Contribution, Hello
-from trainer.transport import ShardLink, parse_addr
+from trainer.shard_link import ShardLink
+from trainer.transport import parse_addr
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -15,7 +15,8 @@ import pytest
 from trainer import auth, transport
 from trainer.codec import encode_frame
 from trainer.messages import Contribution, Hello
-from trainer.transport import ShardLink, ShardServer, wait_until
+from trainer.shard_link import ShardLink
+from trainer.transport import ShardServer, wait_until
 
 RUN = "run-auth"
 SECRET = bytes(range(32))

@@ -19,7 +19,9 @@ from trainer import auth, transport
 from trainer.codec import encode_frame
 from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, Received, SliceControl
 from trainer.outbox import Outbox, outbox_key
-from trainer.transport import BufferLog, BufferState, ShardLink, ShardServer, wait_until
+from trainer.flow import BufferLog, BufferState
+from trainer.shard_link import ShardLink
+from trainer.transport import ShardServer, wait_until
 
 RUN = "run-transport"
 SECRET = bytes(range(32))  # the run secret every link here proves (trainer/auth.py)
