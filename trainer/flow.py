@@ -57,7 +57,7 @@ class Flow:
 
     def open(self) -> bool:
         """May a new frame be started?"""
-        return WINDOW_BYTES is None or self.tx - self.acked < WINDOW_BYTES
+        return WINDOW_BYTES is None or self.unread() < WINDOW_BYTES
 
     def ack_due(self) -> bool:
         return self.rx - self.rx_acked >= ACK_EVERY_BYTES

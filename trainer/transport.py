@@ -22,8 +22,9 @@ being written + the kernel's unsent bytes on the socket (SIOCOUTQ).
 
 Delivery window: past the socket, bytes the kernel accepted can still wait a long time
 in buffers the sender cannot see or replace — a proxy's receive buffer, autotuned to
-megabytes (Toxiproxy held 2.8 MB ahead of a 10 Mbit/s bandwidth toxic, 2.3 s: a
-learner's updates arrived 16+ versions stale), or a router's queue on a real WAN. So
+megabytes (a probe kept 2.8 MB, 2.2 s, ahead of a 10 Mbit/s Toxiproxy bandwidth toxic;
+in a `partition` run a learner's updates arrived 2.3 s late, 14 versions stale on
+average), or a router's queue on a real WAN. So
 each end acknowledges what it read (`Received`, every ACK_EVERY_BYTES of the stream,
 consumed by the transport and never passed on; `Flow`), and a sender takes a new frame from its outbox only
 while what it wrote and the peer has not read is under WINDOW_BYTES: at most the window
@@ -229,6 +230,7 @@ class ShardServer:
             data = rest
         self.stats[conn.peer].bytes_recv += len(data)
         conn.flow.rx += len(data)
+        acked = False
         try:
             conn.decoder.feed(data)
             while (item := conn.decoder.next()) is not None:
@@ -238,13 +240,15 @@ class ShardServer:
                     return
                 if isinstance(msg, Received):
                     conn.flow.took(msg)
+                    acked = True
                     continue
                 self.stats[conn.peer].frames_recv += 1
                 events.append(NetEvent("message", conn.peer, msg, header.get("frame_bytes", 0)))
         except ProtocolError:
             self._drop(conn, events)  # a malformed stream is cut; the learner reconnects
             return
-        self._flush(conn, events)  # an acknowledgement due, or the window opened
+        if acked or conn.flow.ack_due():  # the window may have opened; we owe an acknowledgement
+            self._flush(conn, events)
 
     def _refuse(self, conn: _Conn, reason: str, events: list[NetEvent]) -> None:
         """Cuts a connection that did not prove run membership (or broke it): nothing it sent

@@ -35,13 +35,13 @@ left (e.g. after a `kill -9` of the harness, which no `finally` survives).
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.backends.cluster import JAX_CACHE, LOCAL_MECHANISMS, LocalCluster
+from harness.backends.container_proc import ContainerProc, wait_job_state
 from harness.backends.processes import SPARE_DELAY_S, Spare
 from harness.backends.docker_engine import LABEL, REPO, engine, host_image, host_mounts, remove_all
 
@@ -55,52 +55,6 @@ PAUSE_FALLBACK = f"docker kill --signal SIGSTOP / SIGCONT (the freezer refused {
 # Environment the harness has that means nothing inside a container (or must not leak).
 _ENV_DROP = {"DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "HOSTNAME", "TERM", "DISPLAY",
              "SSH_AUTH_SOCK", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER"}
-
-
-# ------------------------------------------------------------------ a container as a process
-class ContainerProc:
-    """The subset of `subprocess.Popen` the harness uses, for one container."""
-
-    def __init__(self, container, poll_every_s: float = 0.25):
-        self.container = container
-        self.returncode: int | None = None
-        self.pid: int | None = None
-        self._last = 0.0
-        self._every = poll_every_s
-        self._refresh(force=True)
-
-    def _refresh(self, force: bool = False) -> None:
-        import docker
-
-        if self.returncode is not None or (not force and time.monotonic() - self._last < self._every):
-            return
-        self._last = time.monotonic()
-        try:
-            self.container.reload()
-        except docker.errors.NotFound:
-            self.returncode, self.pid = -9, None
-            return
-        state = self.container.attrs["State"]
-        if state["Status"] in ("exited", "dead"):
-            self.returncode, self.pid = int(state["ExitCode"]), None
-        elif state.get("Pid"):
-            self.pid = int(state["Pid"])
-
-    def poll(self) -> int | None:
-        self._refresh()
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        import subprocess
-
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self._refresh(force=True)
-            if self.returncode is not None:
-                return self.returncode
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(self.container.name, timeout)
-            time.sleep(0.1)
 
 
 # ------------------------------------------------------------------ the cluster
@@ -206,22 +160,21 @@ class Containers:
                                    "--spare", name], log=f"{name}.log", stdin=True)
                     self.spares[(role, url)] = Spare(name, ContainerProc(c))
 
-    def _hand_over(self, cluster: LocalCluster, spare: "Spare", m) -> bool:
+    def _hand_over(self, cluster: LocalCluster, spare: Spare, m) -> bool:
         """The spare container takes m's identity: one JSON line on its stdin, written through
         the engine (`docker attach`); False if it had exited (its stdout/ file says why)."""
         import socket as _socket
 
         import docker
 
-        ready = (cluster.run_dir / "spares" / f"{spare.name}.ready").exists()
+        ready = spare.ready(cluster)
         if spare.proc.poll() is not None:
             self._remove(spare.proc.container)
             return False
-        line = json.dumps({"id": m.name, "incarnation": m.incarnation}).encode() + b"\n"
         try:
             sock = spare.proc.container.attach_socket(params={"stdin": 1, "stream": 1})
             raw = getattr(sock, "_sock", sock)
-            raw.sendall(line)
+            raw.sendall(Spare.identity(m))
             try:
                 raw.shutdown(_socket.SHUT_WR)
             except OSError:
@@ -230,8 +183,7 @@ class Containers:
         except (docker.errors.APIError, OSError):
             self._remove(spare.proc.container)
             return False
-        (cluster.run_dir / "stdout" / f"{m.name}.{m.incarnation}.log").symlink_to(f"{spare.name}.log")
-        m.start = "spare" if ready else "spare_booting"
+        spare.became(cluster, m, ready)
         return True
 
     @staticmethod
@@ -382,7 +334,7 @@ class Containers:
         # The engine's kill returns once the signal is sent; on a loaded machine the
         # group stop takes effect a few milliseconds later, thread by thread. The fault
         # starts when the unit has stopped, so wait for it (where this host sees it).
-        _wait_job_state(m.proc.pid, m.proc.container.id, stopped=True)
+        wait_job_state(m.proc.pid, m.proc.container.id, stopped=True)
         return PAUSE_FALLBACK
 
     def resume(self, cluster: LocalCluster, m) -> None:
@@ -390,7 +342,7 @@ class Containers:
             try:
                 if m.name in self._sigstopped:
                     m.proc.container.kill(signal="SIGCONT")
-                    _wait_job_state(m.proc.pid, m.proc.container.id, stopped=False)
+                    wait_job_state(m.proc.pid, m.proc.container.id, stopped=False)
                 else:
                     m.proc.container.unpause()
             except Exception:  # noqa: BLE001 - killed while paused
@@ -417,37 +369,3 @@ class Containers:
         if m.proc is None or m.proc.poll() is not None:
             return None
         return m.proc.pid
-
-
-def _thread_states(pid: int, container_id: str) -> list[str] | None:
-    """The kernel's state letter of each thread of `pid`, when `pid` is this host's view
-    of the container's process (its cgroup names the container); None where it is not
-    (an engine on another host, or the process is gone)."""
-    try:
-        if container_id not in Path(f"/proc/{pid}/cgroup").read_text():
-            return None
-        states = []
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            # /proc/PID/task/TID/stat: "tid (comm) S ..."; comm may hold spaces or parens
-            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
-        return states
-    except (OSError, IndexError):
-        return None
-
-
-def _wait_job_state(pid: int | None, container_id: str, stopped: bool, timeout_s: float = 5.0) -> bool:
-    """Waits until every thread of the container's process is stopped (`T`), or none is;
-    True when seen so, False when this host cannot see the process or the deadline passed
-    (the signal was sent either way)."""
-    if pid is None:
-        return False
-    deadline = time.monotonic() + timeout_s
-    while True:
-        states = _thread_states(pid, container_id)
-        if states is None:
-            return False
-        if all((st in "Tt") == stopped for st in states):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.005)

@@ -51,6 +51,21 @@ class Spare:
     name: str                 # spare-learner-2: its stdout/ file and spares/NAME.ready
     proc: subprocess.Popen
 
+    def ready(self, cluster: "LocalCluster") -> bool:
+        """Has it said it is ready (trainer/shell.py `await_identity`)?"""
+        return (cluster.run_dir / "spares" / f"{self.name}.ready").exists()
+
+    @staticmethod
+    def identity(m: Member) -> bytes:
+        """The one line a spare reads on its stdin to become m's next incarnation."""
+        return json.dumps({"id": m.name, "incarnation": m.incarnation}).encode() + b"\n"
+
+    def became(self, cluster: "LocalCluster", m: Member, ready: bool) -> None:
+        """After the hand-over: its output is the incarnation's (the crash tail reads it),
+        and m's `start` says which path the restart took."""
+        (cluster.run_dir / "stdout" / f"{m.name}.{m.incarnation}.log").symlink_to(f"{self.name}.log")
+        m.start = "spare" if ready else "spare_booting"
+
 
 @dataclass
 class Processes:
@@ -115,15 +130,14 @@ class Processes:
     def _hand_over(self, cluster: "LocalCluster", spare: Spare, m: Member) -> bool:
         """The spare takes m's identity (one JSON line on its stdin); False if it had died
         (its stdout/ file says why): the restart is then cold."""
-        ready = (cluster.run_dir / "spares" / f"{spare.name}.ready").exists()
+        ready = spare.ready(cluster)
         try:
-            spare.proc.stdin.write(json.dumps({"id": m.name, "incarnation": m.incarnation}).encode() + b"\n")
+            spare.proc.stdin.write(Spare.identity(m))
             spare.proc.stdin.close()  # flushes the one line it reads
         except (BrokenPipeError, ValueError):
             procs.stop(spare.proc, grace_s=1.0)
             return False
-        (cluster.run_dir / "stdout" / f"{m.name}.{m.incarnation}.log").symlink_to(f"{spare.name}.log")
-        m.start = "spare" if ready else "spare_booting"
+        spare.became(cluster, m, ready)
         return True
 
     def pid(self, m: Member) -> int | None:

@@ -5,8 +5,8 @@ open link, so that the proxy's socket buffer is autotuned to megabytes, then wit
 10 Mbit/s bandwidth toxic and a new version every 20 ms (the shard commits faster than
 the link carries). The outbox keeps only the newest waiting version, but without the
 window everything the proxy's buffer took still had to cross first: measured here,
-updates arrived 3.9 s old (4.5 s at worst) — a learner applying Θ 16+ versions stale in
-the `partition` scenario. With the window no more than it and one frame are ahead of an
+updates arrived 3.9 s old (4.5–5.1 s at worst; in the `partition` scenario such a delay
+made a learner's Δs 14 versions stale on average, many past the bound). With the window no more than it and one frame are ahead of an
 update: (1 MiB + 2 × 180 KB) / 1.25 MB/s ≈ 1.1 s (measured 0.96 s), at the same rate
 of updates."""
 from __future__ import annotations
