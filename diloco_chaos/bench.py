@@ -30,10 +30,16 @@ BENCHES: dict[str, tuple[str, str]] = {
 }
 
 
+TAKES_FROM = ("fidelity",)  # benches whose function takes `real_from`
+
+
 def register(sub, help_: str) -> None:
     p = sub.add_parser("bench", help=help_, description=__doc__)
     p.add_argument("name", help="one of: " + ", ".join(BENCHES))
     p.add_argument("--out", default="runs/bench", help="folder for NAME.json (default runs/bench)")
+    p.add_argument("--from", dest="real_from", metavar="DIR",
+                   help=f"({', '.join(TAKES_FROM)} only) take the real runs an earlier bench kept in DIR "
+                        "(its --out) instead of running them again")
     p.set_defaults(func=main)
 
 
@@ -54,8 +60,13 @@ def main(args) -> int:
     fn = getattr(importlib.import_module(module), func)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    kw = {}
+    if getattr(args, "real_from", None):
+        if args.name not in TAKES_FROM:
+            raise UserError(f"--from: the {args.name!r} bench runs everything itself; valid with: {', '.join(TAKES_FROM)}")
+        kw["real_from"] = Path(args.real_from)
     t0 = time.time()
-    result = fn(out)
+    result = fn(out, **kw)
     _render_runs(out / args.name)
     result = {
         "bench": args.name,

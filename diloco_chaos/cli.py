@@ -22,7 +22,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("replay", "diloco_chaos.run_cmd:register_replay", "run a stored run again: same config, seed and schedule"),
     ("demo", "diloco_chaos.run_cmd:register_demo", "run the default scenario (chaos vs data-parallel), print where results are"),
     ("report", "diloco_chaos.report_cmd:register", "render a stored run's HTML report again (like Jepsen's analyze)"),
-    ("fleet", "harness.fleet.model:register", "fleet-scale goodput simulator: Decoupled DiLoCo vs data-parallel"),
+    ("fleet", "diloco_chaos.fleet_cmd:register", "fleet-scale goodput simulator: Decoupled DiLoCo vs data-parallel"),
     ("bench", "diloco_chaos.bench:register", "run a benchmark, writing runs/bench/NAME.json"),
     ("setup", "harness.backends.toxiproxy_setup:register", "install the Toxiproxy server the cluster tier needs"),
     ("toxiproxy", "harness.backends.toxiproxy_cmd:register", "start a Toxiproxy server in the foreground (for debugging)"),

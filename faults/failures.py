@@ -41,6 +41,10 @@ CAUSES: dict[str, Cause] = {
     "thermal": Cause("slow_unit", speed=0.5, note="thermal throttling: half speed"),
     "ssd": Cause("kill_slice", note=_HW),
     "psu": Cause("kill_slice", note=_HW),
+    # The fleet model's failure (harness/fleet/model.py, docs/FLEET.md): priced by policy.
+    "chip_failure": Cause("fleet", note="a chip fails: a DiLoCo learner pauses for `repair` (detect + drop the "
+                                        "slice and reshard); data-parallel (mode dp) restarts every member, "
+                                        "the dead one back after `restart`"),
     # Plain kinds, for mixes written as kind -> weight.
     "kill_unit": Cause("kill_unit"), "kill_slice": Cause("kill_slice"), "pause_unit": Cause("pause_unit"),
     "slow_unit": Cause("slow_unit"), "partition": Cause("partition"), "reset": Cause("reset"),
@@ -52,7 +56,7 @@ LLAMA3_COUNTS: dict[str, int] = {
     "gpu_sram": 19, "gpu_system_processor": 17, "nic": 7, "nccl_watchdog": 7,
     "silent_data_corruption": 6, "thermal": 6, "ssd": 3, "psu": 3,
 }
-NAMED_MIXES: dict[str, dict[str, int]] = {"llama3": LLAMA3_COUNTS}
+NAMED_MIXES: dict[str, dict[str, int]] = {"llama3": LLAMA3_COUNTS, "fleet": {"chip_failure": 1}}
 
 
 class Interruption(NamedTuple):
@@ -73,6 +77,9 @@ class FailureProcess:
     mix: str | tuple[tuple[str, float], ...] = "llama3"
     seed: int = 0
     start_s: float = 0.0  # no interruptions before this (startup is not what we test)
+    # mode dp: how long a `chip_failure` keeps the job down (the fleet model's detect +
+    # restart); DiLoCo modes pause the hit learner for `repair_s` instead
+    restart_s: float | None = None
 
     def __post_init__(self) -> None:
         check_number(self, "mtbi_s", _POSITIVE_S, lambda v: v > 0)
@@ -80,11 +87,13 @@ class FailureProcess:
         check_number(self, "repair_s", _POSITIVE_S, lambda v: v > 0)
         check_number(self, "seed", "[0, 2**63)", lambda v: 0 <= v < 2**63, integer=True)
         check_number(self, "start_s", ">= 0 seconds", lambda v: v >= 0)
+        check_number(self, "restart_s", _POSITIVE_S, lambda v: v > 0, optional=True)
         valid = f"a named mix ({', '.join(NAMED_MIXES)}) or a table of cause or kind -> weight"
         if isinstance(self.mix, str):
             if self.mix not in NAMED_MIXES:
                 raise FieldError("FailureProcess", "mix", f"unknown mix {self.mix!r}{suggest(self.mix, NAMED_MIXES)}",
                                  valid)
+            self._check_restart()
             return
         items = list(self.mix.items() if isinstance(self.mix, Mapping) else self.mix)
         for name, weight in items:
@@ -96,6 +105,13 @@ class FailureProcess:
         if not items or sum(w for _, w in items) <= 0:
             raise FieldError("FailureProcess", "mix", "the weights sum to 0", valid)
         object.__setattr__(self, "mix", tuple(sorted((n, float(w)) for n, w in items)))
+        self._check_restart()
+
+    def _check_restart(self) -> None:
+        fleet = any(CAUSES[n].kind == "fleet" and w > 0 for n, w in self.weights().items())
+        if fleet and self.restart_s is None:
+            raise FieldError("FailureProcess", "restart_s", "a mix with chip_failure needs the data-parallel "
+                             "restart time (the fleet model's detect + restart)", _POSITIVE_S)
 
     def weights(self) -> dict[str, float]:
         """cause -> probability (sums to 1)."""
@@ -106,6 +122,8 @@ class FailureProcess:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["mix"] = self.mix if isinstance(self.mix, str) else dict(self.mix)
+        if d["restart_s"] is None:  # unset: the key is absent from the file too
+            del d["restart_s"]
         return d
 
     def interruptions(self, units: Sequence[str], run_s: float) -> list[Interruption]:
@@ -127,15 +145,17 @@ class FailureProcess:
         return out
 
     def draw(self, units: Sequence[str], run_s: float, *, slices: int = 1,
-             avoid: Sequence[Fault] = ()) -> list[Fault]:
+             avoid: Sequence[Fault] = (), dp: bool = False) -> list[Fault]:
         """The interruptions as faults. One that would overlap a fault in `avoid` or an
         earlier drawn one impossibly (see `conflict`) is dropped: a unit that is down
         has no running chips to fail. Hardware causes lose one slice when the unit
-        has `slices` >= 2, else the whole unit."""
+        has `slices` >= 2, else the whole unit. `dp`: the run is data-parallel (mode
+        dp), which prices a `chip_failure` as a restart, not a learner's pause; the
+        interruptions themselves (times, units, causes) are the same draw."""
         taken: list[Fault] = list(avoid)
         out: list[Fault] = []
         for t_s, unit, cause_name in self.interruptions(units, run_s):
-            fault = self._fault(t_s, unit, CAUSES[cause_name], slices)
+            fault = self._fault(t_s, unit, CAUSES[cause_name], slices, dp)
             if any(conflict(fault, other) or (fault.kind == other.kind == "kill_slice" and fault.target == other.target
                                               and overlap_in_time(fault, other)) for other in taken):
                 continue
@@ -143,8 +163,10 @@ class FailureProcess:
             out.append(fault)
         return out
 
-    def _fault(self, t_s: float, unit: str, cause: Cause, slices: int) -> Fault:
+    def _fault(self, t_s: float, unit: str, cause: Cause, slices: int, dp: bool = False) -> Fault:
         length_s = self.repair_s * cause.repair_x
+        if cause.kind == "fleet":  # the injector takes every dp member down with the dead one
+            return KillUnit(unit, t_s, down_for_s=self.restart_s) if dp else PauseUnit(unit, t_s, duration_s=length_s)
         if cause.kind == "kill_slice" and slices >= 2:
             return KillSlice(unit, t_s, duration_s=length_s)
         if cause.kind in ("kill_slice", "kill_unit"):

@@ -10,8 +10,15 @@ differences in points (sim − real). `sim_vs_real_max_points` is the largest |d
 of the calibrated simulator (goal ±3, issue 15), `sim_default_vs_real_max_points` the
 same for the defaults, `misses` the rows of the calibrated one beyond the goal.
 
-The third tier — the fleet model predicting a scenario's goodput from its parameters —
-is not built (`fleet_vs_real_max_points` is null, `fleet` says why).
+The third tier is the fleet model's rules priced on the scenario's own drawn faults
+(harness/fleet/scenario.py, with the machine's pace measured from the same real run:
+harness/bench/fleet_tier.py): `fleet` in each row, `fleet_minus_real_points`,
+`fleet_vs_real_max_points` (goal ±5), `fleet_misses`.
+
+`real_from` (`diloco-chaos bench fidelity --from DIR`) takes the real runs from an
+earlier bench's `DIR/fidelity/real/NAME` instead of running them again, and recomputes
+the simulator and fleet tiers from them (minutes instead of an hour); the JSON says so
+(`real_runs_from`).
 
 Real-process figures move with this machine's load (2 shared cores): run it alone.
 """
@@ -67,21 +74,47 @@ def sim_rows(s, real: dict, out: Path) -> dict:
 
 
 def summarize(rows: list[dict]) -> dict:
+    from harness.bench.fleet_tier import GOAL_POINTS as FLEET_GOAL
+
     worst = max(abs(r["sim_minus_real_points"]) for r in rows)
     return {"sim_vs_real_max_points": worst, "goal_points": GOAL_POINTS,
             "sim_default_vs_real_max_points": max(abs(r["sim_default_minus_real_points"]) for r in rows),
             "misses": [r["scenario"] for r in rows if abs(r["sim_minus_real_points"]) > GOAL_POINTS],
-            "fleet_vs_real_max_points": None,
-            "fleet": "not built: the fleet model does not take a scenario yet (issue 15)",
+            "fleet_vs_real_max_points": max(abs(r["fleet_minus_real_points"]) for r in rows),
+            "fleet_goal_points": FLEET_GOAL,
+            "fleet_misses": [r["scenario"] for r in rows if abs(r["fleet_minus_real_points"]) > FLEET_GOAL],
             "rows": rows}
 
 
-def fidelity(out_dir: Path, names: list[str] | None = None) -> dict:
+def _stored_real(s, folder: Path) -> dict:
+    """A real run of `s` kept by an earlier bench (`--from`), read back as a row's `real`."""
+    import json
+
+    from harness.errors import UserError
+
+    run_dir = folder / s.name
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"--from: no finished real run of {s.name!r} at {run_dir} ({e}); "
+                        f"valid: the folder an earlier `bench fidelity --out` wrote (its fidelity/real/NAME)") from None
+    return {"goodput": summary["goodput"], "final_loss": summary["final_loss"],
+            "staleness_max": summary["staleness_max"], "recovery_cycles_median": summary.get("recovery_cycles_median"),
+            "failed_checks": [c["name"] for c in summary["checks"] if c["valid"] is False],
+            "wall_s": None, "run_dir": str(run_dir)}
+
+
+def fidelity(out_dir: Path, names: list[str] | None = None, real_from: Path | None = None) -> dict:
     """Registered in diloco_chaos/bench.py as `fidelity`."""
     from harness.backends.runner import run_scenario
+    from harness.bench.fleet_tier import fleet_row
 
     out, rows = out_dir / "fidelity", []
     for s in scenarios(names):
-        real = _timed(run_scenario, s, out / "real", live=False, expect=False)
-        rows.append({"scenario": s.name, "faults": len(s.schedule().faults), "real": real, **sim_rows(s, real, out)})
-    return summarize(rows)
+        if real_from is None:
+            real = _timed(run_scenario, s, out / "real", live=False, expect=False)
+        else:
+            real = _stored_real(s, Path(real_from) / "fidelity" / "real")
+        rows.append({"scenario": s.name, "faults": len(s.schedule().faults), "real": real,
+                     **sim_rows(s, real, out), **fleet_row(s, real)})
+    return {**summarize(rows), "real_runs_from": None if real_from is None else str(real_from)}

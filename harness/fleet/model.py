@@ -288,7 +288,7 @@ PARAM_FLAGS = {"--job": "job_s", "--detect": "detect_s", "--restart": "restart_s
                "--checkpoint-every": "checkpoint_every_s", "--reconfig": "reconfig_s", "--repair": "repair_s"}
 
 
-def register(sub, help_: str) -> None:
+def register(sub, help_: str):
     d = FleetParams()
     p = sub.add_parser("fleet", help=help_, description=__doc__.split("\n\n")[0])
     p.add_argument("--chips", default=DEFAULT_CHIPS, help=f"comma list of fleet sizes (default {DEFAULT_CHIPS})")
@@ -303,6 +303,7 @@ def register(sub, help_: str) -> None:
         p.add_argument(flag, default=format_duration(getattr(d, field)),
                        help=f"{PARAM_DOC[field]} (default {format_duration(getattr(d, field))})")
     p.set_defaults(func=main)
+    return p
 
 
 def params_from_args(args) -> FleetParams:

@@ -242,7 +242,8 @@ class Scenario:
         if self.failure_process is None:
             return []
         shape = self.shape()
-        return self.failure_process.draw(shape.units, shape.run_s, slices=shape.slices, avoid=self.faults)
+        return self.failure_process.draw(shape.units, shape.run_s, slices=shape.slices, avoid=self.faults,
+                                         dp=self.train.mode == "dp")
 
     def schedule_faults(self) -> list[Fault]:
         return [*self.faults, *self.drawn_faults()]

@@ -220,6 +220,22 @@ def test_causes_map_to_faults():
     assert sdc and all(f.kind == "corrupt" and f.mode == "scale" and f.duration_s == 8 for f in sdc)
 
 
+def test_a_fleet_failure_is_priced_by_policy_on_the_same_draw():
+    """The fleet model's chip failure: a DiLoCo learner pauses for `repair` (detect + reshard),
+    data-parallel restarts (a kill the injector extends to every member) for `restart`; the
+    interruptions are one draw for both."""
+    fp = FailureProcess(mtbi_s=40, chips_per_unit=1, repair_s=3, restart_s=12, mix="fleet", seed=5)
+    ddl, dp = fp.draw(UNITS, 200), fp.draw(UNITS, 200, dp=True)
+    assert ddl and {f.kind for f in ddl} == {"pause_unit"} and all(f.duration_s == 3 for f in ddl)
+    assert dp and {f.kind for f in dp} == {"kill_unit"} and all(f.down_for_s == 12 for f in dp)
+    times = {(i.t_s, i.unit) for i in fp.interruptions(UNITS, 200)}
+    assert {(f.at_s, f.target) for f in ddl + dp} <= times  # both from the one draw (overlaps dropped per policy)
+    with pytest.raises(FieldError) as e:  # the dp price has no default
+        FailureProcess(mtbi_s=40, chips_per_unit=1, repair_s=3, mix={"chip_failure": 1, "kill_unit": 1})
+    assert e.value.field == "restart_s"
+    assert FailureProcess(**json.loads(json.dumps(fp.to_dict()))) == fp
+
+
 @given(seed=st.integers(0, 2**32), slices=st.integers(1, 3), repair_s=st.floats(0.5, 40))
 def test_drawn_faults_always_validate(seed, slices, repair_s):
     fp = FailureProcess(mtbi_s=60, chips_per_unit=8, repair_s=repair_s, seed=seed, start_s=2)

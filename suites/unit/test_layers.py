@@ -53,7 +53,7 @@ ROOM_MAY_NOT = {"basics": set(ROOMS),
                 "fleet": set(ROOMS) - {"fleet"},      # the fleet model stands apart
                 "backends": {"sim", "bench", "fleet"},
                 "sim": {"bench", "fleet"},
-                "bench": {"fleet"}}
+                "bench": set()}  # bench prices scenarios with the fleet model (fidelity's third tier)
 
 
 def imported_rooms(source: str) -> set[str]:

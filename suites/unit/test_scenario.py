@@ -28,13 +28,15 @@ def test_the_required_built_ins_exist():
 def test_built_in_loads_small_and_round_trips(name):
     s = load_scenario(name)
     assert s.name == name and s.description
-    assert (s.cluster.learners, s.train.task) == (4, "markov") and 60 <= s.train.duration_s <= 90
+    # 4 learner units on this 2-core machine; the paper's operating point needs the paper's M = 8
+    m = 8 if name == "paper-1.2m" else 4
+    assert (s.cluster.learners, s.train.task) == (m, "markov") and 60 <= s.train.duration_s <= 90
     assert s.cluster.slices == (2 if any(f.kind == "kill_slice" for f in s.faults) else 1)
     assert scenario_from_dict(json.loads(json.dumps(s.to_dict()))) == s
     assert scenario_from_dict(tomllib.loads(scenario_to_toml(s))) == s
     assert load_scenario(SCENARIOS_DIR / f"{name}.toml") == s
     s.schedule().validate(s.shape())
-    assert s.run_config().diloco.learners == 4
+    assert s.run_config().diloco.learners == m
 
 
 # 4 learners on this project's 2-core machine, idle: ~15 inner steps/s each (rolling-kills'
@@ -53,7 +55,7 @@ def test_built_in_schedule_plays_out_before_the_token_budget_is_spent(name):
             if not (f.at_s <= 0 and (f.end_s is None or f.end_s >= d))]
     if not ends:
         return
-    need = (max(ends) + SETTLE_S) * FAST_STEPS_PER_S
+    need = (max(ends) + SETTLE_S) * FAST_STEPS_PER_S * 4 / s.cluster.learners  # M units share the 2 cores
     assert s.train.steps >= need, (f"{name}: {s.train.steps} steps are spent in "
                                    f"{s.train.steps / FAST_STEPS_PER_S:.0f} s at {FAST_STEPS_PER_S:g} steps/s, "
                                    f"before its last fault ends ({max(ends):g} s) + {SETTLE_S:g} s")
@@ -71,6 +73,21 @@ def test_chaos_draws_the_same_faults_every_time_at_the_documented_rate():
     assert fp.seed == s.seed and fp.mix == "llama3"
     assert (80 - 5) * 4 * fp.chips_per_unit / fp.mtbi_s == pytest.approx(8.0)  # as the file says
     assert load_scenario("chaos").schedule() == s.schedule() and len(s.schedule()) == 7
+
+
+def test_paper_operating_point_is_the_fleet_models_at_1_2m_chips_compressed_4x():
+    from harness.backends.runner import with_mode
+
+    s = load_scenario("paper-1.2m")
+    fp = s.failure_process
+    year = 365.25 * 86400
+    assert s.cluster.learners * fp.chips_per_unit == 1_200_000 and fp.mtbi_s == pytest.approx(year / 4)
+    assert (80 - 5) * 1_200_000 / fp.mtbi_s == pytest.approx(11.4, abs=0.05)  # as the file says
+    assert fp.repair_s == (12 + 7) / 4 and fp.restart_s == (12 + 60) / 4  # FleetParams' detect, reconfig, restart
+    ddl, dp = s.schedule(), with_mode(s, "dp").schedule()
+    assert len(ddl) == 12 and {f.kind for f in ddl} == {"pause_unit"}
+    assert {f.target for f in ddl} == {f"learner-{i}" for i in range(8)}
+    assert {f.kind for f in dp} == {"kill_unit"} and {(f.at_s, f.target) for f in dp} <= {(f.at_s, f.target) for f in ddl}
 
 
 @pytest.mark.parametrize("text, seconds", [("500ms", 0.5), ("15s", 15.0), ("2m", 120.0), ("1h", 3600.0),

@@ -1,0 +1,218 @@
+"""The fleet model's rules applied to one scenario's faults: a goodput prediction.
+
+harness/fleet/model.py draws Poisson failures over a fleet of chips and prices each one
+with a policy's recovery rule. Here the same rules price a scenario's own drawn
+schedule (the faults the injector will apply, `Scenario.schedule()`), over the run's M
+learner units, so the model's structure can be checked against real runs of the same
+work (`diloco-chaos bench fidelity`, `diloco-chaos fleet --scenario NAME`).
+
+Accounting is the harness's (docs/METRICS.md): allocated = M x job_s of learner time,
+goodput = productive learner time / allocated. Per learner unit, in this order:
+
+- `dead`: a `kill_unit` keeps it down for `down_for`, then a replacement boots
+  (`boot_s` with warm spares, `cold_boot_s` without) — the fleet model's restart.
+- `recovery`: then `rejoin_s` until its first merged contribution (the fleet model's
+  `reconfig_s`: the restored unit fetches Θ and sends one fragment).
+- `paused`: a `pause_unit` (a hung unit) for its duration.
+- `other`: a running unit spends `overhead` of its time outside its steps (held-out
+  evals, checkpoint saves, the loop's own work): the machine's pace, calibrated.
+- `lost`: while its contributions are corrupt (`corrupt`, dropped by the shards'
+  guard) a unit's steps reach no merge; nor do they while its link is cut
+  (`partition`, `reset`, `truncate`: faults whose kind `cuts_link`) for longer than the
+  staleness horizon — the time in which the other M − 1 units move a fragment
+  `max_staleness` versions on (each commits every fragment once per H steps:
+  max_staleness · H · step_s / (M − 1)): the progress it kept arrives staler than the
+  bound and is dropped. A shorter cut loses nothing: the kept progress is merged when
+  the link returns (docs/PROTOCOL.md "Keeping local progress"). A cut of one of its
+  links costs the share of its fragments behind that link (1 / shards).
+
+Costing nothing in learner time, as in the fleet model's Decoupled DiLoCo: a slow unit
+(`slow_unit`: fewer tokens, not idle time), a lost slice (`kill_slice`: the unit runs on
+its other slices; the fleet model's `slice_away` chip-time is reported beside the
+goodput, `slice_away_share`), a crashed syncer shard (`kill_syncer`: learners never
+wait for it), and a thin or slow link (`wan`, `latency_spike`: the unit's progress is
+kept in its outbox and merged when the fragment gets through).
+
+Data-parallel on the same draw (`dp`) applies the fleet model's `dp_no_elastic` rule:
+every fault that stops one replica stops all M — a dead unit for `detect_s` +
+`down_for` + the replacement's boot (the harness's dp mode restarts every member when
+the dead one comes back; the fleet model's `restart_s`) + the rollback to the last
+checkpoint (half an interval on average),
+a hung unit or a cut link for its duration (the all-reduce cannot complete) — and a
+slow unit holds the others to its speed. A thin link and corrupt gradients are not
+priced for DP (its step time on a thin link is `bench wan`'s subject; corrupt gradients
+cost quality, not time).
+
+This module reads a scenario by duck typing (`cluster.learners/shards/slices/spares`,
+`schedule().faults`), so the fleet model still imports nothing of the cluster code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+BUCKETS = ("dead", "recovery", "paused", "lost", "other")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pace:
+    """What the rules need of the machine that runs the scenario (seconds; shares of 1).
+
+    The defaults are this project's real processes on a 2-core machine (medians of the
+    13 built-in scenarios' real runs, docs/BENCHMARKS.md "fidelity"); `pace_from_run` in
+    harness/bench/fleet_tier.py measures them from one run's log instead."""
+
+    job_s: float  # wall time of the run: allocated = M x job_s
+    overhead: float = 0.055  # share of a running unit's time outside its steps
+    boot_s: float = 0.3  # a warm spare taking the identity, to its first step
+    cold_boot_s: float = 5.0  # a new process (Python, JAX, compile) to its first step
+    rejoin_s: float = 0.3  # first step after a restart to its first merged contribution
+    detect_s: float = 0.0  # kill to noticed: the harness sees the process exit at once
+    checkpoint_every_s: float = 3.5  # DP: a checkpoint every CKPT_EVERY steps (50 x 0.07 s)
+    step_s: float = 0.07  # one inner step (median over the units): sets the staleness horizon
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v < math.inf):
+                raise ValueError(f"Pace.{f.name} = {v!r}; valid: a finite number >= 0")
+        if self.job_s <= 0 or self.overhead >= 1:
+            raise ValueError(f"Pace: job_s must be > 0 and overhead < 1 (got {self.job_s}, {self.overhead})")
+
+
+def _learner_index(target: str, names: list[str]) -> list[int]:
+    """The learner units a fault's target reaches: `learner-N`, `link:learner-N[~syncer-M]`, `link:*`."""
+    t = target.removeprefix("link:")
+    if t == "*":
+        return list(range(len(names)))
+    unit = t.split("~")[0]
+    return [names.index(unit)] if unit in names else []
+
+
+def _share(target: str, shards: int) -> float:
+    """The share of a learner's fragments behind a link target (one link of S: 1/S)."""
+    return 1.0 / shards if "~" in target else 1.0
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(s for s in spans if s[1] > s[0]):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _length(spans: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in _union(spans))
+
+
+def _minus(spans, taken) -> list[tuple[float, float]]:
+    """`spans` less every span of `taken` (both lists of (start, end))."""
+    out = []
+    for a, b in _union(spans):
+        cur = a
+        for c, d in _union(taken):
+            if d <= cur or c >= b:
+                continue
+            if c > cur:
+                out.append((cur, c))
+            cur = max(cur, d)
+        if cur < b:
+            out.append((cur, b))
+    return out
+
+
+def _end(f, T: float) -> float:
+    return T if f.length_s is None else min(T, f.at_s + f.length_s)
+
+
+def staleness_horizon_s(scenario, pace: Pace) -> float:
+    """How long a cut unit's kept progress stays within `max_staleness` (inf: no bound)."""
+    d, m = scenario.run_config().diloco, scenario.cluster.learners
+    if d.max_staleness == 0 or m == 1:
+        return math.inf
+    return d.max_staleness * d.sync_every * pace.step_s / (m - 1)
+
+
+def predict_ddl(scenario, pace: Pace) -> dict:
+    """Decoupled DiLoCo on the scenario's drawn faults: goodput and badput (shares of M x job_s)."""
+    c, T = scenario.cluster, pace.job_s
+    horizon = staleness_horizon_s(scenario, pace)
+    names = [f"learner-{i}" for i in range(c.learners)]
+    boot = pace.boot_s if c.spares else pace.cold_boot_s
+    spans = {m: {b: [] for b in ("dead", "recovery", "paused")} for m in range(c.learners)}
+    cuts = {m: [] for m in range(c.learners)}  # (start, end, share of fragments)
+    slice_away = 0.0
+    for f in scenario.schedule().faults:
+        at = min(f.at_s, T)
+        for m in _learner_index(f.target, names):
+            if f.kind == "kill_unit":
+                back = T if f.down_for_s is None else min(T, at + f.down_for_s + boot)
+                spans[m]["dead"].append((at, back))
+                spans[m]["recovery"].append((back, min(T, back + pace.rejoin_s)))
+            elif f.kind == "pause_unit":
+                spans[m]["paused"].append((at, _end(f, T)))
+            elif f.kind == "corrupt" or (getattr(f, "cuts_link", False) and _end(f, T) - at > horizon):
+                cuts[m].append((at, _end(f, T), _share(f.target, c.shards)))
+            elif f.kind == "kill_slice":
+                slice_away += (_end(f, T) - at) * min(f.slices, c.slices) / c.slices
+    total = {b: 0.0 for b in BUCKETS}
+    for m in range(c.learners):
+        taken: list = []
+        for b in ("dead", "recovery", "paused"):
+            own = _minus(spans[m][b], taken)
+            total[b] += _length(own)
+            taken += own
+        running = T - _length(taken)
+        total["other"] += running * pace.overhead
+        for a, b, share in cuts[m]:
+            total["lost"] += _length(_minus([(a, b)], taken)) * (1 - pace.overhead) * share
+    allocated = c.learners * T
+    badput = {b: v / allocated for b, v in total.items()}
+    return {"goodput": 1.0 - sum(badput.values()), "badput": badput,
+            "slice_away_share": slice_away / allocated, "staleness_horizon_s": None if math.isinf(horizon) else horizon}
+
+
+def predict_dp(scenario, pace: Pace) -> dict:
+    """Data-parallel (no elasticity) on the same draw: one replica's fault stops all M."""
+    c, T = scenario.cluster, pace.job_s
+    names = [f"learner-{i}" for i in range(c.learners)]
+    boot = pace.boot_s if c.spares else pace.cold_boot_s
+    stalls = []
+    for f in scenario.schedule().faults:
+        at = min(f.at_s, T)
+        if not _learner_index(f.target, names):
+            continue
+        if f.kind == "kill_unit":  # every member restarts when the dead one's replacement is up
+            down = math.inf if f.down_for_s is None else f.down_for_s
+            stalls.append((at, min(T, at + pace.detect_s + down + boot + pace.checkpoint_every_s / 2)))
+        elif f.kind == "pause_unit" or getattr(f, "cuts_link", False):
+            stalls.append((at, _end(f, T)))
+    stopped = _length(stalls)
+    # a slow replica holds the others to its speed: they wait (1 - speed) of its span
+    slow = sum(_length(_minus([(min(f.at_s, T), _end(f, T))], stalls)) * (1 - f.speed)
+               for f in scenario.schedule().faults
+               if f.kind == "slow_unit" and _learner_index(f.target, names))
+    allocated = c.learners * T
+    running = T - stopped
+    badput = {"dead": stopped * c.learners / allocated,
+              "waiting_on_sync": slow * (c.learners - 1) / allocated,
+              "other": (running - slow) * pace.overhead * c.learners / allocated}
+    return {"goodput": 1.0 - sum(badput.values()), "badput": badput}
+
+
+def _in_mode(scenario, mode: str):
+    """The same scenario (and failure draw) in another training mode: a failure process
+    prices the fleet model's chip failure by policy (faults/failures.py)."""
+    return dataclasses.replace(scenario, train=dataclasses.replace(scenario.train, mode=mode))
+
+
+def predict(scenario, pace: Pace) -> dict:
+    """Both policies on the scenario's draw, and what they were priced with."""
+    ddl = scenario if scenario.train.mode != "dp" else _in_mode(scenario, "decoupled")
+    dp = _in_mode(scenario, "dp")
+    return {"scenario": scenario.name, "learners": scenario.cluster.learners,
+            "faults": len(ddl.schedule().faults), "ddl": predict_ddl(ddl, pace),
+            "dp": predict_dp(dp, pace), "pace": dataclasses.asdict(pace)}
