@@ -15,7 +15,8 @@ goodput = productive learner time / allocated. Per learner unit, in this order:
   `reconfig_s`: the restored unit fetches Θ and sends one fragment).
 - `paused`: a `pause_unit` (a hung unit) for its duration.
 - `other`: a running unit spends `overhead` of its time outside its steps (held-out
-  evals, checkpoint saves, the loop's own work): the machine's pace, calibrated.
+  evals, checkpoint saves, the loop's own work; for data-parallel also each step's wait
+  for the mean gradient): the machine's and the policy's steady pace, calibrated.
 - `lost`: while its contributions are corrupt (`corrupt`, dropped by the shards'
   guard) a unit's steps reach no merge; nor do they while its link is cut
   (`partition`, `reset`, `truncate`: faults whose kind `cuts_link`) for longer than the
@@ -35,9 +36,11 @@ kept in its outbox and merged when the fragment gets through).
 
 Data-parallel on the same draw (`dp`) applies the fleet model's `dp_no_elastic` rule:
 every fault that stops one replica stops all M — a dead unit for `detect_s` +
-`down_for` + the replacement's boot (the harness's dp mode restarts every member when
-the dead one comes back; the fleet model's `restart_s`) + the rollback to the last
-checkpoint (half an interval on average),
+`down_for` + a cold boot (the harness's dp mode restarts every member when the dead one
+comes back, and one warm spare cannot take M identities; the fleet model's
+`restart_s`), losing what ran since the last checkpoint (`rolled_back`: of each stretch
+of running that a restart ends, all but whole checkpoint intervals, as the fleet
+model's `dp_no_elastic`),
 a hung unit or a cut link for its duration (the all-reduce cannot complete) — and a
 slow unit holds the others to its speed. A thin link and corrupt gradients are not
 priced for DP (its step time on a thin link is `bench wan`'s subject; corrupt gradients
@@ -179,27 +182,37 @@ def predict_dp(scenario, pace: Pace) -> dict:
     """Data-parallel (no elasticity) on the same draw: one replica's fault stops all M."""
     c, T = scenario.cluster, pace.job_s
     names = [f"learner-{i}" for i in range(c.learners)]
-    boot = pace.boot_s if c.spares else pace.cold_boot_s
-    stalls = []
+    # every member restarts at once and there is one warm spare: the job waits for a cold start
+    boot = pace.boot_s if c.spares and c.learners == 1 else pace.cold_boot_s
+    stalls, restarts = [], []
     for f in scenario.schedule().faults:
         at = min(f.at_s, T)
         if not _learner_index(f.target, names):
             continue
         if f.kind == "kill_unit":  # every member restarts when the dead one's replacement is up
             down = math.inf if f.down_for_s is None else f.down_for_s
-            stalls.append((at, min(T, at + pace.detect_s + down + boot + pace.checkpoint_every_s / 2)))
+            stalls.append((at, min(T, at + pace.detect_s + down + boot)))
+            restarts.append(at)
         elif f.kind == "pause_unit" or getattr(f, "cuts_link", False):
             stalls.append((at, _end(f, T)))
-    stopped = _length(stalls)
+    stopped = _union(stalls)
+    # the rollback (the fleet model's rule): a restart loses what ran since the last
+    # checkpoint, one every checkpoint_every_s of running; a wait loses nothing
+    rolled, up_from = 0.0, 0.0
+    for a, b in stopped:
+        up = a - up_from
+        if any(a <= t < b for t in restarts):
+            rolled += up - math.floor(up / pace.checkpoint_every_s) * pace.checkpoint_every_s
+        up_from = b
     # a slow replica holds the others to its speed: they wait (1 - speed) of its span
-    slow = sum(_length(_minus([(min(f.at_s, T), _end(f, T))], stalls)) * (1 - f.speed)
+    slow = sum(_length(_minus([(min(f.at_s, T), _end(f, T))], stopped)) * (1 - f.speed)
                for f in scenario.schedule().faults
                if f.kind == "slow_unit" and _learner_index(f.target, names))
     allocated = c.learners * T
-    running = T - stopped
-    badput = {"dead": stopped * c.learners / allocated,
+    running = T - _length(stopped)
+    badput = {"dead": _length(stopped) * c.learners / allocated, "rolled_back": rolled * c.learners / allocated,
               "waiting_on_sync": slow * (c.learners - 1) / allocated,
-              "other": (running - slow) * pace.overhead * c.learners / allocated}
+              "other": (running - rolled - slow) * pace.overhead * c.learners / allocated}
     return {"goodput": 1.0 - sum(badput.values()), "badput": badput}
 
 

@@ -74,17 +74,19 @@ def test_a_lost_slice_is_chip_time_not_learner_time():
 
 def test_dp_by_hand():
     r = predict_dp(_scenario([KILL, SLOW]), PACE)
-    # every member waits for the dead one: down 10 + boot 1 + rollback 4 / 2 = 13 s on all 4;
-    # the slow one holds the other three to half speed for the remaining 87 s
-    assert r["badput"] == pytest.approx({"dead": 13 * 4 / 400, "waiting_on_sync": 43.5 * 3 / 400,
-                                         "other": (87 - 43.5) * 0.05 * 4 / 400})
+    # every member restarts with the dead one, and one warm spare cannot take four
+    # identities: the job waits for a cold start, down 10-24 (10 + boot 4) on all 4; the
+    # 10 s it ran before lose what followed the last checkpoint (every 4 s: 2 s rolled
+    # back); the slow one holds the other three to half speed for the 86 s it runs
+    assert r["badput"] == pytest.approx({"dead": 14 * 4 / 400, "rolled_back": 2 * 4 / 400,
+                                         "waiting_on_sync": 43 * 3 / 400, "other": (86 - 2 - 43) * 0.05 * 4 / 400})
     assert r["goodput"] + sum(r["badput"].values()) == pytest.approx(1.0)
 
 
 def test_dp_stalls_overlap_once():
-    r = predict_dp(_scenario([KILL, {**PAUSE, "at": "15s"}]), PACE)
-    # learner-0's kill stalls everyone 10-23, learner-1's hang 15-25: one stall, 10-25
-    assert r["badput"]["dead"] == pytest.approx(15 * 4 / 400)
+    r = predict_dp(_scenario([KILL, {**PAUSE, "at": "20s"}]), PACE)
+    # learner-0's kill stalls everyone 10-24, learner-1's hang 20-30: one stall, 10-30
+    assert r["badput"]["dead"] == pytest.approx(20 * 4 / 400)
 
 
 def test_the_paper_operating_point_is_priced_per_policy_on_one_draw():
@@ -105,11 +107,10 @@ def test_pace_rejects_nonsense():
         Pace(job_s=10, boot_s=-1)
 
 
-def test_the_rules_agree_with_the_simulator(tmp_path):
-    """A simulated run (every message, link and core played) against the fleet rules priced
-    with the pace measured from that run's log: within the ±5 points of issue 15. Each rule
-    matters here: the dead unit and the cut learner each cost more than 5 points (asserted),
-    so a rule left out would miss."""
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    """A simulated run (every message, link and core played) of a dead unit and a cut
+    learner, and the fleet model's pace measured from its log."""
     from harness.bench.fleet_tier import pace_from_run
     from harness.sim.run import run_sim
 
@@ -118,10 +119,29 @@ def test_the_rules_agree_with_the_simulator(tmp_path):
         "train": {"task": "markov", "steps": 300, "duration": "40s"},
         "faults": [{"kind": "kill_unit", "target": "learner-0", "at": "8s", "down_for": "8s"},
                    {"kind": "partition", "target": "link:learner-1", "at": "12s", "duration": "16s"}]})
-    result = run_sim(s, tmp_path, expect=False)
-    pred = predict(s, pace_from_run(result.run_dir, s))["ddl"]
-    assert abs(pred["goodput"] - result.summary["goodput"]) <= 0.05, (pred, result.summary["badput"])
+    result = run_sim(s, tmp_path_factory.mktemp("sim"), expect=False)
+    return s, result.summary, pace_from_run(result.run_dir, s)
+
+
+def test_the_rules_agree_with_the_simulator(simulated):
+    """The fleet rules priced with the pace measured from the simulated run's log: within
+    the ±5 points of issue 15."""
+    s, summary, pace = simulated
+    pred = predict(s, pace)["ddl"]
+    assert abs(pred["goodput"] - summary["goodput"]) <= 0.05, (pred, summary["badput"])
     assert pred["badput"]["dead"] > 0.05 and pred["badput"]["lost"] > 0.05, pred
+
+
+@pytest.mark.parametrize("planted", ["cuts cost nothing", "a dead unit costs nothing"])
+def test_the_comparison_catches_a_rule_left_out(simulated, planted, monkeypatch):
+    """Each rule matters here: without it the prediction misses the simulated run by more
+    than the 5 points the comparison allows."""
+    s, summary, pace = simulated
+    if planted == "cuts cost nothing":
+        monkeypatch.setattr(fs, "staleness_horizon_s", lambda scenario, pace: float("inf"))
+    else:
+        s = dataclasses.replace(s, faults=tuple(f for f in s.faults if f.kind != "kill_unit"))
+    assert abs(predict(s, pace)["ddl"]["goodput"] - summary["goodput"]) > 0.05
 
 
 def test_the_rule_checks_catch_a_planted_bug(monkeypatch):
@@ -130,3 +150,31 @@ def test_the_rule_checks_catch_a_planted_bug(monkeypatch):
     monkeypatch.setattr(fs, "_minus", lambda spans, taken: fs._union(spans))
     with pytest.raises(AssertionError):
         test_a_cut_while_dead_is_not_lost_twice()
+
+
+def test_cli_prices_a_scenario(tmp_path, capsys):
+    import json
+
+    from diloco_chaos import cli
+
+    assert cli.main(["fleet", "--scenario", "unit-loss", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "scenario unit-loss: 4 learner units, 1 faults drawn" in out and "ddl  goodput" in out
+    res = json.loads((tmp_path / "fleet-unit-loss.json").read_text())
+    # unit-loss: learner-1 down 15 s of 4 x 60 s, then a warm spare's 0.3 s and the rejoin's 0.3 s
+    assert res["ddl"]["badput"]["dead"] == pytest.approx(15.3 / 240)
+    assert res["dp"]["goodput"] < res["ddl"]["goodput"] and res["pace"]["job_s"] == 60.0
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--calibrate", "x"], "--calibrate: only with --scenario"),
+    (["--scenario", "unit-los"], "did you mean 'unit-loss'"),
+    (["--scenario", "unit-loss", "--calibrate", "."], "has no events.jsonl and summary.json"),
+])
+def test_cli_bad_input_is_a_clear_error(argv, says, tmp_path, capsys):
+    from diloco_chaos import cli
+
+    assert cli.main(["fleet", *argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())

@@ -83,7 +83,7 @@ def test_paper_operating_point_is_the_fleet_models_at_1_2m_chips_compressed_4x()
     year = 365.25 * 86400
     assert s.cluster.learners * fp.chips_per_unit == 1_200_000 and fp.mtbi_s == pytest.approx(year / 4)
     assert (80 - 5) * 1_200_000 / fp.mtbi_s == pytest.approx(11.4, abs=0.05)  # as the file says
-    assert fp.repair_s == (12 + 7) / 4 and fp.restart_s == (12 + 60) / 4  # FleetParams' detect, reconfig, restart
+    assert fp.repair_s == (12 + 7) / 4 and fp.restart_s == (12 + 60) / 4 - 13  # FleetParams: detect, reconfig, restart; less the boot
     ddl, dp = s.schedule(), with_mode(s, "dp").schedule()
     assert len(ddl) == 12 and {f.kind for f in ddl} == {"pause_unit"}
     assert {f.target for f in ddl} == {f"learner-{i}" for i in range(8)}
