@@ -17,7 +17,7 @@ harness/bench/fleet_tier.py): `fleet` in each row, `fleet_minus_real_points`,
 
 `real_from` (`diloco-chaos bench fidelity --from DIR`) takes the real runs from an
 earlier bench's `DIR/fidelity/real/NAME` instead of running them again, and recomputes
-the simulator and fleet tiers from them (minutes instead of an hour); the JSON says so
+the simulator and fleet tiers from them (the simulations alone: ~35 min here, not ~60); the JSON says so
 (`real_runs_from`).
 
 Real-process figures move with this machine's load (2 shared cores): run it alone.
