@@ -45,7 +45,7 @@ def main(args) -> int:
         if not (run / "events.jsonl").is_file() or not (run / "summary.json").is_file():
             raise UserError(f"--calibrate: {run} has no events.jsonl and summary.json; valid: a run's folder "
                             f"(runs/NAME/...) that `diloco-chaos run` finished")
-        pace = pace_from_run(run, s)
+        pace = pace_from_run(run)
     else:
         pace = Pace(job_s=s.train.duration_s)
     res = predict(s, pace)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from pathlib import Path
 
 GOAL_POINTS = 5.0  # issue 15: fleet vs real within +-5 points
@@ -43,8 +42,8 @@ def steady_overhead(log) -> float:
     return round(max(0.0, idle) / spans, 6) if spans > 0 else 0.0
 
 
-def pace_from_run(run_dir: Path, scenario):
-    """The fleet model's `Pace` for `scenario`, measured from the real run in `run_dir`."""
+def pace_from_run(run_dir: Path):
+    """The fleet model's `Pace`, measured from the run in `run_dir` (its log and summary)."""
     from harness import eventlog
     from harness.fleet.scenario import Pace
     from harness.sim.calibrate import params_from_log
@@ -52,20 +51,17 @@ def pace_from_run(run_dir: Path, scenario):
 
     run_dir = Path(run_dir)
     log = eventlog.read(run_dir)
-    p = params_from_log(log)
-    steps = p.step_s_by_unit or (p.step_s,)
+    p = params_from_log(log)  # p.step_s: the median of the units' step times
     summary = json.loads((run_dir / "summary.json").read_text())
-    overhead = steady_overhead(log)
-    return Pace(job_s=summary["duration_s"], overhead=round(overhead, 6), boot_s=p.spare_startup_s,
-                cold_boot_s=p.learner_startup_s, checkpoint_every_s=round(CKPT_EVERY * statistics.median(steps), 6),
-                step_s=round(statistics.median(steps), 6))
+    return Pace(job_s=summary["duration_s"], overhead=steady_overhead(log), boot_s=p.spare_startup_s,
+                cold_boot_s=p.learner_startup_s, checkpoint_every_s=round(CKPT_EVERY * p.step_s, 6), step_s=p.step_s)
 
 
 def fleet_row(scenario, real: dict) -> dict:
     """The fleet tier of one fidelity row: its prediction and the difference in points."""
     from harness.fleet.scenario import predict
 
-    pred = predict(scenario, pace_from_run(Path(real["run_dir"]), scenario))
+    pred = predict(scenario, pace_from_run(Path(real["run_dir"])))
     return {"fleet": {"goodput": round(pred["ddl"]["goodput"], 6),
                       "badput": {k: round(v, 6) for k, v in pred["ddl"]["badput"].items()},
                       "dp_goodput": round(pred["dp"]["goodput"], 6), "pace": pred["pace"]},

@@ -120,7 +120,7 @@ def simulated(tmp_path_factory):
         "faults": [{"kind": "kill_unit", "target": "learner-0", "at": "8s", "down_for": "8s"},
                    {"kind": "partition", "target": "link:learner-1", "at": "12s", "duration": "16s"}]})
     result = run_sim(s, tmp_path_factory.mktemp("sim"), expect=False)
-    return s, result.summary, pace_from_run(result.run_dir, s)
+    return s, result.summary, pace_from_run(result.run_dir)
 
 
 def test_the_rules_agree_with_the_simulator(simulated):
