@@ -108,7 +108,9 @@ def backend_text(b: dict | None, tier: str | None = None) -> str:
             where = "engines " + "; ".join(f"{e}: {', '.join(us) or 'none'}" for e, us in by.items())
         else:
             where = f"engine {engines[0]}"
-        return f"docker — a container per unit, image {b.get('image', '?')}, {where}{cpus}"
+        shipped = (f"; on {', '.join(b['shipped'])} the code shipped and nothing shared but the network"
+                   if b.get("shipped") else "")
+        return f"docker — a container per unit, image {b.get('image', '?')}, {where}{cpus}{shipped}"
     if name == "sim":
         return "sim — no processes: a discrete-event world in virtual time"
     return f"local — a process per unit on {b.get('host', 'this machine')}"

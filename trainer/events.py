@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -31,16 +32,28 @@ def _plain(x: Any) -> Any:
 
 
 class EventWriter:
-    def __init__(self, path: str | os.PathLike, src: str, clock=time.time):
+    """`path`: the process's own log file. `stream_fd`: a file descriptor every line is also
+    written to, whole, in one write (a unit on another host streams its lines to the harness
+    through the engine's log stream: trainer/shell.py `stream_events`)."""
+
+    def __init__(self, path: str | os.PathLike, src: str, clock=time.time, stream_fd: int | None = None):
         self.src = src
         self.clock = clock
         self._f = open(path, "a", buffering=1)  # line-buffered: a SIGKILL loses at most one line
+        self._fd = stream_fd
+        self._lock = threading.Lock()
 
     def emit(self, kind: str, t: float | None = None, **fields: Any) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown event kind {kind!r}; valid: {sorted(KINDS)}")
         rec = {"t": round(self.clock() if t is None else t, 6), "src": self.src, "kind": kind, **fields}
-        self._f.write(json.dumps(rec, default=_plain, separators=(",", ":")) + "\n")
+        line = json.dumps(rec, default=_plain, separators=(",", ":")) + "\n"
+        with self._lock:  # (threads emit too: a line is never split by another's)
+            self._f.write(line)
+            if self._fd is not None:
+                data = line.encode()
+                while data:
+                    data = data[os.write(self._fd, data):]
 
     def close(self) -> None:
         self._f.close()

@@ -62,6 +62,8 @@ class Learner(LearnerHost):
                                     Corrupter(self.cfg.seed, self.index, self.incarnation),  # the `corrupt` fault
                                     self.cfg.diloco.slices)
         self.control_mtime, self.control_live, self.corrupt = 0.0, None, None
+        if shell.streaming():  # on another host: control messages come on stdin
+            shell.follow_control(self.run_dir, self.name)
         self.inbox: queue.Queue = queue.Queue()
         secret = auth.secret_from_env()
         self.links = {shard: ShardLink(self.name, shard, addr, topo["run_id"], self.inbox, secret=secret)
@@ -243,6 +245,7 @@ def warm_up(run_dir) -> None:
 
 def main(argv=None) -> int:
     args = shell.parse_args(argv, "learner")
+    shell.stream_events()  # (stream mode: stdout carries event lines only, from the start)
     if args.spare is not None:
         warm_up(args.run_dir)
         if shell.await_identity(args) is None:

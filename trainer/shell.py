@@ -101,9 +101,65 @@ class Stopper:
         self.stop = True
 
 
+# --- a unit on another host: nothing shared but the network ----------------------------------
+# The harness sets STREAM_ENV for a container on an engine that does not share its files
+# (harness/backends/docker_cluster.py). The run directory is then the unit's own volume on
+# its host, and two things travel as messages instead of files: its event lines go out on
+# stdout, which carries nothing else (the engine's log stream brings them to the harness),
+# and the harness's control messages (kill_slice, corrupt) come in on stdin, one JSON line
+# each, which the unit writes to its own control file (the learner reads that as on one host).
+STREAM_ENV = "DILOCO_CHAOS_STREAM"
+_STREAM_FD: list[int] = []
+
+
+def streaming() -> bool:
+    import os
+    return os.environ.get(STREAM_ENV) == "1"
+
+
+def stream_events() -> int | None:
+    """In stream mode, the descriptor event lines go to (the process's original stdout), with
+    everything else that would write to stdout (print, C libraries) moved to stderr, so the
+    stream holds event lines and nothing else; None otherwise. Idempotent."""
+    import os
+    import sys
+
+    if not streaming():
+        return None
+    if not _STREAM_FD:
+        sys.stdout.flush()
+        _STREAM_FD.append(os.dup(1))
+        os.dup2(2, 1)
+    return _STREAM_FD[0]
+
+
+def follow_control(run_dir: Path, name: str, stdin=None):
+    """Stream mode: a thread that writes each control message read from stdin to
+    control/<name>.json (atomically, as the harness does on one host). Returns the thread."""
+    import sys
+    import threading
+
+    stdin = stdin or sys.stdin
+    path = run_dir / "control" / f"{name}.json"
+
+    def follow() -> None:
+        path.parent.mkdir(exist_ok=True)
+        for line in stdin:
+            if not line.strip():
+                continue
+            control = json.loads(line)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(control))
+            tmp.replace(path)
+
+    t = threading.Thread(target=follow, name="control", daemon=True)
+    t.start()
+    return t
+
+
 def open_events(run_dir: Path, name: str, incarnation: int) -> EventWriter:
     (run_dir / "logs").mkdir(exist_ok=True)
-    return EventWriter(run_dir / "logs" / f"{name}.{incarnation}.jsonl", src=name)
+    return EventWriter(run_dir / "logs" / f"{name}.{incarnation}.jsonl", src=name, stream_fd=stream_events())
 
 
 def log_actions(ev: EventWriter, actions: list) -> None:

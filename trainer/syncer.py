@@ -118,6 +118,7 @@ def theta0(cfg):
 
 def main(argv=None) -> int:
     args = shell.parse_args(argv, "syncer")
+    shell.stream_events()  # (stream mode: stdout carries event lines only, from the start)
     if args.spare is not None:
         theta0(shell.load_run(args.run_dir)[1])
         if shell.await_identity(args) is None:

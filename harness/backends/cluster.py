@@ -12,6 +12,8 @@ Run directory:
   ckpt/<src>/              orbax checkpoints
   control/<learner>.json   slice control (live_slices), read by the learner each step
   stdout/<src>.<n>.log     each process's stdout/stderr
+(A unit on another host's engine keeps its own copy of this layout in a volume, and the
+harness's copy is filled from messages: harness/backends/docker_remote.py.)
 """
 from __future__ import annotations
 
@@ -111,6 +113,8 @@ class Units(Protocol):
     def resume(self, cluster: "LocalCluster", m: Member) -> None: ...
     def set_speed(self, cluster: "LocalCluster", m: Member, speed: float, period_s: float) -> None: ...
     def pid(self, m: Member) -> int | None: ...
+    def shard_listen(self, cluster: "LocalCluster") -> str: ...  # where the syncer shards listen
+    def control(self, cluster: "LocalCluster", m: Member, state: dict) -> None: ...  # after the file: a message
     def start_spares(self, cluster: "LocalCluster", delay_s: float = 0.0) -> None: ...  # warm spares, if any
     def stop_all(self, cluster: "LocalCluster") -> None: ...  # the end: every unit, gracefully
 
@@ -165,7 +169,9 @@ class LocalCluster:
         self.topology = make_topology(d["learners"], self.shards, self._fragments())
         self.toxiproxy = ToxiproxyServer(seed=self.seed, log_path=self.run_dir / "stdout" / "toxiproxy.log").start()
         self.client = self.toxiproxy.client()
-        shard_addrs = {s: f"{self.listen}:{free_port(self.listen)}" for s in self.topology["shards"]}
+        host = self.units.shard_listen(self)
+        port_from = host if host == self.listen else "127.0.0.1"  # (another host's: a port free here)
+        shard_addrs = {s: f"{host}:{free_port(port_from)}" for s in self.topology["shards"]}
         links: dict[str, dict[str, str]] = {}
         for learner in self.topology["learners"]:
             links[learner] = {}
@@ -252,12 +258,14 @@ class LocalCluster:
         self._control(learner, corrupt=spec)
 
     def _control(self, learner: str, **fields) -> None:
-        """control/<learner>.json, updated atomically (a restarted learner reads it too)."""
+        """control/<learner>.json, updated atomically (a restarted learner reads it too); a
+        unit on another host gets the whole state as a message (docker_remote.py)."""
         path = self.run_dir / "control" / f"{learner}.json"
         old = json.loads(path.read_text()) if path.exists() else {}
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({**old, **fields}))
+        tmp.write_text(json.dumps(state := {**old, **fields}))
         tmp.replace(path)
+        self.units.control(self, self.members[learner], state)  # (a unit on another host: a message)
 
     def links_of(self, learner: str) -> list[str]:
         return [link_name(learner, s) for s in self.topology["shards"]]

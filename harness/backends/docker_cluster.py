@@ -35,6 +35,7 @@ left (e.g. after a `kill -9` of the harness, which no `finally` survives).
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from harness.backends.cluster import JAX_CACHE, LOCAL_MECHANISMS, LocalCluster
 from harness.backends.container_proc import ContainerProc, wait_job_state
 from harness.backends.processes import SPARE_DELAY_S, Spare
 from harness.backends.docker_engine import LABEL, REPO, engine, host_image, host_mounts, remove_all
+from harness.backends.docker_remote import Shipped, host_of, is_remote
 
 UNIT_LABEL = "diloco-chaos.unit"
 CPU_PERIOD_US = 100_000
@@ -90,6 +92,8 @@ class Containers:
     made: int = 0  # spares started so far (their names: spare-ROLE-N)
     _clients: dict = field(default_factory=dict)  # engine URL -> client
     _image_ref: str = ""
+    images: dict = field(default_factory=dict)  # engine URL -> the image its units run
+    shipped: Shipped | None = None  # the units on engines that share no files (docker_remote.py)
     _mounts: list = field(default_factory=list)
     _sigstopped: set = field(default_factory=set)  # paused by the SIGSTOP fallback
 
@@ -110,13 +114,22 @@ class Containers:
         cluster.run_dir = Path(cluster.run_dir).resolve()
         cluster.run_dir.mkdir(parents=True, exist_ok=True)
         JAX_CACHE.mkdir(parents=True, exist_ok=True)
+        self.shipped = Shipped(cluster.run_dir)
         if self.image == "host":
             self._mounts = host_mounts()
-            for client in self._clients.values():  # imported once per engine
-                self._image_ref = host_image(client, self._mounts)
         else:
             self._mounts = [(str(REPO), True)]
             self._image_ref = self.image
+        for url, client in self._clients.items():  # imported (or shipped) once per engine
+            if is_remote(url):  # another host: the runtime carries the code, nothing is mounted
+                from harness.backends.docker_runtime import runtime
+                self.shipped.runtimes[url] = runtime(client)
+                self.images[url] = self.shipped.runtimes[url].image
+            elif self.image == "host":
+                self.images[url] = self._image_ref = host_image(client, self._mounts)
+            else:
+                self.images[url] = self.image
+        self._image_ref = self._image_ref or next(iter(self.images.values()))
         # read-write: the run directory and the shared XLA compilation cache
         self._mounts = [*self._mounts, (str(cluster.run_dir), False), (str(JAX_CACHE.resolve()), False)]
 
@@ -125,7 +138,15 @@ class Containers:
             self.placement[shard] = next(iter(self._clients))
         return {"name": "docker", "image": self._image_ref, "engine": next(iter(self._clients)),
                 "engines": list(self._clients), "placement": dict(self.placement), "cpus": self.cpus,
-                "spares": list(cluster.spares)}
+                "spares": list(cluster.spares), "images": dict(self.images),
+                "shipped": [u for u in self._clients if is_remote(u)]}
+
+    def shard_listen(self, cluster: LocalCluster) -> str:
+        """Where the syncer shards listen: `cluster.listen` when their engine (the first) is
+        this machine's, else the address the harness reaches that engine's host at (the
+        link proxies connect there)."""
+        first = next(iter(self._clients))
+        return host_of(first) if is_remote(first) else cluster.listen
 
     @staticmethod
     def _engine_name(client) -> str:
@@ -152,7 +173,7 @@ class Containers:
         for role in cluster.spares:
             for url in dict.fromkeys(self.placement.get(n) or next(iter(self._clients))
                                      for n in cluster.members if cluster.members[n].role == role):
-                if (role, url) not in self.spares:
+                if (role, url) not in self.spares and not is_remote(url):  # (docker_remote.py: why not there)
                     self.made += 1
                     name = f"spare-{role}-{self.made}"
                     c = self._run(cluster, url, role, name, "spare",
@@ -201,10 +222,18 @@ class Containers:
         self.spares.clear()  # removed with the rest, by label
         try:
             self._stop_units(cluster)
+            if self.shipped is not None and self.shipped.units:
+                for m in cluster.members.values():
+                    if m.proc is not None:
+                        self.shipped.drain(m.proc.container)
+                if errors := self.shipped.bring_home(cluster):
+                    (cluster.run_dir / "stdout" / "checkpoints-home.log").write_text("\n".join(errors) + "\n")
         finally:
             if cluster.topology.get("run_id"):
-                for client in self._clients.values():
+                for url, client in self._clients.items():
                     remove_all(client, cluster.topology["run_id"])
+                    if is_remote(url):
+                        Shipped.remove_volumes(client, cluster.topology["run_id"])
             for m in cluster.members.values():
                 m.proc = None
 
@@ -242,10 +271,28 @@ class Containers:
                 return spare.proc
         m.start = "cold"
         module = "trainer.learner" if m.role == "learner" else "trainer.syncer"
-        c = self._run(cluster, url, m.role, m.name, str(m.incarnation),
-                      [module, "--run-dir", str(cluster.run_dir), "--id", m.name, "--incarnation", str(m.incarnation)],
-                      log=f"{m.name}.{m.incarnation}.log")
+        args = [module, "--run-dir", str(cluster.run_dir), "--id", m.name, "--incarnation", str(m.incarnation)]
+        if is_remote(url):
+            c = self.shipped.run(cluster, self._clients[url], url, m.role, m.name, str(m.incarnation), args,
+                                 labels=self._labels(cluster, m.name, str(m.incarnation)), **self._limits())
+            control = cluster.run_dir / "control" / f"{m.name}.json"
+            if control.exists():  # what the harness set while it was down (its volume may be older)
+                self.shipped.send(c, json.loads(control.read_text()))
+        else:
+            c = self._run(cluster, url, m.role, m.name, str(m.incarnation), args, log=f"{m.name}.{m.incarnation}.log")
         return ContainerProc(c)
+
+    def control(self, cluster: LocalCluster, m, state: dict) -> None:
+        """A control message to a unit on another host (on this machine the control file,
+        already written, is the message)."""
+        if is_remote(self.placement.get(m.name, "unix://")) and m.proc is not None and m.proc.poll() is None:
+            self.shipped.send(m.proc.container, state)
+
+    def _labels(self, cluster: LocalCluster, name: str, incarnation: str) -> dict:
+        return {LABEL: cluster.topology["run_id"], UNIT_LABEL: name, "diloco-chaos.incarnation": incarnation}
+
+    def _limits(self) -> dict:
+        return {} if self.cpus is None else {"nano_cpus": int(self.cpus * 1e9)}
 
     def _run(self, cluster: LocalCluster, url: str, role: str, name: str, incarnation: str, args: list[str], *,
              log: str, stdin: bool = False):
@@ -265,16 +312,12 @@ class Containers:
         cmd = ["/bin/sh", "-c", 'exec "$@" >>"$DILOCO_CHAOS_LOG" 2>&1', "sh", python, "-m", *args]
         from docker.types import Mount
 
-        kwargs = {}
-        if self.cpus is not None:
-            kwargs["nano_cpus"] = int(self.cpus * 1e9)
         run_id = cluster.topology["run_id"]
         return self._clients[url].containers.run(
-            self._image_ref, cmd, detach=True, name=f"dc-{run_id}-{name}-{incarnation}",
+            self.images[url], cmd, detach=True, name=f"dc-{run_id}-{name}-{incarnation}",
             environment=env, network_mode="host", working_dir=str(REPO), init=False, stdin_open=stdin,
             mounts=[Mount(target=p, source=p, type="bind", read_only=ro) for p, ro in self._mounts],
-            labels={LABEL: run_id, UNIT_LABEL: name, "diloco-chaos.incarnation": incarnation},
-            stop_signal="SIGTERM", **kwargs)
+            labels=self._labels(cluster, name, incarnation), stop_signal="SIGTERM", **self._limits())
 
     def kill(self, cluster: LocalCluster, m) -> None:
         """`docker kill` (SIGKILL to the container: no chance to clean up), then removed."""
@@ -289,6 +332,7 @@ class Containers:
         except docker.errors.APIError:
             pass  # exited meanwhile
         m.proc.wait(timeout=30)
+        self.shipped.drain(c)  # (another host's unit: its last lines, from the engine's log)
         try:
             c.remove(force=True)
         except docker.errors.APIError:

@@ -143,6 +143,12 @@ class Processes:
     def pid(self, m: Member) -> int | None:
         return m.proc.pid if m.proc is not None and m.proc.poll() is None else None
 
+    def shard_listen(self, cluster: "LocalCluster") -> str:
+        return cluster.listen
+
+    def control(self, cluster: "LocalCluster", m: Member, state: dict) -> None:
+        """Nothing: on this host the control file the cluster wrote is the message."""
+
     def kill(self, cluster: "LocalCluster", m: Member) -> None:
         """SIGKILL: the process gets no chance to clean up, as with a machine failure."""
         if m.proc is not None:

@@ -18,6 +18,7 @@ or corrupt checkpoint must not lose the rest of the run.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -38,7 +39,10 @@ def _model(cfg):
     from trainer.tasks import task_for_run
 
     task = task_for_run(cfg)
-    return task, task.init_params(jax.random.PRNGKey(cfg.seed)), make_inner(cfg, task.loss_fn)
+    # on one device: a unit's slices split its batch over its devices, the loss of a batch
+    # is the same, and the harness's process has one (a run with slices = 2 was not evaluated)
+    one = dataclasses.replace(cfg, diloco=dataclasses.replace(cfg.diloco, slices=1))
+    return task, task.init_params(jax.random.PRNGKey(cfg.seed)), make_inner(one, task.loss_fn)
 
 
 def _setup(cfg, n: int | None = None):
