@@ -62,7 +62,7 @@ class Learner(LearnerHost):
                                     Corrupter(self.cfg.seed, self.index, self.incarnation),  # the `corrupt` fault
                                     self.cfg.diloco.slices)
         self.control_mtime, self.control_live, self.corrupt = 0.0, None, None
-        if shell.streaming():  # on another host: control messages come on stdin
+        if shell.control_on_stdin():  # the harness's control messages
             shell.follow_control(self.run_dir, self.name)
         self.inbox: queue.Queue = queue.Queue()
         secret = auth.secret_from_env()
@@ -119,7 +119,8 @@ class Learner(LearnerHost):
                 self.ev.emit("link_buffer", **fields)
 
     def read_control(self) -> None:
-        """The harness's control/<name>.json: live slices (kill_slice), corruption (corrupt)."""
+        """control/<name>.json, the last control message (trainer/shell.py `follow_control`):
+        live slices (kill_slice), corruption (corrupt)."""
         path = self.run_dir / "control" / f"{self.name}.json"
         try:
             mtime = path.stat().st_mtime

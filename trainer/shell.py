@@ -101,20 +101,27 @@ class Stopper:
         self.stop = True
 
 
-# --- a unit on another host: nothing shared but the network ----------------------------------
-# The harness sets STREAM_ENV for a container on an engine that does not share its files
-# (harness/backends/docker_cluster.py). The run directory is then the unit's own volume on
-# its host, and two things travel as messages instead of files: its event lines go out on
-# stdout, which carries nothing else (the engine's log stream brings them to the harness),
-# and the harness's control messages (kill_slice, corrupt) come in on stdin, one JSON line
-# each, which the unit writes to its own control file (the learner reads that as on one host).
+# --- messages from and to the harness -----------------------------------------------------
+# Control messages (kill_slice, corrupt) come on the unit's stdin, one JSON line each, the
+# whole control state every time (CONTROL_ENV, set by every backend that starts units); the
+# unit writes each to its own control/<name>.json, which the learner reads every step, and
+# which its next incarnation finds there. A unit on an engine that shares no files with the
+# harness (harness/backends/docker_remote.py) also runs in stream mode (STREAM_ENV): its run
+# directory is its own volume, and its event lines go out on stdout, which carries nothing
+# else (the engine's log stream brings them to the harness).
 STREAM_ENV = "DILOCO_CHAOS_STREAM"
+CONTROL_ENV = "DILOCO_CHAOS_CONTROL"
 _STREAM_FD: list[int] = []
 
 
 def streaming() -> bool:
     import os
     return os.environ.get(STREAM_ENV) == "1"
+
+
+def control_on_stdin() -> bool:
+    import os
+    return os.environ.get(CONTROL_ENV) == "stdin" or streaming()
 
 
 def stream_events() -> int | None:
@@ -134,8 +141,8 @@ def stream_events() -> int | None:
 
 
 def follow_control(run_dir: Path, name: str, stdin=None):
-    """Stream mode: a thread that writes each control message read from stdin to
-    control/<name>.json (atomically, as the harness does on one host). Returns the thread."""
+    """A thread that writes each control message read from stdin to control/<name>.json,
+    atomically; it ends when the harness closes the pipe. Returns the thread."""
     import sys
     import threading
 

@@ -10,7 +10,8 @@ Run directory:
   run.json                 config + topology; each process reads it at start
   logs/<src>.<n>.jsonl     events of incarnation n of process src
   ckpt/<src>/              orbax checkpoints
-  control/<learner>.json   slice control (live_slices), read by the learner each step
+  control/<learner>.json   the last control message (live_slices, corrupt), written by the
+                           learner (the harness sends it on the unit's stdin), read each step
   stdout/<src>.<n>.log     each process's stdout/stderr
 (A unit on another host's engine keeps its own copy of this layout in a volume, and the
 harness's copy is filled from messages: harness/backends/docker_remote.py.)
@@ -66,7 +67,7 @@ LOCAL_MECHANISMS = {
     "pause_unit": "SIGSTOP / SIGCONT",
     "slow_unit": "SIGSTOP/SIGCONT duty cycle",
     "kill_slice": "slice control message",
-    "corrupt": "control file: the learner corrupts its outgoing contributions",
+    "corrupt": "control message: the learner corrupts its outgoing contributions",
 }
 
 
@@ -114,7 +115,7 @@ class Units(Protocol):
     def set_speed(self, cluster: "LocalCluster", m: Member, speed: float, period_s: float) -> None: ...
     def pid(self, m: Member) -> int | None: ...
     def shard_listen(self, cluster: "LocalCluster") -> str: ...  # where the syncer shards listen
-    def control(self, cluster: "LocalCluster", m: Member, state: dict) -> None: ...  # after the file: a message
+    def control(self, cluster: "LocalCluster", m: Member, state: dict) -> None: ...  # a control message
     def start_spares(self, cluster: "LocalCluster", delay_s: float = 0.0) -> None: ...  # warm spares, if any
     def stop_all(self, cluster: "LocalCluster") -> None: ...  # the end: every unit, gracefully
 
@@ -139,6 +140,7 @@ class LocalCluster:
     toxiproxy: ToxiproxyServer | None = None
     client: ToxiproxyClient | None = None
     members: dict[str, Member] = field(default_factory=dict)
+    controls: dict[str, dict] = field(default_factory=dict)  # learner -> its control state, as last sent
     topology: dict = field(default_factory=dict)
     # The run secret every unit proves on each connection (trainer/auth.py): in the units'
     # environment only, never in run.json or the event log.
@@ -229,6 +231,8 @@ class LocalCluster:
         m.incarnation += 1
         m.proc = self.units.spawn(self, m)
         m.paused = False
+        if (state := self.controls.get(name)) is not None:  # what was set while it was down
+            self.units.control(self, m, state)
         return m.start
 
     def pid(self, name: str) -> int | None:
@@ -258,14 +262,10 @@ class LocalCluster:
         self._control(learner, corrupt=spec)
 
     def _control(self, learner: str, **fields) -> None:
-        """control/<learner>.json, updated atomically (a restarted learner reads it too); a
-        unit on another host gets the whole state as a message (docker_remote.py)."""
-        path = self.run_dir / "control" / f"{learner}.json"
-        old = json.loads(path.read_text()) if path.exists() else {}
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state := {**old, **fields}))
-        tmp.replace(path)
-        self.units.control(self, self.members[learner], state)  # (a unit on another host: a message)
+        """A control message: the learner's whole control state, on its stdin (the learner
+        keeps it in its control/<learner>.json); a restart is sent it again."""
+        state = self.controls[learner] = {**self.controls.get(learner, {}), **fields}
+        self.units.control(self, self.members[learner], state)
 
     def links_of(self, learner: str) -> list[str]:
         return [link_name(learner, s) for s in self.topology["shards"]]

@@ -13,7 +13,7 @@ files, the Injector. Faults the container way:
   slow_unit                 set_speed(): a CFS CPU quota (container.update(cpu_quota=...)),
                             i.e. slower hardware; without it the Injector's SIGSTOP duty
                             cycle still works, on the container's main process (`pid`)
-  kill_slice                the control file in the run directory, as on local
+  kill_slice, corrupt       a control message on the container's stdin (docker attach)
 
 Each member's `proc` is a `ContainerProc`, which answers `poll()`, `wait()`, `pid`,
 `returncode` as `subprocess.Popen` does, so the runner and the Injector need no change.
@@ -35,7 +35,6 @@ left (e.g. after a `kill -9` of the harness, which no `finally` survives).
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from harness.backends.container_proc import ContainerProc, wait_job_state
 from harness.backends.processes import SPARE_DELAY_S, Spare
 from harness.backends.docker_engine import LABEL, REPO, engine, host_image, host_mounts, remove_all
 from harness.backends.docker_remote import Shipped, host_of, is_remote
+from trainer.shell import CONTROL_ENV
 
 UNIT_LABEL = "diloco-chaos.unit"
 CPU_PERIOD_US = 100_000
@@ -96,6 +96,7 @@ class Containers:
     shipped: Shipped | None = None  # the units on engines that share no files (docker_remote.py)
     _mounts: list = field(default_factory=list)
     _sigstopped: set = field(default_factory=set)  # paused by the SIGSTOP fallback
+    _held: dict = field(default_factory=dict)  # unit -> a control message for when it is resumed
 
     def prepare(self, cluster: LocalCluster) -> None:
         """The engines, the image and the mounts, before the cluster lays out its run."""
@@ -178,7 +179,7 @@ class Containers:
                     name = f"spare-{role}-{self.made}"
                     c = self._run(cluster, url, role, name, "spare",
                                   ["trainer.spare", role, "--delay", str(delay_s), "--run-dir", str(cluster.run_dir),
-                                   "--spare", name], log=f"{name}.log", stdin=True)
+                                   "--spare", name], log=f"{name}.log")
                     self.spares[(role, url)] = Spare(name, ContainerProc(c))
 
     def _hand_over(self, cluster: LocalCluster, spare: Spare, m) -> bool:
@@ -275,18 +276,19 @@ class Containers:
         if is_remote(url):
             c = self.shipped.run(cluster, self._clients[url], url, m.role, m.name, str(m.incarnation), args,
                                  labels=self._labels(cluster, m.name, str(m.incarnation)), **self._limits())
-            control = cluster.run_dir / "control" / f"{m.name}.json"
-            if control.exists():  # what the harness set while it was down (its volume may be older)
-                self.shipped.send(c, json.loads(control.read_text()))
         else:
             c = self._run(cluster, url, m.role, m.name, str(m.incarnation), args, log=f"{m.name}.{m.incarnation}.log")
         return ContainerProc(c)
 
     def control(self, cluster: LocalCluster, m, state: dict) -> None:
-        """A control message to a unit on another host (on this machine the control file,
-        already written, is the message)."""
-        if is_remote(self.placement.get(m.name, "unix://")) and m.proc is not None and m.proc.poll() is None:
-            self.shipped.send(m.proc.container, state)
+        """A control message: one JSON line on the container's stdin, through its engine
+        (`docker attach`); to a paused unit, once it is resumed."""
+        if m.proc is None or m.proc.poll() is not None:
+            return  # (the cluster sends it again at the restart)
+        if m.paused:
+            self._held[m.name] = state
+        elif not Shipped.send(m.proc.container, state):
+            self._held[m.name] = state  # refused (a freeze under way): with the resume, or the restart
 
     def _labels(self, cluster: LocalCluster, name: str, incarnation: str) -> dict:
         return {LABEL: cluster.topology["run_id"], UNIT_LABEL: name, "diloco-chaos.incarnation": incarnation}
@@ -295,7 +297,7 @@ class Containers:
         return {} if self.cpus is None else {"nano_cpus": int(self.cpus * 1e9)}
 
     def _run(self, cluster: LocalCluster, url: str, role: str, name: str, incarnation: str, args: list[str], *,
-             log: str, stdin: bool = False):
+             log: str):
         """A container on engine `url` running `python -m ARGS...` for unit (or spare) `name`."""
         env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
         env["PYTHONUNBUFFERED"] = "1"
@@ -307,6 +309,7 @@ class Containers:
         env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
         env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
         env["DILOCO_CHAOS_LOG"] = str(cluster.run_dir / "stdout" / log)
+        env[CONTROL_ENV] = "stdin"  # the control messages (`control`)
         python = cluster.python if self.image == "host" else "python"
         # stdout/stderr to the run directory, as on local; `exec` keeps python the main process
         cmd = ["/bin/sh", "-c", 'exec "$@" >>"$DILOCO_CHAOS_LOG" 2>&1', "sh", python, "-m", *args]
@@ -315,7 +318,7 @@ class Containers:
         run_id = cluster.topology["run_id"]
         return self._clients[url].containers.run(
             self.images[url], cmd, detach=True, name=f"dc-{run_id}-{name}-{incarnation}",
-            environment=env, network_mode="host", working_dir=str(REPO), init=False, stdin_open=stdin,
+            environment=env, network_mode="host", working_dir=str(REPO), init=False, stdin_open=True,
             mounts=[Mount(target=p, source=p, type="bind", read_only=ro) for p, ro in self._mounts],
             labels=self._labels(cluster, name, incarnation), stop_signal="SIGTERM", **self._limits())
 
@@ -393,6 +396,8 @@ class Containers:
                 pass
         m.paused = False
         self._sigstopped.discard(m.name)
+        if (state := self._held.pop(m.name, None)) is not None:
+            self.control(cluster, m, state)
 
     def set_speed(self, cluster: LocalCluster, m, fraction: float, period_s: float = 0.1) -> None:
         """Slower hardware: a CFS quota of `fraction` of the unit's CPU budget (`cpus`, or

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from harness.backends import procs
 from harness.backends.cluster import JAX_CACHE, LOCAL_MECHANISMS, Member
+from trainer.shell import CONTROL_ENV
 
 if TYPE_CHECKING:
     from harness.backends.cluster import LocalCluster
@@ -89,7 +90,7 @@ class Processes:
         return {"name": "local", "host": os.uname().nodename, "spares": list(cluster.spares)}
 
     def _env(self, cluster: "LocalCluster", role: str) -> dict:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **cluster.unit_env()}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **cluster.unit_env(), CONTROL_ENV: "stdin"}
         if role == "learner":
             env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cluster.slices}"
         env.setdefault("JAX_PLATFORMS", "cpu")
@@ -124,8 +125,9 @@ class Processes:
         out = open(cluster.run_dir / "stdout" / f"{m.name}.{m.incarnation}.log", "wb")
         argv = [cluster.python, "-m", module, "--run-dir", str(cluster.run_dir), "--id", m.name,
                 "--incarnation", str(m.incarnation)]
-        with out:
-            return procs.spawn(argv, stdout=out, stderr=subprocess.STDOUT, env=self._env(cluster, m.role))
+        with out:  # stdin: the control messages
+            return procs.spawn(argv, stdout=out, stderr=subprocess.STDOUT, env=self._env(cluster, m.role),
+                               stdin=subprocess.PIPE)
 
     def _hand_over(self, cluster: "LocalCluster", spare: Spare, m: Member) -> bool:
         """The spare takes m's identity (one JSON line on its stdin); False if it had died
@@ -133,7 +135,7 @@ class Processes:
         ready = spare.ready(cluster)
         try:
             spare.proc.stdin.write(Spare.identity(m))
-            spare.proc.stdin.close()  # flushes the one line it reads
+            spare.proc.stdin.flush()  # (kept open: the control messages come the same way)
         except (BrokenPipeError, ValueError):
             procs.stop(spare.proc, grace_s=1.0)
             return False
@@ -147,7 +149,15 @@ class Processes:
         return cluster.listen
 
     def control(self, cluster: "LocalCluster", m: Member, state: dict) -> None:
-        """Nothing: on this host the control file the cluster wrote is the message."""
+        """One JSON line on the unit's stdin (a pipe: a paused unit reads it once resumed);
+        nothing when it is not running (the cluster sends it again at the restart)."""
+        if m.proc is None or m.proc.stdin is None or m.proc.poll() is not None:
+            return
+        try:
+            m.proc.stdin.write(json.dumps(state).encode() + b"\n")
+            m.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):  # exited meanwhile
+            pass
 
     def kill(self, cluster: "LocalCluster", m: Member) -> None:
         """SIGKILL: the process gets no chance to clean up, as with a machine failure."""
@@ -155,6 +165,7 @@ class Processes:
             if m.proc.poll() is None:
                 os.kill(m.proc.pid, signal.SIGKILL)
             m.proc.wait()
+            _close_stdin(m.proc)
             m.proc = None
 
     def pause(self, cluster: "LocalCluster", m: Member) -> str | None:
@@ -195,4 +206,13 @@ class Processes:
             members = [m for m in cluster.members.values() if m.role == role and m.proc is not None]
             procs.stop_all([m.proc for m in members], grace_s=5.0)
             for m in members:
+                _close_stdin(m.proc)
                 m.proc = None
+
+
+def _close_stdin(proc) -> None:
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError:  # (the unit is gone: its end of the pipe too)
+        pass

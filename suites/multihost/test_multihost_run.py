@@ -171,6 +171,8 @@ def test_a_run_across_two_hosts_shares_nothing_but_the_network(two_hosts, chaos,
     assert any(e.get("live_slices") == 1 for e in log.of("slices", src="learner-1")), log.of("slices")
     # the units' lines came home over the log streams, learner-1's restart merged again
     assert any(m["learner"] == "learner-1" and m["incarnation"] == 1 for m in log.of("merge"))
+    # its checkpoint stayed on host b, in its volume: the restart there restored it
+    assert [e["step"] > 0 for e in log.of("checkpoint_restored", src="learner-1")] == [True]
     assert any(m["learner"] == "learner-0" for m in log.of("merge"))
     assert (result.run_dir / "ckpt" / "syncer-0").is_dir()  # brought home: the global model was evaluated
     assert not log.header.get("global_eval_errors"), log.header["global_eval_errors"]
