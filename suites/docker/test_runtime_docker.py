@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from harness.backends import docker_runtime
+from harness.backends import docker_runtime, runtime_files
 from harness.backends.docker_runtime import COMPLETE, LABEL, ROOT, remove_runtime, runtime
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -88,7 +88,7 @@ def test_a_second_call_on_the_same_engine_finds_both_by_name_quickly(docker_engi
 def test_an_edit_of_the_code_ships_only_the_code_volume(docker_engine, made, monkeypatch):
     """Other code (here: fewer packages) is a new code volume; Python and JAX stay."""
     rt, _ = made
-    monkeypatch.setattr(docker_runtime, "REPO_PACKAGES", ("trainer",))
+    monkeypatch.setattr(runtime_files, "REPO_PACKAGES", ("trainer",))
     t0 = time.monotonic()
     other = runtime(docker_engine)
     took = time.monotonic() - t0
@@ -127,11 +127,11 @@ def test_a_volume_without_complete_is_removed_and_filled_again(docker_engine, ma
     assert again.volume == rt.volume
     assert json.loads(_read(docker_engine, rt, f"{ROOT}/{COMPLETE}"))["sha"] == rt.sha
     assert _read(docker_engine, rt, f"{ROOT}/python/half-written") is None  # a new volume, not a patched one
-    assert _read(docker_engine, rt, f"{ROOT}/python/lib/{docker_runtime.PY}/os.py") is not None
+    assert _read(docker_engine, rt, f"{ROOT}/python/lib/{runtime_files.PY}/os.py") is not None
 
 
 def test_the_shipped_distributions_cover_what_a_unit_loads():
     """The evidence behind UNIT_DISTRIBUTIONS still holds (a new import in trainer/ shows here)."""
-    shipped = {docker_runtime._norm(d) for d in docker_runtime.UNIT_DISTRIBUTIONS}
-    loaded = set(docker_runtime.probe()) - docker_runtime.NEVER_SHIP
+    shipped = {runtime_files.norm(d) for d in runtime_files.UNIT_DISTRIBUTIONS}
+    loaded = set(runtime_files.probe()) - runtime_files.NEVER_SHIP
     assert loaded <= shipped, f"units load {sorted(loaded - shipped)}: add them to UNIT_DISTRIBUTIONS"
