@@ -54,6 +54,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from harness.intervals import measure, minus, norm
+
 BUCKETS = ("dead", "recovery", "paused", "lost", "other")
 
 
@@ -97,36 +99,6 @@ def _share(target: str, shards: int) -> float:
     return 1.0 / shards if "~" in target else 1.0
 
 
-def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for a, b in sorted(s for s in spans if s[1] > s[0]):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def _length(spans: list[tuple[float, float]]) -> float:
-    return sum(b - a for a, b in _union(spans))
-
-
-def _minus(spans, taken) -> list[tuple[float, float]]:
-    """`spans` less every span of `taken` (both lists of (start, end))."""
-    out = []
-    for a, b in _union(spans):
-        cur = a
-        for c, d in _union(taken):
-            if d <= cur or c >= b:
-                continue
-            if c > cur:
-                out.append((cur, c))
-            cur = max(cur, d)
-        if cur < b:
-            out.append((cur, b))
-    return out
-
-
 def _end(f, T: float) -> float:
     return T if f.length_s is None else min(T, f.at_s + f.length_s)
 
@@ -165,13 +137,13 @@ def predict_ddl(scenario, pace: Pace) -> dict:
     for m in range(c.learners):
         taken: list = []
         for b in ("dead", "recovery", "paused"):
-            own = _minus(spans[m][b], taken)
-            total[b] += _length(own)
+            own = minus(spans[m][b], taken)
+            total[b] += measure(own)
             taken += own
-        running = T - _length(taken)
+        running = T - measure(taken)
         total["other"] += running * pace.overhead
         for a, b, share in cuts[m]:
-            total["lost"] += _length(_minus([(a, b)], taken)) * (1 - pace.overhead) * share
+            total["lost"] += measure(minus([(a, b)], taken)) * (1 - pace.overhead) * share
     allocated = c.learners * T
     badput = {b: v / allocated for b, v in total.items()}
     return {"goodput": 1.0 - sum(badput.values()), "badput": badput,
@@ -195,7 +167,7 @@ def predict_dp(scenario, pace: Pace) -> dict:
             restarts.append(at)
         elif f.kind == "pause_unit" or getattr(f, "cuts_link", False):
             stalls.append((at, _end(f, T)))
-    stopped = _union(stalls)
+    stopped = norm(stalls)
     # the rollback (the fleet model's rule): a restart loses what ran since the last
     # checkpoint, one every checkpoint_every_s of running; a wait loses nothing
     rolled, up_from = 0.0, 0.0
@@ -205,12 +177,12 @@ def predict_dp(scenario, pace: Pace) -> dict:
             rolled += up - math.floor(up / pace.checkpoint_every_s) * pace.checkpoint_every_s
         up_from = b
     # a slow replica holds the others to its speed: they wait (1 - speed) of its span
-    slow = sum(_length(_minus([(min(f.at_s, T), _end(f, T))], stopped)) * (1 - f.speed)
+    slow = sum(measure(minus([(min(f.at_s, T), _end(f, T))], stopped)) * (1 - f.speed)
                for f in scenario.schedule().faults
                if f.kind == "slow_unit" and _learner_index(f.target, names))
     allocated = c.learners * T
-    running = T - _length(stopped)
-    badput = {"dead": _length(stopped) * c.learners / allocated, "rolled_back": rolled * c.learners / allocated,
+    running = T - measure(stopped)
+    badput = {"dead": measure(stopped) * c.learners / allocated, "rolled_back": rolled * c.learners / allocated,
               "waiting_on_sync": slow * (c.learners - 1) / allocated,
               "other": (running - rolled - slow) * pace.overhead * c.learners / allocated}
     return {"goodput": 1.0 - sum(badput.values()), "badput": badput}

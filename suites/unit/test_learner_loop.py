@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from trainer.learner_loop import CKPT_EVERY, DRAIN_S, FETCH_WAIT_S, Compute, Idle, Until, learner_loop
+from trainer.learner_loop import CKPT_EVERY, DRAIN_S, FETCH_WAIT_S, Compute, Until, learner_loop
 
 
 class Core:
