@@ -62,7 +62,7 @@ def unit_faults(request, tmp_path_factory):
     s = _scenario("unit-faults", [
         {"kind": "kill_slice", "target": "learner-0", "at": "6s", "duration": "4s"},
         {"kind": "pause_unit", "target": "learner-1", "at": "6s", "duration": "3s"},
-        {"kind": "slow_unit", "target": "learner-0", "at": "13s", "duration": "5s", "speed": 0.3},
+        {"kind": "slow_unit", "target": "learner-0", "at": "13s", "duration": "5s", "speed": 0.15},
         {"kind": "kill_unit", "target": "learner-1", "at": "13s", "down_for": "4s"},
         {"kind": "wan", "target": "link:learner-0", "at": "20s", "duration": "5s", "bandwidth_kbps": 400},
     ], slices=2, backend=request.param)
@@ -110,7 +110,12 @@ def test_slow_unit_runs_at_a_fraction(unit_faults):
     t0, t1 = _window(log, "slow_unit")
     slow = len(_steps(log, "learner-0", t0, t1)) / (t1 - t0)
     normal = len(_steps(log, "learner-0", t0 - 2.5, t0)) / 2.5  # the same unit just before
-    assert slow < 0.7 * normal, (slow, normal)  # speed 0.3, generous for 2 shared cores
+    # speed 0.15: on docker a CPU quota of 0.15 of one core, which only slows a unit that was
+    # using more. Three units and the harness on 2 shared cores give a unit ~0.5 core, less
+    # under other load; with speed 0.3 CI once measured 11.4 steps/s slowed against 15.6
+    # before (0.73; learner-1, dead in the same window, freed its share). 0.15 is below any
+    # share a unit gets here, so the check sees the fault whatever else runs.
+    assert slow < 0.7 * normal, (slow, normal)
 
 
 # Each test below takes one run: a test taking both fixtures would pair every backend of
