@@ -50,6 +50,10 @@ case "${1:-}" in
       for _ in $(seq 1 60); do [ -d "/proc/$pid" ] || break; sleep 0.5; done
       if [ -d "/proc/$pid" ]; then kill -KILL "$pid" 2>/dev/null || true; fi
     fi
+    # what dockerd mounted under its folder and left (exec/netns/default): deepest first
+    awk -v d="$DIR/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do
+      umount -l "$m" 2>/dev/null || true
+    done
     rm -f "$PIDFILE" "$SOCK"
     ;;
   status)

@@ -111,6 +111,9 @@ def test_ctrl_c_of_a_docker_run_stops_the_engine_it_started(tmp_path, docker_eng
             assert not Path(f"/proc/{pid}").exists(), f"pid {pid} outlived the run"
         assert subprocess.run(["bash", str(REPO / "scripts" / "dockerd.sh"), "status"], env=env,
                               capture_output=True).returncode != 0
+        # and no mount of it (dockerd leaves exec/netns/default mounted: the stop unmounts it)
+        mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+        assert not [m for m in mounts if m.startswith(f"{folder}/")], mounts
     finally:
         if child.poll() is None:
             child.kill()
