@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -42,8 +43,6 @@ BUGS_ENV = "DILOCO_CHAOS_BUGS"
 def planted_bugs() -> set[str]:
     """The planted bugs a whole cluster run was started with (`DILOCO_CHAOS_BUGS=a,b`),
     for showing on real processes what a property suite catches in the simulator."""
-    import os
-
     from trainer.protocol_base import BUGS
     bugs = {b for b in os.environ.get(BUGS_ENV, "").split(",") if b}
     if unknown := bugs - BUGS:
@@ -115,12 +114,10 @@ _STREAM_FD: list[int] = []
 
 
 def streaming() -> bool:
-    import os
     return os.environ.get(STREAM_ENV) == "1"
 
 
 def control_on_stdin() -> bool:
-    import os
     return os.environ.get(CONTROL_ENV) == "stdin" or streaming()
 
 
@@ -128,7 +125,6 @@ def stream_events() -> int | None:
     """In stream mode, the descriptor event lines go to (the process's original stdout), with
     everything else that would write to stdout (print, C libraries) moved to stderr, so the
     stream holds event lines and nothing else; None otherwise. Idempotent."""
-    import os
     import sys
 
     if not streaming():
@@ -182,7 +178,6 @@ def log_msg(ev: EventWriter, kind: str, peer: str, msg, nbytes: int, **extra) ->
 
 def rss_kb() -> int | None:
     """This process's resident set size in KiB (Linux /proc), None where it cannot be read."""
-    import os
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024

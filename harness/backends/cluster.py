@@ -37,6 +37,20 @@ from harness.backends.toxiproxy_server import ToxiproxyServer, free_port
 JAX_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "jax"
 
 
+def unit_jax_env(env: dict, role: str, slices: int, cache_dir: str) -> dict:
+    """JAX's settings in a unit's environment `env`, whatever runs the unit: a learner's S
+    CPU devices (always), and defaults the harness's own environment may override: the CPU
+    platform and the persistent compilation cache at `cache_dir` (a restarted unit compiles
+    nothing again; real fleets keep compilation caches for the same reason)."""
+    if role == "learner":
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={slices}"
+    for key, value in (("JAX_PLATFORMS", "cpu"), ("JAX_COMPILATION_CACHE_DIR", cache_dir),
+                       ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0"),
+                       ("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")):
+        env.setdefault(key, value)
+    return env
+
+
 def link_name(learner: str, shard: str) -> str:
     return f"{learner}~{shard}"
 

@@ -35,16 +35,17 @@ left (e.g. after a `kill -9` of the harness, which no `finally` survives).
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.backends.cluster import JAX_CACHE, LOCAL_MECHANISMS, LocalCluster
+from harness.backends.cluster import JAX_CACHE, LOCAL_MECHANISMS, LocalCluster, unit_jax_env
 from harness.backends.container_proc import ContainerProc, wait_job_state
 from harness.backends.processes import SPARE_DELAY_S, Spare
 from harness.backends.docker_engine import LABEL, REPO, engine, host_image, host_mounts, remove_all
-from harness.backends.docker_remote import Shipped, host_of, is_remote
+from harness.backends.docker_remote import Shipped, host_of, is_remote, send_line
 from trainer.shell import CONTROL_ENV
 
 UNIT_LABEL = "diloco-chaos.unit"
@@ -185,24 +186,8 @@ class Containers:
     def _hand_over(self, cluster: LocalCluster, spare: Spare, m) -> bool:
         """The spare container takes m's identity: one JSON line on its stdin, written through
         the engine (`docker attach`); False if it had exited (its stdout/ file says why)."""
-        import socket as _socket
-
-        import docker
-
         ready = spare.ready(cluster)
-        if spare.proc.poll() is not None:
-            self._remove(spare.proc.container)
-            return False
-        try:
-            sock = spare.proc.container.attach_socket(params={"stdin": 1, "stream": 1})
-            raw = getattr(sock, "_sock", sock)
-            raw.sendall(Spare.identity(m))
-            try:
-                raw.shutdown(_socket.SHUT_WR)
-            except OSError:
-                pass
-            sock.close()
-        except (docker.errors.APIError, OSError):
+        if spare.proc.poll() is not None or not send_line(spare.proc.container, Spare.identity(m)):
             self._remove(spare.proc.container)
             return False
         spare.became(cluster, m, ready)
@@ -287,7 +272,7 @@ class Containers:
             return  # (the cluster sends it again at the restart)
         if m.paused:
             self._held[m.name] = state
-        elif not Shipped.send(m.proc.container, state):
+        elif not send_line(m.proc.container, json.dumps(state).encode() + b"\n"):
             self._held[m.name] = state  # refused (a freeze under way): with the resume, or the restart
 
     def _labels(self, cluster: LocalCluster, name: str, incarnation: str) -> dict:
@@ -302,12 +287,7 @@ class Containers:
         env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
         env["PYTHONUNBUFFERED"] = "1"
         env.update(cluster.unit_env())  # the run secret: in the container's environment only
-        if role == "learner":
-            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cluster.slices}"
-        env.setdefault("JAX_PLATFORMS", "cpu")
-        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE.resolve()))
-        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-        env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+        unit_jax_env(env, role, cluster.slices, str(JAX_CACHE.resolve()))
         env["DILOCO_CHAOS_LOG"] = str(cluster.run_dir / "stdout" / log)
         env[CONTROL_ENV] = "stdin"  # the control messages (`control`)
         python = cluster.python if self.image == "host" else "python"

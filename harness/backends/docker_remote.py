@@ -30,7 +30,6 @@ unit's volume it will need. A restart there is a cold start (docs/DOCKER.md).
 from __future__ import annotations
 
 import io
-import json
 import os
 import socket
 import tarfile
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from harness.backends.cluster import unit_jax_env
 from harness.backends.docker_engine import LABEL
 from trainer.shell import STREAM_ENV
 
@@ -110,13 +110,8 @@ class Shipped:
         env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_KEEP)}
         env.update(self.runtimes[url].env)
         env.update(cluster.unit_env())  # the run secret: in the container's environment only
-        env.update({"PYTHONUNBUFFERED": "1", STREAM_ENV: "1", "JAX_PLATFORMS": "cpu",
-                    "JAX_COMPILATION_CACHE_DIR": JAX_CACHE_DIR,
-                    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
-        if role == "learner":
-            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cluster.slices}"
-        return env
+        env.update({"PYTHONUNBUFFERED": "1", STREAM_ENV: "1", "JAX_COMPILATION_CACHE_DIR": JAX_CACHE_DIR})
+        return unit_jax_env(env, role, cluster.slices, JAX_CACHE_DIR)  # (the cache: its host's volume)
 
     def run(self, cluster, client, url: str, role: str, name: str, incarnation: str, args: list[str], *,
             labels: dict, **kwargs):
@@ -148,24 +143,6 @@ class Shipped:
         """Waits for the container's log to be read to its end (call once it has exited)."""
         for f in self.followers.pop(container.id, []):
             f.join(timeout_s)
-
-    @staticmethod
-    def send(container, control: dict) -> bool:
-        """One control message on the unit's stdin, through the engine; False if refused."""
-        import docker
-
-        try:
-            sock = container.attach_socket(params={"stdin": 1, "stream": 1})
-            raw = getattr(sock, "_sock", sock)
-            raw.sendall(json.dumps(control).encode() + b"\n")
-            try:
-                raw.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-            sock.close()
-            return True
-        except (docker.errors.APIError, OSError):
-            return False
 
     def bring_home(self, cluster) -> list[str]:
         """Copies every shipped unit's checkpoints into run_dir/ckpt/<unit>/ (the shards'
@@ -206,6 +183,25 @@ class Shipped:
                 v.remove(force=True)
             except Exception:  # noqa: BLE001 - in use by a container being removed: the label finds it later
                 pass
+
+
+def send_line(container, line: bytes) -> bool:
+    """`line` on the container's stdin, through its engine (`docker attach`; the container's
+    stdin stays open after this attach ends); False if the engine refused (a paused one)."""
+    import docker
+
+    try:
+        sock = container.attach_socket(params={"stdin": 1, "stream": 1})
+        raw = getattr(sock, "_sock", sock)
+        raw.sendall(line)
+        try:
+            raw.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        sock.close()
+        return True
+    except (docker.errors.APIError, OSError):
+        return False
 
 
 def _tar(files: dict[str, bytes]) -> bytes:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from harness.backends import procs
-from harness.backends.cluster import JAX_CACHE, LOCAL_MECHANISMS, Member
+from harness.backends.cluster import JAX_CACHE, LOCAL_MECHANISMS, Member, unit_jax_env
 from trainer.shell import CONTROL_ENV
 
 if TYPE_CHECKING:
@@ -91,15 +91,7 @@ class Processes:
 
     def _env(self, cluster: "LocalCluster", role: str) -> dict:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **cluster.unit_env(), CONTROL_ENV: "stdin"}
-        if role == "learner":
-            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cluster.slices}"
-        env.setdefault("JAX_PLATFORMS", "cpu")
-        # A restarted unit recompiles nothing: XLA programs persist across processes
-        # (real fleets keep compilation caches for the same reason).
-        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
-        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-        env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-        return env
+        return unit_jax_env(env, role, cluster.slices, str(JAX_CACHE))
 
     def start_spares(self, cluster: "LocalCluster", delay_s: float = 0.0) -> None:
         """A spare for every role that keeps one (`cluster.spares`) and has none."""
