@@ -83,9 +83,12 @@ class ModelConfig:
                              f"ModelConfig.n_heads = {self.n_heads}")
 
 
+SECOND_MOMENTS = ("fleet", "own")
+
+
 @dataclass(frozen=True)
 class InnerOptConfig:
-    """Inner AdamW with linear warmup then cosine decay to 0, global-norm clipping."""
+    """Inner AdamW with linear warmup then cosine decay to lr / 10, global-norm clipping."""
 
     lr: float = 3e-3  # peak learning rate
     b1: float = 0.9
@@ -94,9 +97,13 @@ class InnerOptConfig:
     warmup_steps: int = 20
     total_steps: int = 400  # length of the whole schedule, warmup included
     clip_norm: float = 1.0
+    # "fleet": in DiLoCo modes, Adam's v corrected to the noise of the M learners' batch
+    # (trainer/fleet_adam.py); "own": plain AdamW on the unit's own batch
+    second_moment: str = "fleet"
 
     def __post_init__(self) -> None:
         _check_float(self, "lr", 0.0, 10.0, lo_open=True)
+        _check_choice(self, "second_moment", SECOND_MOMENTS)
         _check_float(self, "b1", 0.0, 1.0, hi_open=True)
         _check_float(self, "b2", 0.0, 1.0, hi_open=True)
         _check_float(self, "weight_decay", 0.0, 10.0)

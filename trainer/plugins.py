@@ -161,6 +161,16 @@ def check_task(cfg: RunConfig) -> None:
     if not (hasattr(out, "shape") and out.shape == () and jnp.issubdtype(out.dtype, jnp.floating)):
         raise PluginError(f"{spec}: loss(params, batch) returned {getattr(out, 'shape', out)} "
                           f"{getattr(out, 'dtype', '')}; valid: a float scalar")
+    from trainer.inner import GROUPS, fleet_of
+    if fleet_of(cfg) > 1:  # the learner differentiates the loss on groups of rows (trainer/fleet_adam.py)
+        from trainer.fleet_adam import split_grad
+        try:
+            jax.eval_shape(lambda p, b: split_grad(task.loss_fn, p, b, cfg.inner.clip_norm, GROUPS),
+                           params, jax.ShapeDtypeStruct(b0.shape, b0.dtype))
+        except Exception as e:
+            raise PluginError(f"{spec}: loss(params, batch) cannot be vmapped over groups of a batch's rows, "
+                              f"which [train] second_moment = \"fleet\" (the default) needs: "
+                              f"{type(e).__name__}: {_first_line(e)}; set second_moment = \"own\"") from None
 
 
 def _first_line(e: BaseException) -> str:

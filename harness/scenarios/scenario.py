@@ -34,7 +34,7 @@ from faults.model import FAULT_KINDS, FailureProcess, Fault, FieldError, check_c
 from faults.schedule import RunShape, Schedule, ScheduleError, validate
 from harness.links import LinkProfile
 from harness.units import _Bad, _convert, _describe, _shown, _what
-from trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, PRESETS, TASK_KINDS, InnerOptConfig, RunConfig, is_plugin,
+from trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, PRESETS, SECOND_MOMENTS, TASK_KINDS, InnerOptConfig, RunConfig, is_plugin,
                             with_preset)
 
 SCENARIOS_DIR = Path(__file__).resolve().parent / "builtin"  # scenarios/ in a checkout links here
@@ -128,6 +128,7 @@ class TrainSpec:
     batch_size: int | None = None
     seq_len: int | None = None
     lr: float | None = None  # inner AdamW peak learning rate
+    second_moment: str | None = None  # "fleet" (default) | "own" (trainer/fleet_adam.py)
     outer_lr: float | None = None  # the outer SGD's learning rate (trainer/config.py OuterOptConfig)
     outer_momentum: float | None = None  # its Nesterov momentum; 0 = none
     corpus_split: str | None = None  # corpus: "shuffled" (default) | "contiguous" (non-IID shards)
@@ -143,7 +144,8 @@ class TrainSpec:
         if self.preset is not None:
             check_choice(self, "preset", tuple(PRESETS))
         for name, choices in (("compression", COMPRESSIONS), ("broadcast_compression", COMPRESSIONS),
-                              ("merge", MERGES), ("downlink", DOWNLINKS), ("corpus_split", CORPUS_SPLITS)):
+                              ("merge", MERGES), ("downlink", DOWNLINKS), ("corpus_split", CORPUS_SPLITS),
+                              ("second_moment", SECOND_MOMENTS)):
             if getattr(self, name) is not None:
                 check_choice(self, name, choices)
 
@@ -173,7 +175,8 @@ class Expect:
 # The trainer's config fields each scenario key sets (for errors from RunConfig).
 _TRAINER_KEYS = {"DilocoConfig.learners": "cluster.learners", "DilocoConfig.slices": "cluster.slices",
                  "RunConfig.steps": "train.steps", "InnerOptConfig.total_steps": "train.steps",
-                 "InnerOptConfig.lr": "train.lr", "TaskConfig.kind": "train.task", "TaskConfig.options": "task",
+                 "InnerOptConfig.lr": "train.lr", "InnerOptConfig.second_moment": "train.second_moment",
+                 "TaskConfig.kind": "train.task", "TaskConfig.options": "task",
                  **{f"DilocoConfig.{k}": f"train.{k}" for k in ("fragments", "sync_every", "quorum", "overlap",
                                                                  "mixing", "compression", "broadcast_compression",
                                                                  "merge", "mode", "max_staleness", "starve_cycles",
@@ -265,7 +268,7 @@ class Scenario:
                                "keep_local", "keep_on_fetch", "fleet_share", "downlink"))},
             "task": {"kind": t.task, **set_(("batch_size", "seq_len", "corpus_split")),
                      **({"options": dict(self.task_options)} if self.task_options else {})},
-            "inner": {"total_steps": t.steps, "warmup_steps": warmup, **set_(("lr",))},
+            "inner": {"total_steps": t.steps, "warmup_steps": warmup, **set_(("lr", "second_moment"))},
             "outer": {k[len("outer_"):]: v for k, v in set_(("outer_lr", "outer_momentum")).items()},
         }, t.preset))
 

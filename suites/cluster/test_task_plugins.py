@@ -170,6 +170,10 @@ BROKEN = {
     "loss not jit-able": ("user_tasks:make_task",
                           "Regression.loss = lambda self, p, b: float(np.asarray(b).sum())",
                           "loss(params, batch) is not jit-able"),
+    "loss of a fixed batch size": ("user_tasks:make_task",
+                                   "Regression.loss = lambda self, p, b: jax.numpy.mean(b.reshape(16, 7)[:, 0] * p['out']['b'])",
+                                   'cannot be vmapped over groups of a batch\'s rows, which [train] second_moment = '
+                                   '"fleet" (the default) needs'),
     "wrong batch rows": ("user_tasks:make_task",
                          "Regression.batch = lambda self, m, s: np.zeros((3, 7), np.float32)",
                          "batch(0, 0) has shape (3, 7); valid: 16 rows first"),

@@ -25,8 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def tiny_run(**inner) -> RunConfig:
+    """Plain AdamW (second_moment "own"): the fleet's second moment is suites/unit/test_fleet_adam.py's."""
     return RunConfig(model=TINY, task=TaskConfig(batch_size=4, seq_len=8),
-                     inner=InnerOptConfig(**{"warmup_steps": 2, "total_steps": 50, **inner}))
+                     inner=InnerOptConfig(**{"warmup_steps": 2, "total_steps": 50, "second_moment": "own", **inner}))
 
 
 def setup(cfg: RunConfig):
