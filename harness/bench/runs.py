@@ -133,7 +133,7 @@ class ClusterRun:
     syncer: list[dict]
     cpu: CpuSampler | None = None
     pids: dict[str, int] = field(default_factory=dict)
-    global_loss: float | None = None  # DiLoCo modes: Θ's held-out loss at the end
+    global_loss: float | None = None  # the global model's loss on the final held-out batches
 
     @property
     def tokens(self) -> int:
@@ -194,11 +194,9 @@ def run_cluster(run_dir: Path, cfg: RunConfig, *, wan: LinkProfile | None = None
 
 
 def _global_loss(run_dir: Path, cfg: RunConfig, names: list[str]) -> float | None:
-    """DiLoCo modes: the held-out loss of Θ from the shard's last checkpoint (the model the
-    run produced); None in dp modes (the learners' evals are the global model's) or if it
-    could not be read."""
-    if cfg.diloco.mode in ("dp", "elastic_dp"):
-        return None
+    """The held-out loss of the model the run produced, on `task.final_eval_batches` batches
+    (64; the learners' own evals use the first 4): Θ from the shard's last checkpoint, or in
+    dp modes learner-0's (every learner holds the global model). None if it could not be read."""
     from harness.judging.global_eval import final
 
     losses, _ = final(run_dir, cfg, {"shards": {"syncer-0": list(range(cfg.n_fragments))}, "learners": names})
