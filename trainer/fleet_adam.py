@@ -28,6 +28,8 @@ Measured with parameters averaged after every inner step: on Markov (every learn
 from one chain) 1.7268 against data-parallel's 1.7270 (plain Adam 1.7287); on the corpus
 +2.2 % remains (plain +10.4 %), likely because each learner reads its own shard, whose
 bias adds to its v and only the mean over learners cancels (docs/BENCHMARKS.md "parity").
+The estimate is per coordinate and noisy, so its E[1/√v] exceeds DP's: on rows dealt
+i.i.d. to every learner the same reference ends 2.2 % *below* data-parallel.
 """
 from __future__ import annotations
 
