@@ -121,10 +121,9 @@ def up() -> dict:
         _hub_up()
         for h in HOSTS:
             _netns_up(h)
-        for h in HOSTS:  # both start at once, then we wait for both
-            _start_dockerd(h)
+        procs = {h.name: _start_dockerd(h) for h in HOSTS}  # both start at once, then we wait for both
         for h in HOSTS:
-            _wait_answers(h)
+            _wait_answers(h, procs[h.name])
             _check_own_containerd(h)
     except BaseException:
         with _interrupts_ignored():  # a second Ctrl-C must not stop the cleanup halfway
@@ -151,7 +150,7 @@ def _netns_up(h: Host) -> None:
     _ip("-n", h.netns, "route", "add", "default", "via", h.gateway)
 
 
-def _start_dockerd(h: Host) -> None:
+def _start_dockerd(h: Host) -> subprocess.Popen:
     d = h.dir
     (d / "data").mkdir(parents=True)
     (d / "exec").mkdir()
@@ -168,15 +167,20 @@ def _start_dockerd(h: Host) -> None:
                              cwd=d, start_new_session=True)
     _started.append(p)
     (d / "dockerd.pid").write_text(f"{p.pid}\n")
+    return p
 
 
-def _wait_answers(h: Host, timeout_s: float = 60.0) -> None:
+def _wait_answers(h: Host, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """Until the engine answers. Whether it exited is the process's own exit status (nsenter
+    execs dockerd, so `proc` is dockerd), not /proc's view of it: a CI run once reported all
+    five starts of one session "exited" with an empty log, which the cmdline check can say of
+    a live process caught between nsenter and dockerd's exec; not reproduced since."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if _answers(h):
             return
-        if _dockerd_pid(h) is None:
-            raise RuntimeError(f"dockerd of {h.netns} exited; log:\n{_log_tail(h)}")
+        if proc.poll() is not None:
+            raise RuntimeError(f"dockerd of {h.netns} exited with status {proc.returncode}; log:\n{_log_tail(h)}")
         time.sleep(0.2)
     raise RuntimeError(f"dockerd of {h.netns} did not answer at {h.url} in {timeout_s:.0f} s; log:\n{_log_tail(h)}")
 
