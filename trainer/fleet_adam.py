@@ -26,8 +26,10 @@ every built-in task's is; a plug-in whose loss is not sets `second_moment = "own
 
 Measured with parameters averaged after every inner step: on Markov (every learner draws
 from one chain) 1.7268 against data-parallel's 1.7270 (plain Adam 1.7287); on the corpus
-+2.2 % remains (plain +10.4 %), likely because each learner reads its own shard, whose
-bias adds to its v and only the mean over learners cancels (docs/BENCHMARKS.md "parity").
++2.2 % remains (plain +10.4 %): the global-norm clip, judged on the learner's own noisier
+norm (68 % of its steps clipped, DP's 41 %). Judged on the fleet's norm, estimated from
+the same two groups, it ends at −0.07 %, but between syncs the larger steps drift more
+and at H = 6 the protocol is no better (docs/BENCHMARKS.md "parity"), so it is not built.
 The estimate is per coordinate and noisy, so its E[1/√v] exceeds DP's: on rows dealt
 i.i.d. to every learner the same reference ends 2.2 % *below* data-parallel.
 """
