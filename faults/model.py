@@ -2,64 +2,31 @@
 
 One small frozen dataclass per fault kind, in the style of Toxiproxy's toxics: units
 in the field names, validated on construction with a `FieldError` (a ValueError)
-naming the field and what would be valid. Times are seconds from the run's start.
+naming the field and what would be valid (faults/fields.py). Times are seconds from
+the run's start.
 
 Targets: `learner-N` (a learner unit), `syncer-N` (a syncer shard), or a link spec:
 `link:learner-N` (every link of that learner), `link:learner-N~syncer-M` (one link),
 `link:*` (every link). Whether a target exists in a given run is checked by
 `faults.schedule`, which knows the run's shape; this module checks only the form.
 
-`conflict(a, b)` is the one table of which faults may not overlap in time on the same
-target (a dead unit cannot be killed again, paused or slowed). `FailureProcess` draws
+`conflict(a, b)` (faults/overlaps.py) is the one table of which faults may not overlap
+in time on the same target (a dead unit cannot be killed again, paused or slowed), and
+`LinkTarget` there parses a link target. `FailureProcess` (faults/failures.py) draws
 random interruptions from a rate, seeded, into explicit faults before the run, so a
 run with random failures is replayed exactly by its seed.
 """
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping
 
-
-class FieldError(ValueError):
-    """A bad value in one field: says which, what was wrong and what would be valid."""
-
-    def __init__(self, owner: str, field: str, problem: str, valid: str = ""):
-        self.owner, self.field, self.problem, self.valid = owner, field, problem, valid
-        super().__init__(f"{owner}.{field}: {problem}" + (f"; valid: {valid}" if valid else ""))
-
-
-def suggest(word: str, choices: Sequence[str]) -> str:
-    """' (did you mean 'x'?)' for the closest choice, or ''."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def check_number(obj: Any, name: str, valid: str, ok, *, optional: bool = False,
-                 integer: bool = False) -> None:
-    """Type- and range-check `obj.name`; floats are stored as float (1 and 1.0 alike)."""
-    value = getattr(obj, name)
-    if value is None and optional:
-        return
-    owner = type(obj).__name__
-    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-        what = "a whole number" if integer else "a number"
-        raise FieldError(owner, name, f"expected {what}, got {value!r}", valid)
-    if not (math.isfinite(value) and ok(value)):
-        raise FieldError(owner, name, f"{value!r} is out of range", valid)
-    if not integer:
-        object.__setattr__(obj, name, float(value))
-
-
-def check_choice(obj: Any, name: str, choices: Sequence[str]) -> None:
-    value = getattr(obj, name)
-    if value not in choices:
-        raise FieldError(type(obj).__name__, name,
-                         f"{value!r} is not one of the choices{suggest(str(value), choices)}",
-                         ", ".join(choices))
+from faults.fields import FieldError, check_choice, check_number, suggest
+# the overlap table and link targets live in faults/overlaps.py; re-exported here for callers
+from faults.overlaps import UNIT_CONFLICTS, LinkTarget, conflict, links_intersect, overlap_in_time  # noqa: F401
 
 
 _N = r"(?:0|[1-9][0-9]*)"
@@ -354,93 +321,3 @@ def fault_from_dict(d: Mapping[str, Any]) -> Fault:
             raise FieldError(cls.__name__, key, f"unknown field{suggest(key, names)}", ", ".join(names))
     return cls(**{k: v for k, v in d.items() if k != "kind"})
 
-
-# --------------------------------------------------------------- overlaps
-def _unit_of(f: Fault) -> str:
-    """The learner or syncer a fault acts on; for links, the spec after 'link:'."""
-    return f.target[5:] if f.role == "link" else f.target
-
-
-@dataclass(frozen=True)
-class LinkTarget:
-    """A link fault's target, parsed once: `learner` ("*": every learner) and `shard`
-    (None: every shard of that learner). 'link:*', 'link:learner-N', 'link:learner-N~syncer-M'
-    (the syntax ROLES checks); every reader of a link target goes through this."""
-
-    learner: str
-    shard: str | None = None
-
-    @classmethod
-    def parse(cls, target: str) -> "LinkTarget":
-        learner, _, shard = target.removeprefix("link:").partition("~")
-        return cls(learner, shard or None)
-
-    @property
-    def every(self) -> bool:
-        return self.learner == "*"
-
-    def reaches(self, learner: str) -> bool:
-        """Does it cut some link of `learner`?"""
-        return self.every or self.learner == learner
-
-    def links(self, learners: Sequence[str], shards: Sequence[str]) -> list[str]:
-        """The link names the cluster uses ('learner-N~syncer-M'), in topology order."""
-        return [f"{u}~{s}" for u in learners for s in shards
-                if self.reaches(u) and (self.shard is None or self.shard == s)]
-
-    def exists(self, learners: Sequence[str], shards: Sequence[str]) -> bool:
-        return self.every or (self.learner in learners and (self.shard is None or self.shard in shards))
-
-    def intersects(self, other: "LinkTarget") -> bool:
-        """Do the two targets share a link?"""
-        if self.every or other.every:
-            return True
-        return self == other or (self.learner == other.learner and None in (self.shard, other.shard))
-
-
-def links_intersect(a: str, b: str) -> bool:
-    """Do two link specs ('link:*', 'link:learner-N', 'link:learner-N~syncer-M') share a link?"""
-    return LinkTarget.parse(a).intersects(LinkTarget.parse(b))
-
-
-# Pairs of process faults on one unit that cannot be active at once, and why (the
-# table schedules are checked against). Pairs not listed may overlap; kill_slice with
-# kill_slice may, up to the unit's slice count (checked with the run's shape).
-UNIT_CONFLICTS: dict[frozenset, str] = {
-    frozenset({"kill_unit"}): "the unit is already down",
-    frozenset({"kill_unit", "pause_unit"}): "a unit cannot be paused while it is down "
-                                            "(the pause's SIGCONT would hit its restarted process)",
-    frozenset({"kill_unit", "slow_unit"}): "a unit cannot be slowed while it is down "
-                                           "(the duty cycle signals its process)",
-    frozenset({"kill_unit", "kill_slice"}): "a unit that is down has no slices to lose",
-    frozenset({"pause_unit"}): "the unit is already paused",
-    frozenset({"pause_unit", "slow_unit"}): "pause and slow both drive SIGSTOP/SIGCONT on one process",
-    frozenset({"slow_unit"}): "the unit is already slowed",
-    frozenset({"kill_syncer"}): "the shard is already down",
-    frozenset({"corrupt"}): "the unit's contributions are already corrupted",
-    frozenset({"kill_unit", "corrupt"}): "a unit that is down sends nothing to corrupt",
-}
-
-
-def overlap_in_time(a: Fault, b: Fault) -> bool:
-    """Half-open intervals [at, end): a fault may start exactly when another ends."""
-    a_end = math.inf if a.end_s is None else a.end_s
-    b_end = math.inf if b.end_s is None else b.end_s
-    return a.at_s < b_end and b.at_s < a_end
-
-
-def conflict(a: Fault, b: Fault) -> str | None:
-    """Why `a` and `b` cannot both be active, or None if they can (shape-free part)."""
-    if not overlap_in_time(a, b):
-        return None
-    if a.role == "link" and b.role == "link":
-        if a.kind == b.kind and links_intersect(a.target, b.target):
-            return f"two {a.kind} faults on one link at once (the second would replace the first's toxic)"
-        return None
-    if a.role == b.role and _unit_of(a) == _unit_of(b):
-        return UNIT_CONFLICTS.get(frozenset({a.kind, b.kind}))
-    return None
-
-
-# The failure process lives in faults/failures.py; re-exported here for callers.
-from faults.failures import CAUSES, LLAMA3_COUNTS, NAMED_MIXES, Cause, FailureProcess, Interruption  # noqa: E402,F401

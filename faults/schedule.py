@@ -9,7 +9,7 @@ by the end of the run (or never ends) is healed by the injector's teardown.
 `validate(faults, shape)` says what is impossible about a list of faults in a run
 of a given shape: targets that do not exist, times outside the run, kills of a unit
 that is already down, more slices lost than the unit has, and the rest of the
-overlap table in `faults.model.conflict`. Errors are `ScheduleError`s naming the
+overlap table in `faults.overlaps.conflict`. Errors are `ScheduleError`s naming the
 fault's index in the list as given, the field, and what would be valid.
 """
 from __future__ import annotations

@@ -22,7 +22,8 @@ from typing import Sequence
 
 from hypothesis import strategies as st
 
-from faults.model import (FAULT_KINDS, Corrupt, FailureProcess, Fault, KillSlice, KillSyncer, KillUnit, LinkTarget, Partition, PauseUnit, Reset,
+from faults.failures import FailureProcess
+from faults.model import (FAULT_KINDS, Corrupt, Fault, KillSlice, KillSyncer, KillUnit, LinkTarget, Partition, PauseUnit, Reset,
                           SlowUnit, Truncate, Wan)
 from faults.schedule import RunShape, Schedule, validate
 

@@ -1,5 +1,5 @@
 """`LogBuilder`: small hand-made event logs for the metric and check tests
-(test_metrics.py, test_checks.py)."""
+(test_metrics.py, test_checks_*.py), and `rounds`, a run of merged contributions."""
 from __future__ import annotations
 
 from harness.eventlog import EventLog
@@ -97,3 +97,10 @@ class LogBuilder:
 
     def log(self) -> EventLog:
         return EventLog(self.header, sorted(self.events, key=lambda e: e["t"]))
+
+
+def rounds(b: LogBuilder, times, learner="learner-0", shard="syncer-0"):
+    """One merged contribution (seq = index) per time: merge + round_commit lines."""
+    for seq, t in enumerate(times, 1):
+        b.merge(t, learner, seq, 1, shard=shard)
+    return b

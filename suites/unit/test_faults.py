@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from faults.model import (CAUSES, FAULT_KINDS, LLAMA3_COUNTS, Corrupt, FailureProcess, FieldError, KillSlice, KillSyncer,
+from faults.failures import CAUSES, LLAMA3_COUNTS, FailureProcess
+from faults.model import (FAULT_KINDS, Corrupt, FieldError, KillSlice, KillSyncer,
                           KillUnit, Partition, PauseUnit, Reset, SlowUnit, Truncate, Wan, conflict,
                           fault_from_dict, links_intersect)
 from faults.schedule import RunShape, Schedule, ScheduleError, expand_links, validate
