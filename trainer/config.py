@@ -161,8 +161,9 @@ class DilocoConfig:
     max_staleness: int = 16
     # fragment cycles of silence from a shard before a learner calls it starved and re-fetches
     starve_cycles: int = 4
-    # decoupled: a Θ[p] arriving moves the learner's not-yet-contributed progress onto it
-    # instead of overwriting it (docs/PROTOCOL.md "Keeping local progress")
+    # every DiLoCo mode: a Θ[p] arriving moves the learner's not-yet-contributed progress
+    # (the τ steps made while p was in flight, and more in decoupled mode) onto it instead of
+    # overwriting it (docs/PROTOCOL.md "Keeping local progress")
     keep_local: bool = True
     # keep_local: a fetch (a reconnect, a restarted shard's answer) keeps the local progress
     # too when it is at most max_staleness versions behind, instead of throwing it away
@@ -352,6 +353,12 @@ class RunConfig:
             raise ValueError(f"DilocoConfig.sync_every = {d.sync_every} is less than the {self.n_fragments} "
                              f"fragments (DilocoConfig.fragments): one fragment goes out every H / P steps; "
                              f"valid: sync_every >= {self.n_fragments}, or fewer fragments")
+        if d.mode in ("streaming", "sync_diloco") and d.sync_every <= d.overlap:
+            # a round needs every unit: p would come due again while its last Δ is still in
+            # flight, and go out measured from the same base (its progress sent twice)
+            raise ValueError(f"DilocoConfig.sync_every = {d.sync_every} is not more than DilocoConfig.overlap "
+                             f"= {d.overlap}: in {d.mode} a fragment must be answered before its next turn; "
+                             f"valid: sync_every > overlap (e.g. overlap = {d.sync_every - 1})")
         if d.mode == "sync_diloco" and self.n_fragments != 1:
             raise ValueError(f"DilocoConfig.fragments = {d.fragments}: sync_diloco syncs the whole model at "
                              f"once; valid: fragments = 1")

@@ -64,7 +64,7 @@ class LearnerConfig:
     tau: int = 2                # overlap τ: inner steps a fragment may be in flight (streaming)
     alpha: float = 0.0          # mixing α: θ[p] ← α·θ[p] + (1−α)·Θ[p]
     starve_cycles: int = 4      # fragment cycles of silence from a shard before it is `starved` (0: never)
-    keep_local: bool = False    # decoupled: an update keeps the local progress not yet contributed
+    keep_local: bool = False    # DiLoCo modes: an update keeps the local progress not yet contributed
     keep_on_fetch: bool = False  # keep_local: so does a fetch, when its version is ≤ keep_gap ahead
     keep_gap: int = 0           # versions (0: any)
     bugs: frozenset = frozenset()
@@ -411,7 +411,7 @@ class LearnerCore:
         seq = state.seq + 1
         mine = self.math.get_fragment(state.params, p)
         payload = self.math.pseudo_grad_payload(state.base[p], mine)
-        if self.config.keep_local and self.config.mode == "decoupled":
+        if self.config.keep_local:
             state = replace(state, sent_from=_put(state.sent_from, p, list(mine)))
         msg = Contribution(self.config.learner, self.config.incarnation, seq, p, state.base_version[p],
                            state.c_steps[p], state.c_tokens[p], state.step_time_s, state.last_sync_s, payload)

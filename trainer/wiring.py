@@ -15,6 +15,7 @@ from trainer import compression, outer
 from trainer.config import RunConfig
 from trainer.fragments import Fragmenter, due_fragment
 from trainer.protocol import LearnerConfig, LearnerMath, SyncerConfig, SyncerMath
+from trainer.protocol_base import DILOCO_MODES
 
 
 def fragmenter_for(cfg: RunConfig, params: dict) -> Fragmenter:
@@ -135,7 +136,7 @@ def learner_config(cfg: RunConfig, topology: dict, learner: str, incarnation: in
     return LearnerConfig(learner=learner, incarnation=incarnation,
                          owners=[own[p] for p in range(cfg.n_fragments)],
                          mode=d.mode, tau=d.overlap, alpha=d.mixing, starve_cycles=d.starve_cycles,
-                         keep_local=d.keep_local and d.mode == "decoupled", keep_on_fetch=d.keep_on_fetch,
+                         keep_local=d.keep_local and d.mode in DILOCO_MODES, keep_on_fetch=d.keep_on_fetch,
                          keep_gap=d.max_staleness, bugs=bugs)
 
 

@@ -53,6 +53,10 @@ def test_fragments_zero_means_one_per_layer_plus_one():
     (lambda: RunConfig(seed=-1), "RunConfig.seed", "[0, 4294967295]"),
     (lambda: RunConfig(diloco=DilocoConfig(fragments=8, sync_every=6)), "DilocoConfig.sync_every", "sync_every >= 8"),
     (lambda: RunConfig(diloco=DilocoConfig(mode="sync_diloco")), "DilocoConfig.fragments", "fragments = 1"),
+    (lambda: RunConfig(diloco=DilocoConfig(mode="sync_diloco", fragments=1, sync_every=1)),
+     "DilocoConfig.sync_every", "valid: sync_every > overlap (e.g. overlap = 0)"),
+    (lambda: RunConfig(diloco=DilocoConfig(mode="streaming", fragments=3, sync_every=3, overlap=3)),
+     "DilocoConfig.overlap = 3", "sync_every > overlap"),
 ])
 def test_bad_values_name_the_field_and_the_valid_range(make, field, valid):
     with pytest.raises(ValueError) as err:
