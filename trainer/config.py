@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.presets import PRESETS, with_preset  # noqa: F401 - re-exported
 from trainer.protocol_base import DP_MODES, MODES  # one list of modes for the cores and the config
 
 
@@ -295,31 +296,6 @@ class TaskConfig:
         the language tasks, 1 sample for the quadratic, `seq_len` for a plug-in (set it to
         1 when a row is one sample: docs/TASKS.md)."""
         return 1 if self.kind == "quadratic" else self.seq_len
-
-
-# Named sets of trainer settings: `[train] preset = "paper"` in a scenario, `bench` runs.
-# Keys set explicitly beside a preset win over it. "paper": the Decoupled DiLoCo paper's
-# regime scaled to this model (docs/BENCHMARKS.md, "The paper preset"): every fragment
-# synced once per H = 64 inner steps, P = 8 fragments (one sent every 8 steps; the paper's
-# P = H = 24 needs more leaves than this model's 16), τ = 2, int4 both ways, each commit
-# sent back only to the learners it merged, outer Nesterov tuned for this H.
-PRESETS = {
-    "paper": {"diloco": {"sync_every": 64, "fragments": 8, "overlap": 2, "compression": "int4",
-                         "broadcast_compression": "int4", "downlink": "answer"},
-              "outer": {"lr": 1.0, "momentum": 0.0, "nesterov": True}},
-}
-
-
-def with_preset(data: dict[str, Any], name: str | None) -> dict[str, Any]:
-    """`data` (a RunConfig dict) over preset `name`'s sections: what `data` sets wins."""
-    if name is None:
-        return data
-    if name not in PRESETS:
-        raise ValueError(f"RunConfig preset {name!r} is not valid; valid: " + ", ".join(map(repr, PRESETS)))
-    out = dict(data)
-    for section, values in PRESETS[name].items():
-        out[section] = {**values, **data.get(section, {})}
-    return out
 
 
 _SECTIONS = {"model": ModelConfig, "inner": InnerOptConfig, "outer": OuterOptConfig,

@@ -86,8 +86,8 @@ def test_run_page_renders_offline_with_every_section(visit, run_page):
 
 
 def _unit_data():
-    """suites/unit/test_report.py, for its `add_link_lines` (the fixture as a newer run logs it)."""
-    path = Path(__file__).resolve().parents[1] / "unit" / "test_report.py"
+    """suites/unit/test_report_buffers.py, for its `add_link_lines` (the fixture as a newer run logs it)."""
+    path = Path(__file__).resolve().parents[1] / "unit" / "test_report_buffers.py"
     spec = importlib.util.spec_from_file_location("report_unit_data", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

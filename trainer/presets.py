@@ -1,0 +1,33 @@
+"""Named presets: sets of trainer settings a RunConfig dict is laid over.
+
+`with_preset(data, name)` returns `data` (a `RunConfig.to_dict()`-shaped dict) over the
+sections of `PRESETS[name]`; keys `data` sets win. Used by `Scenario.run_config`
+(`[train] preset = ...`) and the benches; `trainer.config` re-exports both names.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+# Named sets of trainer settings: `[train] preset = "paper"` in a scenario, `bench` runs.
+# Keys set explicitly beside a preset win over it. "paper": the Decoupled DiLoCo paper's
+# regime scaled to this model (docs/BENCHMARKS.md, "The paper preset"): every fragment
+# synced once per H = 64 inner steps, P = 8 fragments (one sent every 8 steps; the paper's
+# P = H = 24 needs more leaves than this model's 16), τ = 2, int4 both ways, each commit
+# sent back only to the learners it merged, outer Nesterov tuned for this H.
+PRESETS = {
+    "paper": {"diloco": {"sync_every": 64, "fragments": 8, "overlap": 2, "compression": "int4",
+                         "broadcast_compression": "int4", "downlink": "answer"},
+              "outer": {"lr": 1.0, "momentum": 0.0, "nesterov": True}},
+}
+
+
+def with_preset(data: dict[str, Any], name: str | None) -> dict[str, Any]:
+    """`data` (a RunConfig dict) over preset `name`'s sections: what `data` sets wins."""
+    if name is None:
+        return data
+    if name not in PRESETS:
+        raise ValueError(f"RunConfig preset {name!r} is not valid; valid: " + ", ".join(map(repr, PRESETS)))
+    out = dict(data)
+    for section, values in PRESETS[name].items():
+        out[section] = {**values, **data.get(section, {})}
+    return out
