@@ -1,5 +1,5 @@
 """`LogBuilder`: small hand-made event logs for the metric and check tests
-(test_goodput.py, test_metrics_summary.py, test_checks_*.py), and `rounds`, a run of merged contributions."""
+(test_metrics_goodput.py, test_metrics_summary.py, test_checks_*.py), and `rounds`, a run of merged contributions."""
 from __future__ import annotations
 
 from harness.eventlog import EventLog

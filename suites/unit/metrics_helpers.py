@@ -1,4 +1,4 @@
-"""Helpers shared by the metrics tests (test_goodput.py, test_metrics_summary.py)."""
+"""Helpers shared by the metrics tests (test_metrics_goodput.py, test_metrics_summary.py)."""
 from __future__ import annotations
 
 import pytest
