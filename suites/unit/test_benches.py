@@ -91,3 +91,23 @@ def test_the_grace_bench_arms_differ_only_in_quorum_and_grace():
                     "K=1, adaptive grace": {"goodput": 0.9, "final_loss_range": [1.75, 1.765],
                                             "learners_per_round": 1.5}})
     assert list(d.values()) == ["yes", "yes", "within noise"]  # 1.76 is inside [1.75, 1.765]
+
+
+def test_parity_over_seeds_means_the_gaps_and_keeps_each_seed():
+    from harness.bench.benches import seed_means
+
+    def seed(s, dp, ddl, preset):
+        return {"seed": s, "dp_loss": dp, "dp_global_loss": dp, "ddl_loss": ddl, "ddl_global_loss": ddl,
+                "parity_gap": (ddl - dp) / dp, "global_parity_gap": (ddl - dp) / dp, "excess_loss_ratio": None,
+                "ddl_learner_losses": [ddl], "tokens": {"dp": 100 + s}, "entropy_floor": None,
+                "preset": {"ddl_loss": preset, "parity_gap": (preset - dp) / dp, "excess_loss_ratio": None,
+                           "ddl_learner_losses": [preset], "config": "p"}}
+
+    out = seed_means([seed(0, 2.0, 2.1, 2.4), seed(1, 2.0, 2.0, 2.2)])
+    # gaps +5 % and 0 %: mean 2.5 %, sample sd sqrt(2 * 0.025²) = 0.0354; preset +20 % and +10 %
+    assert out["parity_gap"] == pytest.approx(0.025) and out["parity_gap_sd"] == pytest.approx(0.0353553, abs=1e-6)
+    assert out["ddl_loss"] == pytest.approx(2.05) and out["dp_loss"] == 2.0
+    assert out["preset"]["parity_gap"] == pytest.approx(0.15) and out["preset"]["config"] == "p"
+    assert out["excess_loss_ratio"] is None and out["tokens"] == {"dp": 100}  # not averaged: seed 0's
+    assert [s["seed"] for s in out["seeds"]] == [0, 1] and out["seeds"][1]["parity_gap"] == 0.0
+    assert "seed" not in out and "ddl_learner_losses" not in out and "ddl_learner_losses" not in out["preset"]
