@@ -142,6 +142,7 @@ WEIGHTINGS = ("tokens", "uniform")
 COMPRESSIONS = ("fp32", "bf16", "int8", "int4")
 FRAGMENTATIONS = ("balanced", "strided")
 DOWNLINKS = ("all", "answer")
+SHARE_BY = ("quorum", "merged")
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,10 @@ class DilocoConfig:
     # decoupled: each round's outer step is scaled by its share of the live learners, so Θ
     # moves by the fleet's average progress, not its sum (docs/PROTOCOL.md "Keeping local progress")
     fleet_share: bool = True
+    # fleet_share's numerator: the quorum K ("quorum": at K = 1 a round counts as one learner's
+    # share), or the learners the round merged ("merged": for a grace window that gathers
+    # several; the paper preset's)
+    share_by: str = "quorum"
     # decoupled: a commit's Θ[p] goes to every live learner ("all") or only to the learners
     # whose contributions it merged ("answer": once per learner per fragment cycle, M times
     # fewer bytes down; docs/PROTOCOL.md "Downlink")
@@ -208,6 +213,7 @@ class DilocoConfig:
         _check_bool(self, "keep_local")
         _check_bool(self, "keep_on_fetch")
         _check_bool(self, "fleet_share")
+        _check_choice(self, "share_by", SHARE_BY)
         _check_choice(self, "downlink", DOWNLINKS)
         _check_float(self, "guard_factor", 0.0, 1e9)
         _check_choice(self, "compression", COMPRESSIONS)

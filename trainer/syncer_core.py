@@ -44,9 +44,9 @@ from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMe
 from trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, IllegalTransition, Log, SaveCheckpoint, Send,
                                    SetTimer, UnexpectedMessage, UnknownFragment, UnknownPeer, ema)
 # the types live beside the core; imported from here as before
-from trainer.syncer_types import DOWNLINKS, Pending, Round, SyncerConfig, SyncerMath, SyncerState
+from trainer.syncer_types import DOWNLINKS, SHARE_BY, Pending, Round, SyncerConfig, SyncerMath, SyncerState
 
-__all__ = ["DOWNLINKS", "SNAPSHOT_FORMAT", "Pending", "Round", "SyncerConfig", "SyncerCore", "SyncerMath",
+__all__ = ["DOWNLINKS", "SHARE_BY", "SNAPSHOT_FORMAT", "Pending", "Round", "SyncerConfig", "SyncerCore", "SyncerMath",
            "SyncerState"]
 
 SNAPSHOT_FORMAT = 1
@@ -295,10 +295,15 @@ class SyncerCore:
         learners' share of the fleet: outer lr 1 is the fleet's average, as in DiLoCo's
         synchronous outer step, at K = 1 and at K = M alike. Without it, at K = 1 each
         learner's Δ alone moves Θ by all of it, and M learners' progress adds up to an M
-        times too long step (docs/PROTOCOL.md "Keeping local progress")."""
+        times too long step (docs/PROTOCOL.md "Keeping local progress"). share_by "merged":
+        the learners the round merged / live learners instead, for a grace window long enough
+        to gather more than K (the paper preset): a round of three then moves Θ by three
+        learners' share, not K's."""
         if not self.config.fleet_share or self.config.mode != "decoupled":
             return 1.0
-        return min(1.0, self.config.k / max(len(state.live | {learner for learner, _ in merged}), 1))
+        learners = {learner for learner, _ in merged}
+        n = len(learners) if self.config.share_by == "merged" else self.config.k
+        return min(1.0, n / max(len(state.live | learners), 1))
 
     def _answer(self, state: SyncerState, p: int, learners: list, whole: bool = False):
         """Θ[p] at its current version to `learners`: whole, or (compressed broadcasts)

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from trainer.protocol_base import SYNCER_BUGS, check_common
 
 DOWNLINKS = ("all", "answer")
+SHARE_BY = ("quorum", "merged")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class SyncerConfig:
     ema_weight: float = 0.25    # weight of a new observation in ξ
     max_staleness: int = 0      # decoupled: contributions staler than this are dropped (0: no bound)
     fleet_share: bool = False   # decoupled: a round's outer step × min(1, K / live learners)
+    share_by: str = "quorum"    # fleet_share's numerator: the quorum K, or the learners the round "merged"
     downlink: str = "all"       # decoupled: a commit goes to every live learner ("all") or to its own ("answer")
     guard_factor: float = 0.0   # drop a Δ whose norm per step is over this × the largest of the shard's last 16 (0: off)
     bugs: frozenset = frozenset()
@@ -42,6 +44,8 @@ class SyncerConfig:
             raise ValueError(f"SyncerConfig.learners must be distinct names, at least one, got {self.learners}")
         if not 1 <= self.quorum <= len(self.learners):
             raise ValueError(f"SyncerConfig.quorum must be in 1..{len(self.learners)} (M), got {self.quorum}")
+        if self.share_by not in SHARE_BY:
+            raise ValueError(f"SyncerConfig.share_by must be one of {SHARE_BY}, got {self.share_by!r}")
         if self.downlink not in DOWNLINKS:
             raise ValueError(f"SyncerConfig.downlink must be one of {DOWNLINKS}, got {self.downlink!r}")
         if self.max_staleness < 0:

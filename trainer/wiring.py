@@ -145,4 +145,5 @@ def syncer_config(cfg: RunConfig, topology: dict, shard: str, bugs: frozenset = 
     return SyncerConfig(shard=shard, fragments=tuple(topology["shards"][shard]),
                         learners=tuple(topology["learners"]), mode=d.mode, quorum=d.quorum,
                         tau=d.overlap, grace_gamma=d.grace_factor, max_staleness=d.max_staleness,
-                        fleet_share=d.fleet_share, downlink=d.downlink, guard_factor=d.guard_factor, bugs=bugs)
+                        fleet_share=d.fleet_share, share_by=d.share_by, downlink=d.downlink,
+                        guard_factor=d.guard_factor, bugs=bugs)

@@ -10,8 +10,8 @@ import ipaddress
 from dataclasses import dataclass
 
 from faults.model import FieldError, check_choice, check_number
-from trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, PRESETS, SECOND_MOMENTS, TASK_KINDS,
-                            is_plugin)
+from trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, PRESETS, SECOND_MOMENTS, SHARE_BY,
+                            TASK_KINDS, is_plugin)
 
 BACKENDS = ("local", "docker")
 ENGINE_SCHEMES = ("unix://", "tcp://", "ssh://")
@@ -88,6 +88,7 @@ class TrainSpec:
     keep_local: bool | None = None  # docs/PROTOCOL.md "Keeping local progress"
     keep_on_fetch: bool | None = None  # a fetch keeps local progress too (within max_staleness)
     fleet_share: bool | None = None
+    share_by: str | None = None  # "quorum" | "merged": fleet_share's numerator (docs/PROTOCOL.md)
     downlink: str | None = None  # "all" | "answer" (docs/PROTOCOL.md "Downlink")
     batch_size: int | None = None
     seq_len: int | None = None
@@ -108,8 +109,8 @@ class TrainSpec:
         if self.preset is not None:
             check_choice(self, "preset", tuple(PRESETS))
         for name, choices in (("compression", COMPRESSIONS), ("broadcast_compression", COMPRESSIONS),
-                              ("merge", MERGES), ("downlink", DOWNLINKS), ("corpus_split", CORPUS_SPLITS),
-                              ("second_moment", SECOND_MOMENTS)):
+                              ("merge", MERGES), ("downlink", DOWNLINKS), ("share_by", SHARE_BY),
+                              ("corpus_split", CORPUS_SPLITS), ("second_moment", SECOND_MOMENTS)):
             if getattr(self, name) is not None:
                 check_choice(self, name, choices)
 

@@ -173,3 +173,30 @@ def test_a_fetch_keeps_the_progress_within_the_staleness_bound(keep, version, ke
     s, d, logs = _step(core, s, float(s.params[0][0]) + 1)   # step 6: due
     # kept: Δ = 10 − 14 = −4 holds steps 3-6 (from the send at 2); else −2 holds 5-6
     assert d == (-4.0 if kept else -2.0) and logs[0]["from_step"] == (2 if kept else 4)
+
+
+def test_share_by_merged_counts_the_learners_a_round_merged():
+    """K = 1, 4 live, a round of two (grace window long enough): Δ = 4 and 0, token-weighted
+    mean 2. share_by "quorum": Θ ← 0 − 1 · (1/4) · 2 = −0.5; "merged": × 2/4 → −1."""
+    from harness.scenarios.scenario import scenario_from_dict
+    from trainer.wiring import syncer_config
+
+    d = {"name": "x", "seed": 1, "train": {"steps": 10, "duration": 5, "share_by": "merged"}}
+    cfg = scenario_from_dict(d).run_config()   # the scenario key reaches the shard
+    assert syncer_config(cfg, {"learners": ["learner-0"], "shards": {"syncer-0": [0, 1, 2]}}, "syncer-0").share_by \
+        == "merged"
+    out = {}
+    for by in ("quorum", "merged"):
+        cfg = SyncerConfig("s0", (0,), ("A", "B", "C", "D"), grace_gamma=0.9, tau=100, fleet_share=True,
+                           share_by=by)
+        core = SyncerCore(cfg, syncer_math())
+        net = MemNet()
+        net.add("s0", core, core.init({0: [arr(0.0)]}))
+        for learner in "ABCD":
+            net.do("s0", "learner_connected", learner)
+        for i, (learner, d) in enumerate((("A", 4.0), ("B", 0.0))):
+            msg = Contribution(learner, 0, 1, 0, 0, 2, 20, 1.0, None, [arr(d)])
+            net.at(1.0 + 0.01 * i, lambda m=msg: net.do("s0", "receive", m.learner, m))
+        net.run(500)
+        out[by] = net.states["s0"].theta[0][0].tolist()
+    assert out == {"quorum": [-0.5], "merged": [-1.0]}
