@@ -177,7 +177,7 @@ class DilocoConfig:
     fleet_share: bool = True
     # fleet_share's numerator: the quorum K ("quorum": at K = 1 a round counts as one learner's
     # share), or the learners the round merged ("merged": for a grace window that gathers
-    # several; the paper preset's)
+    # several, e.g. a larger `overlap`; docs/BENCHMARKS.md "The paper preset")
     share_by: str = "quorum"
     # decoupled: a commit's Θ[p] goes to every live learner ("all") or only to the learners
     # whose contributions it merged ("answer": once per learner per fragment cycle, M times
