@@ -7,6 +7,7 @@ not take the others down.
 """
 from __future__ import annotations
 
+import _thread
 import argparse
 import importlib
 import signal
@@ -61,6 +62,30 @@ def _terminated(signum, frame):
     raise Terminated()
 
 
+def _redeliver_interrupts(previous):
+    """An unraisable hook that gives back a Ctrl-C (or SIGTERM) Python swallowed.
+
+    A signal's exception is raised wherever the main thread is at the next bytecode; when
+    that is a finalizer (`weakref.finalize`, `__del__`: urllib3's pools, tempfile), Python
+    prints "Exception ignored in ..." and goes on: the run would then carry on to its end
+    and exit 0 (seen once in CI: `run --backend docker`, Ctrl-C in mid-run). The hook
+    raises the signal again, so its exception comes from wherever the main thread goes
+    next, outside the finalizer. Everything else goes to the previous hook."""
+    def hook(unraisable):
+        exc = unraisable.exc_type
+        if exc is not None and issubclass(exc, KeyboardInterrupt):
+            # as if the signal arrived again, from another thread a moment later: raised
+            # here, in the hook, it would be swallowed too (nothing where Python does not
+            # handle the signal)
+            signum = signal.SIGTERM if issubclass(exc, Terminated) else signal.SIGINT
+            timer = threading.Timer(0.01, _thread.interrupt_main, (signum,))
+            timer.daemon = True
+            timer.start()
+            return
+        previous(unraisable)
+    return hook
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -69,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    previous_hook = sys.unraisablehook
+    if main_thread:
+        sys.unraisablehook = _redeliver_interrupts(previous_hook)
     try:
         return int(args.func(args) or 0)
     except UserError as e:
@@ -81,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if main_thread and previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = previous_hook
 
 
 if __name__ == "__main__":

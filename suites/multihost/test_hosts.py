@@ -123,8 +123,11 @@ def test_down_leaves_nothing_even_after_an_engine_crash(hosts_available):
 def test_an_interrupted_up_leaves_nothing(hosts_available):
     """Ctrl-C while the dockerds start (both started, neither answering yet)."""
     hosts.down()
+    # Python turns SIGINT into KeyboardInterrupt only if it starts with the default action:
+    # a runner that ignores SIGINT (a nohup'd or backgrounded job) would pass SIG_IGN on
     p = subprocess.Popen([sys.executable, "-m", "suites.multihost.hosts", "up"], cwd=REPO,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         last = hosts.HOSTS[-1]
         deadline = time.monotonic() + 60
