@@ -66,7 +66,7 @@ def _redeliver_interrupts(previous):
     """An unraisable hook that gives back a Ctrl-C (or SIGTERM) Python swallowed.
 
     A signal's exception is raised wherever the main thread is at the next bytecode; when
-    that is a finalizer (`weakref.finalize`, `__del__`: urllib3's pools, tempfile), Python
+    that is a finalizer (a `weakref.finalize` callback, a `__del__`), Python
     prints "Exception ignored in ..." and goes on: the run would then carry on to its end
     and exit 0 (seen once in CI: `run --backend docker`, Ctrl-C in mid-run). The hook
     raises the signal again, so its exception comes from wherever the main thread goes
