@@ -183,6 +183,11 @@ class DilocoConfig:
     # whose contributions it merged ("answer": once per learner per fragment cycle, M times
     # fewer bytes down; docs/PROTOCOL.md "Downlink")
     downlink: str = "all"
+    # decoupled: a shard tells the other live learners when a round of p opens (RoundOpen),
+    # and a learner whose turn for p is less than half a cycle away joins it at its next step,
+    # shifting its fragment schedule: the learners' phases stay together though their speeds
+    # differ, so the grace window gathers them (docs/PROTOCOL.md "Aligned rounds")
+    align: bool = False
     # decoupled: a shard drops a contribution whose Δ is not finite, or whose norm per inner
     # step is over guard_factor × the largest of the shard's last 16 or over |Θ[p]|
     # (`drop reason=corrupt`: silent data corruption; docs/PROTOCOL.md "Corrupt
@@ -215,6 +220,7 @@ class DilocoConfig:
         _check_bool(self, "fleet_share")
         _check_choice(self, "share_by", SHARE_BY)
         _check_choice(self, "downlink", DOWNLINKS)
+        _check_bool(self, "align")
         _check_float(self, "guard_factor", 0.0, 1e9)
         _check_choice(self, "compression", COMPRESSIONS)
         _check_choice(self, "broadcast_compression", COMPRESSIONS)

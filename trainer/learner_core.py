@@ -37,6 +37,9 @@ sent_step). Rules:
   contributes nothing to it until that fetch re-anchors it.
   Bug `cumulative_delta`: no gate (the behaviour before: a learner that hears nothing
   sends its whole drift since the last Θ[p] every turn, and each copy is merged).
+- aligned rounds (decoupled, `align`; docs/PROTOCOL.md "Aligned rounds"): on a RoundOpen(p)
+  from the shard, a learner whose turn for p is 1 to period / 2 steps away contributes p
+  at once, joining that round (`join`), and skips the turn it replaced (`joined`).
 - streaming / sync_diloco, a restarted unit (incarnation ≥ 1): once its first fetch is
   in, its fragment schedule is shifted (`phase`) so that the next fragment due is the
   one the others are waiting on: the lowest version, earliest in the cycle. Every round
@@ -50,7 +53,8 @@ from dataclasses import replace
 
 # the types live beside the core; imported from here as before
 from trainer.learner_types import InFlight, LearnerConfig, LearnerMath, LearnerState
-from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, SliceControl
+from trainer.messages import (Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, RoundOpen,
+                              SliceControl)
 from trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, ApplyGrads, Block, IllegalTransition, Log,
                                    NotStarted, Send, SetSlices, Unblock, UnexpectedMessage, UnknownFragment,
                                    UnknownPeer)
@@ -67,6 +71,7 @@ class LearnerCore:
     _HANDLERS = {
         FragmentUpdate: ("_on_update", DILOCO_MODES),
         FragmentDelta: ("_on_delta", DILOCO_MODES),
+        RoundOpen: ("_on_round_open", DILOCO_MODES),
         GradMean: ("_on_grad_mean", DP_MODES),
         SliceControl: ("_on_slices", MODES),
     }
@@ -143,6 +148,8 @@ class LearnerCore:
                         c_steps=tuple(c + 1 for c in state.c_steps),
                         c_tokens=tuple(c + tokens for c in state.c_tokens))
         p = None if self.config.mode in DP_MODES else self.math.due_fragment(state.step + state.phase)
+        if p is not None and p in state.joined:  # its Δ went out early, into a round it joined
+            state, p = replace(state, joined=state.joined - {p}), None
         due = sorted(q for q in state.deferred if q not in state.awaiting and q != p)
         state = replace(state, deferred=state.deferred - set(due))
         if p is not None:
@@ -173,7 +180,9 @@ class LearnerCore:
         if self.config.mode not in modes:
             raise UnexpectedMessage(f"learner ({self.config.mode}) never receives {type(msg).__name__}")
         self._started(state)
-        if sender in self.config.shards:
+        if sender in self.config.shards and not isinstance(msg, RoundOpen):
+            # (a RoundOpen answers nothing of ours: a learner whose uplink is cut still
+            # hears them, and must still find itself starved)
             state = replace(state, heard={**state.heard, sender: state.step},
                             asked={**state.asked, sender: (state.step, 0)})
         return getattr(self, handler)(state, now, sender, msg)
@@ -286,6 +295,26 @@ class LearnerCore:
         return replace(state, phase=phase, phased=True), [
             Log("phase", {"phase": phase, "next_fragment": nxt, "step": state.step,
                           "versions": list(state.base_version)})]
+
+    def _on_round_open(self, state: LearnerState, now: float, sender: str, msg: RoundOpen):
+        """`align`: another learner opened a round of p. If p's own turn is at most half a
+        fragment cycle away (this learner is behind the opener), contribute p now, inside
+        that round's grace window; the turn it replaces is skipped (`after_inner_step`).
+        Nothing when p is in flight, awaits its fetch or holds no progress, or when its turn
+        has just passed (this learner is ahead: its Δ of p opened or joined an earlier
+        round). The schedule itself is not moved: shifting it forward on every join
+        ratchets the whole fleet ahead (each slot the first of the jittered learners
+        opens, and all jump to it: 40 % more contributions on processes)."""
+        p = self._fragment(msg.fragment, sender)
+        if (not self.config.align or self.config.mode != "decoupled" or p in state.in_flight
+                or p in state.awaiting or p in state.joined or state.c_steps[p] < 1):
+            return state, []
+        away = (self._offsets[p] - (state.step + state.phase)) % self._period  # steps to p's turn
+        if not 1 <= away <= self._period // 2:
+            return state, []
+        state, sends = self._contribute(replace(state, joined=state.joined | {p}), now, p)
+        return state, [Log("join", {"fragment": p, "version": msg.version, "step": state.step,
+                                    "early": away})] + sends
 
     def _on_grad_mean(self, state: LearnerState, now: float, sender: str, msg: GradMean):
         p = self._fragment(msg.fragment, sender)

@@ -24,6 +24,7 @@ class LearnerConfig:
     keep_local: bool = False    # DiLoCo modes: an update keeps the local progress not yet contributed
     keep_on_fetch: bool = False  # keep_local: so does a fetch, when its version is ≤ keep_gap ahead
     keep_gap: int = 0           # versions (0: any)
+    align: bool = False         # decoupled: join a round a RoundOpen announces (docs/PROTOCOL.md "Aligned rounds")
     bugs: frozenset = frozenset()
 
     def __post_init__(self):
@@ -95,6 +96,7 @@ class LearnerState:
     dp_grads: Any = None                            # dp: the gradient pytree being averaged
     dp_wait: dict = field(default_factory=dict)     # dp: p -> GradStep awaiting its GradMean
     phase: int = 0                                  # fragment p is due at due_fragment(step + phase)
+    joined: frozenset = frozenset()                 # align: fragments sent early into a round, their turn skipped
     deferred: frozenset = frozenset()               # streaming: due while awaiting a fetch, sent after it
     phased: bool = False                            # a restarted streaming unit's phase is set
     anchor_step: tuple = ()                         # per p: the step at which base[p] was taken

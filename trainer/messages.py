@@ -8,7 +8,8 @@ which is all the codec (trainer/codec.py) needs to know.
 
 Decoupled / streaming / sync DiLoCo:
   learner → shard   Hello, Contribution
-  shard → learner   FragmentUpdate, FragmentDelta (a compressed broadcast)
+  shard → learner   FragmentUpdate, FragmentDelta (a compressed broadcast),
+                    RoundOpen (`align`: a round of a fragment has opened, join it)
 Data-parallel baselines (mode "dp", "elastic_dp"), one message per fragment per step:
   learner → shard   GradStep
   shard → learner   GradMean
@@ -137,6 +138,21 @@ class FragmentDelta(_Message):
 
 
 @dataclass(frozen=True, eq=False)
+class RoundOpen(_Message):
+    """Shard → every other live learner (decoupled mode with `align`): a learner's
+    contribution has opened an outer round of `fragment` at `version`. A learner whose own
+    turn for it is less than half a fragment cycle away contributes it at its next step and
+    shifts its fragment schedule by as much, so the grace window gathers the learners that
+    are due together (docs/PROTOCOL.md "Aligned rounds"). No tensors: a few dozen bytes."""
+
+    fragment: int
+    version: int
+
+    def __post_init__(self):
+        self._non_negative("fragment", "version")
+
+
+@dataclass(frozen=True, eq=False)
 class GradStep(_Message):
     """Data-parallel baseline, learner → shard: its gradient of `fragment` at inner `step`.
 
@@ -198,7 +214,7 @@ class Received(_Message):
 
 
 MESSAGE_TYPES: dict[str, type] = {
-    c.__name__: c for c in (Hello, Contribution, FragmentUpdate, FragmentDelta, GradStep, GradMean,
+    c.__name__: c for c in (Hello, Contribution, FragmentUpdate, FragmentDelta, RoundOpen, GradStep, GradMean,
                              SliceControl, Received)
 }
 

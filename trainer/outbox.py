@@ -12,7 +12,8 @@ fragments whatever its speed. A frame already taken for writing is never replace
 
 Which messages may be superseded is `outbox_key(msg)`: a whole `FragmentUpdate`
 (the newest Θ[p] makes an older one useless; the queue is per connection, so the
-key is per learner) and a `Hello` (a second Hello asks for the same thing). A
+key is per learner), a `Hello` (a second Hello asks for the same thing) and a
+`RoundOpen` of p (a learner joins the newest open round of p, not an older one). A
 `Contribution` of p waiting unsent is not replaced but *combined* with the newer one
 (`combine`, given with the put: the sum of the two Δs, counters added, the older
 base_version; the two hold disjoint steps, see docs/PROTOCOL.md), so at most one
@@ -27,7 +28,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Hashable
 
-from trainer.messages import Contribution, FragmentUpdate, Hello
+from trainer.messages import Contribution, FragmentUpdate, Hello, RoundOpen
 
 COMBINED = "contrib"  # keys of this kind are combined, never replaced: put() needs `combine`
 
@@ -39,6 +40,8 @@ def outbox_key(msg) -> Hashable | None:
         return ("frag", msg.fragment)
     if isinstance(msg, Hello):
         return ("hello",)
+    if isinstance(msg, RoundOpen):  # only the newest open round of p is worth joining
+        return ("open", msg.fragment)
     if isinstance(msg, Contribution):
         return (COMBINED, msg.fragment)
     return None

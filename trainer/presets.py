@@ -13,10 +13,12 @@ from typing import Any
 # regime scaled to this model (docs/BENCHMARKS.md, "The paper preset"): every fragment
 # synced once per H = 64 inner steps, P = 8 fragments (one sent every 8 steps; the paper's
 # P = H = 24 needs more leaves than this model's 16), τ = 2, int4 both ways, each commit
-# sent back only to the learners it merged, outer Nesterov tuned for this H.
+# sent back only to the learners it merged, learners joining the rounds others open (`align`)
+# and each round moving Θ by the share of the learners it merged, outer Nesterov tuned for this H.
 PRESETS = {
     "paper": {"diloco": {"sync_every": 64, "fragments": 8, "overlap": 2, "compression": "int4",
-                         "broadcast_compression": "int4", "downlink": "answer"},
+                         "broadcast_compression": "int4", "downlink": "answer", "align": True,
+                         "share_by": "merged"},
               "outer": {"lr": 1.0, "momentum": 0.0, "nesterov": True}},
 }
 

@@ -32,6 +32,10 @@ Bounded staleness (decoupled mode; docs/PROTOCOL.md "Bounded staleness"):
 - a second contribution of the same learner in one open round (after a re-anchor) is
   summed into it (`drop reason=combined`): their steps are disjoint.
 
+Aligned rounds (decoupled, `align`; docs/PROTOCOL.md "Aligned rounds"): a round's opening
+goes to every other live learner as a RoundOpen(p, version); a learner due soon joins it,
+and the grace window lasts at least ALIGN_WAIT_STEPS inner-step times for it to arrive.
+
 All math is injected (`SyncerMath`), so this file imports neither JAX nor the optimizer.
 """
 from __future__ import annotations
@@ -40,7 +44,7 @@ import math
 from dataclasses import replace
 
 from trainer import guard
-from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello
+from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, RoundOpen
 from trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, IllegalTransition, Log, SaveCheckpoint, Send,
                                    SetTimer, UnexpectedMessage, UnknownFragment, UnknownPeer, ema)
 # the types live beside the core; imported from here as before
@@ -50,6 +54,9 @@ __all__ = ["DOWNLINKS", "SHARE_BY", "SNAPSHOT_FORMAT", "Pending", "Round", "Sync
            "SyncerState"]
 
 SNAPSHOT_FORMAT = 1
+# `align`: a round's grace window lasts at least this many inner-step times (ξ_step), so the
+# learners a RoundOpen reaches mid-step can finish that step and join
+ALIGN_WAIT_STEPS = 4.0
 
 
 def _without(d: dict, key) -> dict:
@@ -151,6 +158,8 @@ class SyncerCore:
         if self.config.mode != "decoupled":
             return 0.0
         budget = self.config.tau * (state.xi_step or 0.0) - (state.xi_quorum or 0.0) - (state.xi_sync or 0.0)
+        if self.config.align:  # the joiners send at the end of the inner step they are in
+            return max(self.config.grace_gamma * budget, ALIGN_WAIT_STEPS * (state.xi_step or 0.0))
         return self.config.grace_gamma * max(0.0, budget)
 
     # --- message handlers -------------------------------------------------------------------
@@ -235,6 +244,8 @@ class SyncerCore:
         if rnd is None:
             rnd = Round(opened_at=now, pending={})
             actions.append(Log("round_open", {"fragment": p, "version": state.version[p], "learner": learner}))
+            if self.config.align and self.config.mode == "decoupled":  # the others may join it
+                actions += [Send(other, RoundOpen(p, state.version[p])) for other in sorted(state.live - {learner})]
         rnd = replace(rnd, pending={**rnd.pending, learner: new})
         state, more = self._advance(replace(state, rounds={**state.rounds, p: rnd}), now, p)
         return state, actions + more

@@ -29,6 +29,7 @@ class SyncerConfig:
     fleet_share: bool = False   # decoupled: a round's outer step × min(1, K / live learners)
     share_by: str = "quorum"    # fleet_share's numerator: the quorum K, or the learners the round "merged"
     downlink: str = "all"       # decoupled: a commit goes to every live learner ("all") or to its own ("answer")
+    align: bool = False         # decoupled: a round's opening goes to the other live learners (RoundOpen)
     guard_factor: float = 0.0   # drop a Δ whose norm per step is over this × the largest of the shard's last 16 (0: off)
     bugs: frozenset = frozenset()
 

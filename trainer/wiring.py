@@ -137,7 +137,7 @@ def learner_config(cfg: RunConfig, topology: dict, learner: str, incarnation: in
                          owners=[own[p] for p in range(cfg.n_fragments)],
                          mode=d.mode, tau=d.overlap, alpha=d.mixing, starve_cycles=d.starve_cycles,
                          keep_local=d.keep_local and d.mode in DILOCO_MODES, keep_on_fetch=d.keep_on_fetch,
-                         keep_gap=d.max_staleness, bugs=bugs)
+                         keep_gap=d.max_staleness, align=d.align and d.mode == "decoupled", bugs=bugs)
 
 
 def syncer_config(cfg: RunConfig, topology: dict, shard: str, bugs: frozenset = frozenset()) -> SyncerConfig:
@@ -146,4 +146,4 @@ def syncer_config(cfg: RunConfig, topology: dict, shard: str, bugs: frozenset = 
                         learners=tuple(topology["learners"]), mode=d.mode, quorum=d.quorum,
                         tau=d.overlap, grace_gamma=d.grace_factor, max_staleness=d.max_staleness,
                         fleet_share=d.fleet_share, share_by=d.share_by, downlink=d.downlink,
-                        guard_factor=d.guard_factor, bugs=bugs)
+                        align=d.align and d.mode == "decoupled", guard_factor=d.guard_factor, bugs=bugs)

@@ -233,7 +233,7 @@ def _parity_task(out_dir: Path, task: str, steps: int, seeds: tuple[int, ...]) -
 
 # figures that are averaged over seeds; the rest (configs, tokens, floors) are seed 0's
 MEANED = ("dp_loss", "dp_global_loss", "ddl_loss", "ddl_global_loss", "parity_gap", "global_parity_gap",
-          "excess_loss_ratio")
+          "excess_loss_ratio", "global_excess_loss_ratio")
 
 
 def seed_means(per_seed: list[dict]) -> dict:
@@ -290,9 +290,14 @@ def _parity_seed(out_dir: Path, task: str, steps: int, seed: int) -> dict:
 def _parity_of(ddl: ClusterRun, dp_loss: float, dp_global: float | None, floor: float | None) -> dict:
     """One DDL run against DP: its learners' mean last eval against DP's learners', and the
     global Θ against DP's global model on the same 64 batches (until 2026-11-26 Θ's 64-batch
-    loss was divided by DP's 4-batch one: on the corpus those sets differ by ~3 %)."""
+    loss was divided by DP's 4-batch one: on the corpus those sets differ by ~3 %). The
+    excess-loss ratio (L − floor) / (L_dp − floor) of each: `excess_loss_ratio` for the
+    learners' own models, `global_excess_loss_ratio` for Θ (Markov; None on the corpus)."""
     loss, glob = ddl.mean_final_eval(), ddl.global_loss
     return {"ddl_loss": loss, "parity_gap": (loss - dp_loss) / dp_loss,
             "ddl_learner_losses": [lr.final_eval for lr in ddl.learners.values()], "ddl_global_loss": glob,
             "global_parity_gap": None if glob is None or not dp_global else (glob - dp_global) / dp_global,
-            "excess_loss_ratio": None if floor is None else (loss - floor) / (dp_loss - floor)}
+            "excess_loss_ratio": None if floor is None else (loss - floor) / (dp_loss - floor),
+            # the same for the model the run delivers: Θ against DP's global model, same 64 batches
+            "global_excess_loss_ratio": None if floor is None or glob is None or not dp_global
+            else (glob - floor) / (dp_global - floor)}

@@ -61,7 +61,7 @@ _TRAINER_KEYS = {"DilocoConfig.learners": "cluster.learners", "DilocoConfig.slic
                                                                  "mixing", "compression", "broadcast_compression",
                                                                  "merge", "mode", "max_staleness", "starve_cycles",
                                                                  "keep_local", "keep_on_fetch", "fleet_share",
-                                                                 "share_by", "downlink", "grace_factor")},
+                                                                 "share_by", "downlink", "align", "grace_factor")},
                  "TaskConfig.batch_size": "train.batch_size", "TaskConfig.seq_len": "train.seq_len",
                  "OuterOptConfig.lr": "train.outer_lr", "OuterOptConfig.momentum": "train.outer_momentum"}
 
@@ -145,7 +145,7 @@ class Scenario:
             "diloco": {"learners": c.learners, "slices": c.slices, "mode": t.mode,
                        **set_(("fragments", "sync_every", "quorum", "grace_factor", "overlap", "mixing", "compression",
                                "broadcast_compression", "merge", "max_staleness", "starve_cycles",
-                               "keep_local", "keep_on_fetch", "fleet_share", "share_by", "downlink"))},
+                               "keep_local", "keep_on_fetch", "fleet_share", "share_by", "downlink", "align"))},
             "task": {"kind": t.task, **set_(("batch_size", "seq_len", "corpus_split")),
                      **({"options": dict(self.task_options)} if self.task_options else {})},
             "inner": {"total_steps": t.steps, "warmup_steps": warmup, **set_(("lr", "second_moment"))},

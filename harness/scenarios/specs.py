@@ -90,6 +90,7 @@ class TrainSpec:
     fleet_share: bool | None = None
     share_by: str | None = None  # "quorum" | "merged": fleet_share's numerator (docs/PROTOCOL.md)
     downlink: str | None = None  # "all" | "answer" (docs/PROTOCOL.md "Downlink")
+    align: bool | None = None  # learners join the rounds others open (docs/PROTOCOL.md "Aligned rounds")
     batch_size: int | None = None
     seq_len: int | None = None
     lr: float | None = None  # inner AdamW peak learning rate

@@ -111,3 +111,19 @@ def test_parity_over_seeds_means_the_gaps_and_keeps_each_seed():
     assert out["excess_loss_ratio"] is None and out["tokens"] == {"dp": 100}  # not averaged: seed 0's
     assert [s["seed"] for s in out["seeds"]] == [0, 1] and out["seeds"][1]["parity_gap"] == 0.0
     assert "seed" not in out and "ddl_learner_losses" not in out and "ddl_learner_losses" not in out["preset"]
+
+
+def test_parity_reports_the_excess_loss_ratio_of_the_learners_and_of_theta():
+    """Floor 1.70, DP 1.72 (its learners and its global model): learners at 1.73 have 1.5×
+    DP's excess over the floor, Θ at 1.725 1.25×; no floor (the corpus): no ratio."""
+    from types import SimpleNamespace
+
+    from harness.bench.benches import _parity_of
+
+    run = SimpleNamespace(mean_final_eval=lambda: 1.73, global_loss=1.725,
+                          learners={"learner-0": SimpleNamespace(final_eval=1.73)})
+    out = _parity_of(run, 1.72, 1.72, 1.70)
+    assert out["excess_loss_ratio"] == pytest.approx(1.5) and out["global_excess_loss_ratio"] == pytest.approx(1.25)
+    assert out["global_parity_gap"] == pytest.approx(0.005 / 1.72)
+    none = _parity_of(run, 1.72, 1.72, None)
+    assert none["excess_loss_ratio"] is None and none["global_excess_loss_ratio"] is None

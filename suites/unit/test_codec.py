@@ -15,7 +15,7 @@ from trainer import codec
 from trainer.codec import FrameDecoder, decode_frame, encode_frame
 from trainer.compression import KINDS, encode
 from trainer.messages import (MESSAGE_TYPES, Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello,
-                              Received, SliceControl, describe)
+                              Received, RoundOpen, SliceControl, describe)
 
 RUN = "run-7"
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -37,6 +37,7 @@ def one_of_each():
         FragmentUpdate(2, 17, True, arrays()),
         FragmentUpdate(0, 0, False, []),
         *[FragmentDelta(1, 6, 4, encode(arrays(), kind)) for kind in ("int8", "int4")],
+        RoundOpen(3, 12),
         GradStep("learner-2", 1, 5, 0, 41, 256, encode(arrays(), "bf16")),
         GradMean(0, 8, 5, 3, arrays()),
         SliceControl(1),

@@ -46,6 +46,7 @@ def test_fragments_zero_means_one_per_layer_plus_one():
     (lambda: DilocoConfig(compression="int2"), "DilocoConfig.compression", "'int4'"),
     (lambda: DilocoConfig(mode="async"), "DilocoConfig.mode", "'sync_diloco'"),
     (lambda: DilocoConfig(share_by="all"), "DilocoConfig.share_by", "'quorum', 'merged'"),
+    (lambda: DilocoConfig(align="yes"), "DilocoConfig.align", "true or false"),
     (lambda: TaskConfig(kind="images"), "TaskConfig.kind", "'quadratic'"),
     (lambda: TaskConfig(markov_states=32, markov_order=3), "markov_order", "1024"),
     (lambda: RunConfig(task=TaskConfig(batch_size=6), diloco=DilocoConfig(slices=4)),

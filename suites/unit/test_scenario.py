@@ -125,8 +125,8 @@ def test_python_scenario_and_run_config():
 def test_the_paper_preset_sets_its_keys_and_keys_beside_it_win():
     c = Scenario(name="py", seed=3, train=TrainSpec(steps=50, duration_s=30, preset="paper")).run_config()
     d = c.diloco
-    assert (d.sync_every, d.fragments, d.overlap, d.compression, d.broadcast_compression, d.downlink) == \
-        (64, 8, 2, "int4", "int4", "answer")
+    assert (d.sync_every, d.fragments, d.overlap, d.compression, d.broadcast_compression, d.downlink, d.align,
+            d.share_by) == (64, 8, 2, "int4", "int4", "answer", True, "merged")
     assert (c.outer.lr, c.outer.momentum, c.outer.nesterov) == (1.0, 0.0, True)
     c = Scenario(name="py", seed=3, train=TrainSpec(steps=50, duration_s=30, preset="paper", sync_every=32,
                                                     downlink="all")).run_config()
@@ -214,6 +214,7 @@ MALFORMED = [
     (HEAD + CLUSTER + '[train]\nsteps = 1.5\nduration = 60\n', "train.steps: expected a whole number, got a number"),
     (OK + 'faults = "none"\n', "train.faults: unknown key ('faults' belongs above the first [table]); valid: steps"),  # a key below [train]
     (OK + 'keep_local = "yes"\n', "train.keep_local: expected true or false, got a string 'yes'"),
+    (OK + "align = 1\n", "train.align: expected true or false"),
     (OK + "quorum = 5\n", "train.quorum: quorum 5 is more than the 4 learners (cluster.learners); valid: 1..4"),
     (OK + 'task = "markow"\n', "train.task: 'markow' is not one of the choices (did you mean 'markov'?)"),
     (OK + 'mode = "async"\n', "train.mode: 'async' is not one of the choices; valid: decoupled"),
