@@ -31,6 +31,17 @@ def test_decoupled_with_compressed_broadcasts_is_safe_under_any_schedule(schedul
 
 
 @examples(20)
+@given(schedules(WINDOW, max_faults=5))
+def test_decoupled_with_aligned_rounds_is_safe_under_any_schedule(schedule):
+    """The paper preset's rounds: RoundOpens, joins that replace turns, rounds scaled by the
+    learners merged, each commit answered only to them (docs/PROTOCOL.md "Aligned rounds")."""
+    case = simulate_case(scenario(schedule, quorum=2, align=True, share_by="merged", downlink="answer",
+                                  broadcast_compression="int4"))
+    with reported(case, "safety"):
+        safety(case)
+
+
+@examples(20)
 @given(schedules(WINDOW, ("partition", "reset", "truncate", "kill_syncer", "kill_unit"), max_faults=4))
 def test_data_parallel_is_safe_under_link_and_process_faults(schedule):
     case = simulate_case(scenario(schedule, mode="dp"))

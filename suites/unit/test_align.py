@@ -51,15 +51,18 @@ def test_a_learner_behind_the_opener_joins_at_once_and_skips_the_turn_it_replace
     assert s.joined == frozenset()
 
 
-@pytest.mark.parametrize("why", ["ahead", "in_flight", "off", "no_progress"])
+@pytest.mark.parametrize("why", ["ahead", "in_flight", "joined", "off", "no_progress"])
 def test_a_round_open_is_ignored_by_a_learner_that_should_not_join(why):
     core, s = _learner(align=why != "off")
-    if why != "no_progress":
-        s, _ = _steps(core, s, 5 if why == "ahead" else 2)   # ahead: fragment 1 went out at step 4
-    if why == "in_flight":
+    steps = {"ahead": 5, "in_flight": 9, "joined": 2, "off": 2, "no_progress": 0}[why]
+    s, _ = _steps(core, s, steps)  # ahead: fragment 1 went out at step 4; in flight: and is
+    assert (1 in s.in_flight) == (why in ("ahead", "in_flight"))  # unanswered 5 steps later, its turn 3 away
+    if why == "joined":
         s, acts = core.receive(s, 0.0, "s0", RoundOpen(1, 0))  # joins once...
         assert len(_contributions(acts)) == 1
-    s, acts = core.receive(s, 0.0, "s0", RoundOpen(1, 0))      # ...but not twice
+        s, _ = core.receive(s, 0.0, "s0", FragmentUpdate(1, 1, False, [arr(-1.0)]))  # ...is answered...
+        s, _ = _steps(core, s, 1)                               # ...steps on (its turn 1 away)...
+    s, acts = core.receive(s, 0.0, "s0", RoundOpen(1, 0))      # ...but does not join again before its turn
     assert acts == []
 
 
