@@ -184,9 +184,9 @@ class DilocoConfig:
     # fewer bytes down; docs/PROTOCOL.md "Downlink")
     downlink: str = "all"
     # decoupled: a shard tells the other live learners when a round of p opens (RoundOpen),
-    # and a learner whose turn for p is less than half a cycle away joins it at its next step,
-    # shifting its fragment schedule: the learners' phases stay together though their speeds
-    # differ, so the grace window gathers them (docs/PROTOCOL.md "Aligned rounds")
+    # and a learner whose turn for p is at most half a cycle away joins it at once and skips
+    # that turn: rounds gather the learners due together though their phases drift apart
+    # (docs/PROTOCOL.md "Aligned rounds"; the paper preset sets it, with share_by "merged")
     align: bool = False
     # decoupled: a shard drops a contribution whose Δ is not finite, or whose norm per inner
     # step is over guard_factor × the largest of the shard's last 16 or over |Θ[p]|

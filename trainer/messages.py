@@ -141,9 +141,9 @@ class FragmentDelta(_Message):
 class RoundOpen(_Message):
     """Shard → every other live learner (decoupled mode with `align`): a learner's
     contribution has opened an outer round of `fragment` at `version`. A learner whose own
-    turn for it is less than half a fragment cycle away contributes it at its next step and
-    shifts its fragment schedule by as much, so the grace window gathers the learners that
-    are due together (docs/PROTOCOL.md "Aligned rounds"). No tensors: a few dozen bytes."""
+    turn for it is at most half a fragment cycle away contributes it at once and skips that
+    turn, so the grace window gathers the learners that are due together (docs/PROTOCOL.md
+    "Aligned rounds"). No tensors: a few dozen bytes."""
 
     fragment: int
     version: int
