@@ -51,11 +51,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-# the types live beside the core; imported from here as before
+# the data-parallel baselines' side, and the types, live beside the core
+from trainer.learner_dp import LearnerDP
 from trainer.learner_types import InFlight, LearnerConfig, LearnerMath, LearnerState
-from trainer.messages import (Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, RoundOpen,
+from trainer.messages import (Contribution, FragmentDelta, FragmentUpdate, GradMean, Hello, RoundOpen,
                               SliceControl)
-from trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, ApplyGrads, Block, IllegalTransition, Log,
+from trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, Block, IllegalTransition, Log,
                                    NotStarted, Send, SetSlices, Unblock, UnexpectedMessage, UnknownFragment,
                                    UnknownPeer)
 
@@ -66,7 +67,7 @@ def _put(t: tuple, p: int, value) -> tuple:
     return t[:p] + (value,) + t[p + 1:]
 
 
-class LearnerCore:
+class LearnerCore(LearnerDP):
     # message type -> (handler, modes in which it is legal)
     _HANDLERS = {
         FragmentUpdate: ("_on_update", DILOCO_MODES),
@@ -159,21 +160,6 @@ class LearnerCore:
             state, more = self._contribute(state, now, q)
             actions += more
         return self._check_block(state, actions)
-
-    def grads_ready(self, state: LearnerState, now: float, grads, tokens: int):
-        """dp modes: send this step's gradient, one GradStep per fragment, and wait for the means."""
-        self._started(state)
-        if self.config.mode not in DP_MODES:
-            raise UnexpectedMessage(f"grads_ready is for the dp modes, not {self.config.mode!r}")
-        if state.dp_wait:
-            raise IllegalTransition(f"{self.config.learner}: step {state.step} is still being averaged")
-        wait, seq = {}, state.seq
-        for p, owner in enumerate(self.config.owners):
-            seq += 1
-            wait[p] = GradStep(self.config.learner, self.config.incarnation, seq, p, state.step, tokens,
-                               self.math.grad_payload(self.math.get_fragment(grads, p)))
-        state = replace(state, seq=seq, dp_wait=wait, dp_grads=grads)
-        return self._check_block(state, [Send(self.config.owners[p], m) for p, m in wait.items()])
 
     def receive(self, state: LearnerState, now: float, sender: str, msg):
         handler, modes = self._HANDLERS.get(type(msg), (None, ()))
@@ -315,17 +301,6 @@ class LearnerCore:
         state, sends = self._contribute(replace(state, joined=state.joined | {p}), now, p)
         return state, [Log("join", {"fragment": p, "version": msg.version, "step": state.step,
                                     "early": away})] + sends
-
-    def _on_grad_mean(self, state: LearnerState, now: float, sender: str, msg: GradMean):
-        p = self._fragment(msg.fragment, sender)
-        sent = state.dp_wait.get(p)
-        if sent is None or sent.seq != msg.seq:
-            return state, [Log("drop", {"what": "GradMean", "fragment": p, "seq": msg.seq,
-                                        "reason": "not_awaited"})]
-        grads = self.math.set_fragment(state.dp_grads, p, list(msg.grads))
-        wait = {q: m for q, m in state.dp_wait.items() if q != p}
-        state = replace(state, dp_wait=wait, dp_grads=grads if wait else None)
-        return self._check_block(state, [] if wait else [ApplyGrads(state.step, grads)])
 
     def _on_slices(self, state: LearnerState, now: float, sender: str, msg: SliceControl):
         return replace(state, live_slices=msg.live_slices), [

@@ -44,10 +44,11 @@ import math
 from dataclasses import replace
 
 from trainer import guard
-from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, RoundOpen
+from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradStep, Hello, RoundOpen
 from trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, IllegalTransition, Log, SaveCheckpoint, Send,
                                    SetTimer, UnexpectedMessage, UnknownFragment, UnknownPeer, ema)
-# the types live beside the core; imported from here as before
+# the data-parallel baselines' side, and the types (imported from here as before), live beside the core
+from trainer.syncer_dp import SyncerDP
 from trainer.syncer_types import DOWNLINKS, SHARE_BY, Pending, Round, SyncerConfig, SyncerMath, SyncerState
 
 __all__ = ["DOWNLINKS", "SHARE_BY", "SNAPSHOT_FORMAT", "Pending", "Round", "SyncerConfig", "SyncerCore", "SyncerMath",
@@ -63,7 +64,7 @@ def _without(d: dict, key) -> dict:
     return {k: v for k, v in d.items() if k != key}
 
 
-class SyncerCore:
+class SyncerCore(SyncerDP):
     # message type -> (handler, modes in which it is legal)
     _HANDLERS = {
         Hello: ("_on_hello", MODES),
@@ -219,19 +220,6 @@ class SyncerCore:
                         xi_sync=state.xi_sync if c.last_sync_s is None else ema(state.xi_sync, c.last_sync_s, cw))
         return self._add(state, now, p, c.learner, new, prev)
 
-    def _on_grad_step(self, state: SyncerState, now: float, g: GradStep):
-        p = self._owned(g.fragment)
-        prev = state.rounds[p].pending.get(g.learner) if p in state.rounds else None
-        why = self._seen(state, p, g, prev)
-        if why:
-            actions = [self._drop(g, why)]
-            resend = state.dp_sent.get((g.learner, p))
-            if resend is not None and resend.seq == g.seq:  # its mean was lost with the link
-                actions.append(Send(g.learner, resend))
-            return state, actions
-        return self._add(state, now, p, g.learner, Pending(g.incarnation, g.seq, g.step, 1, g.c_tokens,
-                                                           g.payload, now), prev)
-
     # --- rounds -----------------------------------------------------------------------------
     def _add(self, state: SyncerState, now: float, p: int, learner: str, new: Pending, prev: Pending | None):
         actions = []
@@ -337,16 +325,6 @@ class SyncerCore:
             held[(learner, p)] = (v, copy)
             actions.append(Send(learner, FragmentDelta(p, v, had[0], payload)))
         return replace(state, held=held), actions
-
-    def _commit_dp(self, state: SyncerState, now: float, p: int):
-        merged = sorted(state.rounds[p].pending.items())
-        weights = [float(pc.c_tokens) for _, pc in merged]
-        grads = self.math.average([self.math.decode(pc.payload) for _, pc in merged], weights)
-        state, actions = self._close(state, now, p, weights, [0] * len(merged))
-        means = {(learner, p): GradMean(p, state.version[p], pc.seq, len(merged), list(grads))
-                 for learner, pc in merged}
-        actions += [Send(learner, m) for (learner, _), m in means.items()]
-        return replace(state, dp_sent={**state.dp_sent, **means}), actions
 
     def _close(self, state: SyncerState, now: float, p: int, weights: list, stale: list):
         """Bookkeeping of every commit: version + 1, who was merged, merge/round_commit lines."""
