@@ -130,11 +130,17 @@ class OuterOptConfig:
     lr: float = 1.3
     momentum: float = 0.0
     nesterov: bool = True
+    # decoupled: each fragment's first `warmup` outer steps go at lr min(1, lr), the fleet's
+    # average, and only then at lr: past-the-average steps while the inner lr peaks made
+    # learners' losses jump on processes (docs/PROTOCOL.md "Outer warm-up"; 0: none). 40
+    # versions of a fragment: its first ~60 inner steps at the defaults (M = 4, H = 6, K = 1)
+    warmup: int = 40
 
     def __post_init__(self) -> None:
         _check_float(self, "lr", 0.0, 10.0, lo_open=True)
         _check_float(self, "momentum", 0.0, 1.0, hi_open=True)
         _check_bool(self, "nesterov")
+        _check_int(self, "warmup", 0, 1 << 20)
 
 
 MERGES = ("rda", "mean")

@@ -273,7 +273,7 @@ class SyncerCore(SyncerDP):
                              "incarnation": pc.incarnation, "reason": "zero_weight"}) for learner, pc in merged] + answer
         theta, outer = self.math.merge_and_step(state.theta[p], state.outer[p],
                                                 [self.math.decode(pc.payload) for _, pc in merged], weights,
-                                                self._share(state, merged))
+                                                self._share(state, merged) * self._warm(state, p))
         state, actions = self._close(replace(state, theta={**state.theta, p: list(theta)},
                                              outer={**state.outer, p: outer}), now, p, weights, stale)
         state, sends = self._answer(state, p, self._recipients(state, merged))
@@ -303,6 +303,17 @@ class SyncerCore(SyncerDP):
         learners = {learner for learner, _ in merged}
         n = len(learners) if self.config.share_by == "merged" else self.config.k
         return min(1.0, n / max(len(state.live | learners), 1))
+
+    def _warm(self, state: SyncerState, p: int) -> float:
+        """The outer warm-up: a fragment's first `outer_warmup` outer steps (versions 1 to
+        outer_warmup) move Θ[p] by the fleet's average step (lr 1), not past it; then the
+        outer lr applies in full. Early on, while the inner lr peaks, a learner whose
+        parameters jump onto a Θ[p] moved 30 % past the average (several commits taken at
+        once, as a process descheduled on a shared core takes them) can leave its stable
+        region (docs/PROTOCOL.md "Outer warm-up")."""
+        if self.config.mode != "decoupled" or state.version[p] >= self.config.outer_warmup:
+            return 1.0
+        return self.config.warmup_scale
 
     def _answer(self, state: SyncerState, p: int, learners: list, whole: bool = False):
         """Θ[p] at its current version to `learners`: whole, or (compressed broadcasts)

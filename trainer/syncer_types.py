@@ -31,6 +31,10 @@ class SyncerConfig:
     downlink: str = "all"       # decoupled: a commit goes to every live learner ("all") or to its own ("answer")
     align: bool = False         # decoupled: a round's opening goes to the other live learners (RoundOpen)
     guard_factor: float = 0.0   # drop a Δ whose norm per step is over this × the largest of the shard's last 16 (0: off)
+    # decoupled: a fragment's first `outer_warmup` outer steps are scaled by `warmup_scale`
+    # (min(1, outer lr) / outer lr: the fleet's average step, not past it; docs/PROTOCOL.md "Outer warm-up")
+    outer_warmup: int = 0
+    warmup_scale: float = 1.0
     bugs: frozenset = frozenset()
 
     def __post_init__(self):
@@ -49,6 +53,9 @@ class SyncerConfig:
             raise ValueError(f"SyncerConfig.share_by must be one of {SHARE_BY}, got {self.share_by!r}")
         if self.downlink not in DOWNLINKS:
             raise ValueError(f"SyncerConfig.downlink must be one of {DOWNLINKS}, got {self.downlink!r}")
+        if self.outer_warmup < 0 or not 0 < self.warmup_scale <= 1:
+            raise ValueError(f"SyncerConfig needs outer_warmup ≥ 0 and 0 < warmup_scale ≤ 1; got "
+                             f"{self.outer_warmup}, {self.warmup_scale}")
         if self.max_staleness < 0:
             raise ValueError(f"SyncerConfig.max_staleness must be ≥ 0 (0: no bound), got {self.max_staleness}")
         if self.tau < 0 or not 0 <= self.grace_gamma < 1 or not 0 < self.ema_weight <= 1:

@@ -146,4 +146,5 @@ def syncer_config(cfg: RunConfig, topology: dict, shard: str, bugs: frozenset = 
                         learners=tuple(topology["learners"]), mode=d.mode, quorum=d.quorum,
                         tau=d.overlap, grace_gamma=d.grace_factor, max_staleness=d.max_staleness,
                         fleet_share=d.fleet_share, share_by=d.share_by, downlink=d.downlink,
-                        align=d.align and d.mode == "decoupled", guard_factor=d.guard_factor, bugs=bugs)
+                        align=d.align and d.mode == "decoupled", guard_factor=d.guard_factor,
+                        outer_warmup=cfg.outer.warmup, warmup_scale=min(1.0, cfg.outer.lr) / cfg.outer.lr, bugs=bugs)

@@ -63,7 +63,8 @@ _TRAINER_KEYS = {"DilocoConfig.learners": "cluster.learners", "DilocoConfig.slic
                                                                  "keep_local", "keep_on_fetch", "fleet_share",
                                                                  "share_by", "downlink", "align", "grace_factor")},
                  "TaskConfig.batch_size": "train.batch_size", "TaskConfig.seq_len": "train.seq_len",
-                 "OuterOptConfig.lr": "train.outer_lr", "OuterOptConfig.momentum": "train.outer_momentum"}
+                 "OuterOptConfig.lr": "train.outer_lr", "OuterOptConfig.momentum": "train.outer_momentum",
+                 "OuterOptConfig.warmup": "train.outer_warmup"}
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ class Scenario:
             "task": {"kind": t.task, **set_(("batch_size", "seq_len", "corpus_split")),
                      **({"options": dict(self.task_options)} if self.task_options else {})},
             "inner": {"total_steps": t.steps, "warmup_steps": warmup, **set_(("lr", "second_moment"))},
-            "outer": {k[len("outer_"):]: v for k, v in set_(("outer_lr", "outer_momentum")).items()},
+            "outer": {k[len("outer_"):]: v for k, v in set_(("outer_lr", "outer_momentum", "outer_warmup")).items()},
         }, t.preset))
 
     def to_dict(self) -> dict[str, Any]:

@@ -97,6 +97,7 @@ class TrainSpec:
     second_moment: str | None = None  # "fleet" (default) | "own" (trainer/fleet_adam.py)
     outer_lr: float | None = None  # the outer SGD's learning rate (trainer/config.py OuterOptConfig)
     outer_momentum: float | None = None  # its Nesterov momentum; 0 = none
+    outer_warmup: int | None = None  # each fragment's first outer steps at lr ≤ 1 (OuterOptConfig.warmup)
     corpus_split: str | None = None  # corpus: "shuffled" (default) | "contiguous" (non-IID shards)
 
     def __post_init__(self) -> None:

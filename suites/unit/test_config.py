@@ -16,7 +16,7 @@ def test_defaults_are_the_documented_ones():
     assert (cfg.inner.lr, cfg.inner.b1, cfg.inner.b2, cfg.inner.weight_decay,
             cfg.inner.warmup_steps, cfg.inner.total_steps, cfg.inner.clip_norm) == (
         3e-3, 0.9, 0.95, 0.1, 20, 400, 1.0)
-    assert (cfg.outer.lr, cfg.outer.momentum, cfg.outer.nesterov) == (1.3, 0.0, True)
+    assert (cfg.outer.lr, cfg.outer.momentum, cfg.outer.nesterov, cfg.outer.warmup) == (1.3, 0.0, True, 40)
     d = cfg.diloco
     assert (d.learners, d.slices, d.fragments, d.sync_every, d.overlap, d.mixing,
             d.quorum, d.grace_factor) == (4, 1, 3, 6, 1, 0.0, 1, 0.5)

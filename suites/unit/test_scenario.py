@@ -226,7 +226,7 @@ MALFORMED = [
     (HEAD + "[cluster]\nslices = 2\n" + TRAIN + "batch_size = 7\n",
      "train.batch_size: TaskConfig.batch_size = 7 must be divisible by DilocoConfig.slices = 2"),
     (OK + "sync_every = 0\n", "train.sync_every: DilocoConfig.sync_every = 0 is out of range"),
-    (OK + "warmup = 3\n", "train.warmup: unknown key; valid: steps, duration, task"),
+    (OK + "warmup = 3\n", "train.warmup: unknown key (did you mean 'outer_warmup'?); valid: steps, duration, task"),
     # wan
     (OK + '[wan]\nbandwidth_kbps = "2 MB/s"\n', "wan.bandwidth_kbps: cannot read '2 MB/s' as a bandwidth"),
     (OK + "[wan]\nlatency_ms = 10\njitter_ms = 20\n", "wan.jitter_ms: jitter_ms must be in [0, latency_ms=10.0]"),
