@@ -127,7 +127,7 @@ def test_the_paper_preset_sets_its_keys_and_keys_beside_it_win():
     d = c.diloco
     assert (d.sync_every, d.fragments, d.overlap, d.compression, d.broadcast_compression, d.downlink, d.align,
             d.share_by) == (64, 8, 2, "int4", "int4", "answer", True, "merged")
-    assert (c.outer.lr, c.outer.momentum, c.outer.nesterov) == (1.0, 0.0, True)
+    assert (c.outer.lr, c.outer.momentum, c.outer.nesterov, c.outer.warmup) == (1.3, 0.0, True, 1)
     c = Scenario(name="py", seed=3, train=TrainSpec(steps=50, duration_s=30, preset="paper", sync_every=32,
                                                     downlink="all")).run_config()
     assert (c.diloco.sync_every, c.diloco.downlink, c.diloco.fragments) == (32, "all", 8)
