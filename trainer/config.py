@@ -118,22 +118,18 @@ class OuterOptConfig:
     """Outer optimizer: optax.sgd(lr, momentum, nesterov) on the merged pseudo-gradient.
 
     Defaults differ from DiLoCo's (lr 0.7, Nesterov 0.9, tuned for H = 500): at this
-    miniature's H = 6 with quorum 1, each learner's Δ is committed on its own every
-    couple of steps and momentum 0.9 overshoots (measured: Markov eval loss rising
-    from 2.4 to 5.8 over 100 steps with 2 learners; docs/TRAINER_MATH.md). Without
-    momentum, lr 1 is federated averaging (Θ ← Θ − Δ̄); in decoupled mode with
-    `diloco.fleet_share` the merged Δ is first scaled by min(1, K / live learners), so lr 1
-    is the fleet's average there too (docs/PROTOCOL.md). lr 1.3 steps a little past that
-    average: on the corpus it ends 0.6 points closer to data-parallel (eight seeds, paired)
-    and 1.2 points closer over five others, Markov unchanged (docs/BENCHMARKS.md "parity")."""
+    miniature's H = 6 with quorum 1, each learner's Δ is committed on its own every couple
+    of steps and momentum 0.9 overshoots (Markov eval loss 2.4 → 5.8 over 100 steps with
+    2 learners; docs/TRAINER_MATH.md). Without momentum, lr 1 is federated averaging; with
+    `diloco.fleet_share` (merged Δ × min(1, K / live learners)) it is the fleet's average
+    in decoupled mode too. lr 1.3 steps a little past it: on the corpus 0.6 points closer to
+    data-parallel (eight seeds, paired), Markov unchanged (docs/BENCHMARKS.md "parity")."""
 
     lr: float = 1.3
     momentum: float = 0.0
     nesterov: bool = True
-    # decoupled: each fragment's first `warmup` outer steps go at lr min(1, lr), the fleet's
-    # average, and only then at lr: past-the-average steps while the inner lr peaks made
-    # learners' losses jump on processes (docs/PROTOCOL.md "Outer warm-up"; 0: none). 40
-    # versions of a fragment: its first ~60 inner steps at the defaults (M = 4, H = 6, K = 1)
+    # decoupled: a fragment's first `warmup` outer steps at lr min(1, lr), the fleet's average
+    # (~60 inner steps at the defaults; docs/PROTOCOL.md "Outer warm-up"; 0: none)
     warmup: int = 40
 
     def __post_init__(self) -> None:
