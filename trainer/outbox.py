@@ -17,9 +17,15 @@ key is per learner), a `Hello` (a second Hello asks for the same thing) and a
 `Contribution` of p waiting unsent is not replaced but *combined* with the newer one
 (`combine`, given with the put: the sum of the two Δs, counters added, the older
 base_version; the two hold disjoint steps, see docs/PROTOCOL.md), so at most one
-unsent contribution per (learner, fragment) waits and no progress is lost. Every
-other message keeps FIFO order and is never dropped: a `FragmentDelta` builds on the
-previous one, and the data-parallel `GradStep` / `GradMean` each answer one step.
+unsent contribution per (learner, fragment) waits and no progress is lost. A
+`FragmentDelta` (a compressed broadcast) builds on the copy the one before it left, so
+it can neither replace an unsent Θ[p] nor be replaced by one alone: it shares their key,
+and where it would supersede, what it is put with (`combine`, the shard's Send.whole) takes
+the place: Θ[p] whole, the exact copy the learner would have rebuilt. A newer Θ[p] whole
+simply replaces an unsent delta. So on a thin link at most one Θ[p] per fragment waits
+there too, whatever its kind (a chain of deltas, 1/8 of Θ[p] each at int4, grew without
+bound). Every other message keeps FIFO order and is never dropped: the data-parallel
+`GradStep` / `GradMean` each answer one step.
 
 Pure: no I/O, no threads, no clock; the caller does the locking.
 """
@@ -28,7 +34,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Hashable
 
-from trainer.messages import Contribution, FragmentUpdate, Hello, RoundOpen
+from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, Hello, RoundOpen
 
 COMBINED = "contrib"  # keys of this kind are combined, never replaced: put() needs `combine`
 
@@ -36,7 +42,7 @@ COMBINED = "contrib"  # keys of this kind are combined, never replaced: put() ne
 def outbox_key(msg) -> Hashable | None:
     """The key under which `msg` supersedes (or, a Contribution, is combined with) an unsent
     older message on the same link, or None."""
-    if isinstance(msg, FragmentUpdate):
+    if isinstance(msg, (FragmentUpdate, FragmentDelta)):
         return ("frag", msg.fragment)
     if isinstance(msg, Hello):
         return ("hello",)
@@ -79,11 +85,13 @@ class Outbox:
         return len(self._q)
 
     def put(self, frame, key: Hashable | None = None, *, msg=None, combine=None) -> bool:
-        """`combine(old_msg, msg) -> (msg, frame)`: for COMBINED keys, what replaces the two."""
+        """`combine(old_msg, msg) -> (msg, frame)`: for COMBINED keys and a FragmentDelta
+        `msg`, what replaces the two."""
         if key is not None and (old := self._by_key.get(key)) is not None:
-            if key[0] == COMBINED:
+            if key[0] == COMBINED or isinstance(msg, FragmentDelta):
                 if combine is None or old.msg is None or msg is None:
-                    raise ValueError(f"outbox key {key!r} is combined, not replaced: put() needs msg and combine")
+                    raise ValueError(f"outbox key {key!r} with {type(msg).__name__} is combined, not replaced: "
+                                     f"put() needs msg and combine")
                 msg, frame = combine(old.msg, msg)
             self.unsent_bytes += len(frame) - len(old.frame)
             self.superseded += 1

@@ -52,6 +52,9 @@ def check_common(owner: str, mode: str, bugs: frozenset, valid_bugs: frozenset) 
 class Send:
     to: str
     msg: Any
+    # what takes msg's place if it must supersede an unsent message of its key on the link
+    # (a FragmentDelta: Θ[p] whole, the very copy the delta builds; trainer/outbox.py)
+    whole: Any = None
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,9 @@ class Syncer:
     def now(self) -> float:
         return shell.monotonic()
 
-    def send(self, to: str, msg) -> int:
+    def send(self, to: str, msg, whole=None) -> int:
         key = None if "unbounded_outbox" in self.bugs else outbox_key(msg)  # planted: plain FIFO
-        return self.server.send(to, msg, key=key)
+        return self.server.send(to, msg, key=key, whole=whole)
 
     def set_timer(self, key: str, at: float) -> None:
         self.timers.set(key, at)

@@ -25,7 +25,7 @@ class SyncerPort(Protocol):
     """What a host offers the driver."""
 
     def now(self) -> float: ...                       # the clock the core reads (seconds)
-    def send(self, to: str, msg) -> int: ...          # bytes framed; 0: dropped (no link)
+    def send(self, to: str, msg, whole=None) -> int: ...  # bytes framed; 0: dropped (no link); whole: Send.whole
     def set_timer(self, key: str, at: float) -> None: ...  # call driver.timer(key) at `at`; a later set replaces
     def emit(self, kind: str, **fields) -> None: ...  # one event-log line from this shard
     def start_save(self, number: int, snapshot: dict) -> None: ...  # asynchronous: call driver.saved() when on disk
@@ -88,7 +88,7 @@ class SyncerDriver:
                 self.port.emit(a.kind, **a.fields)
         for a in actions:
             if isinstance(a, Send):
-                nbytes = self.port.send(a.to, a.msg)
+                nbytes = self.port.send(a.to, a.msg, a.whole)
                 self.port.emit("send" if nbytes else "drop", peer=a.to, bytes=nbytes, **describe(a.msg))
             elif isinstance(a, SetTimer):
                 self.port.set_timer(a.key, a.at)

@@ -145,14 +145,19 @@ class ShardServer:
                 self._flush(conn, events)
         return events
 
-    def send(self, peer: str, msg, key=None) -> int:
-        """Queues `msg` for `peer`, superseding a waiting frame with the same key (None: never);
-        returns the frame size, 0 if the peer is not connected."""
+    def send(self, peer: str, msg, key=None, whole=None) -> int:
+        """Queues `msg` for `peer`, superseding a waiting frame with the same key (None: never;
+        a FragmentDelta does so as `whole`, Send.whole); returns the frame size, 0 if the peer
+        is not connected."""
         conn = self.by_peer.get(peer)
         if conn is None:
             return 0
         frame = encode_frame(msg, run_id=self.run_id, sender=self.name)
-        if conn.outbox.put(frame, key):
+
+        def as_whole(old, new):
+            return whole, encode_frame(whole, run_id=self.run_id, sender=self.name)
+
+        if conn.outbox.put(frame, key, msg=msg, combine=None if whole is None else as_whole):
             self.stats[peer].superseded += 1
         self._flush(conn, self._pending)
         return len(frame)

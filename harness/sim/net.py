@@ -156,13 +156,18 @@ class Net:
         return [link for link in self.links.values() if link.learner == learner]
 
     # --- the shard side (ShardServer) ----------------------------------------------------
-    def shard_send(self, shard: str, learner: str, msg) -> int:
-        """ShardServer.send: the frame size, or 0 if the learner is not connected."""
+    def shard_send(self, shard: str, learner: str, msg, whole=None) -> int:
+        """ShardServer.send: the frame size, or 0 if the learner is not connected; `whole`
+        takes a FragmentDelta's place where it supersedes (Send.whole, trainer/outbox.py)."""
         conn = self.link(learner, shard).conn
         if conn is None or not conn.adopted:
             return 0
         nbytes = len(encode_frame(msg, run_id=self.run_id, sender=shard))
-        self._send(conn, "down", msg, nbytes)
+
+        def as_whole(old, new):
+            return whole, Frame(whole, len(encode_frame(whole, run_id=self.run_id, sender=shard)))
+
+        self._send(conn, "down", msg, nbytes, None if whole is None else as_whole)
         return nbytes
 
     def shard_stopped(self, shard: str) -> None:

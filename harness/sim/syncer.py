@@ -75,8 +75,8 @@ class SyncerProc:
     def now(self) -> float:
         return self.world.now
 
-    def send(self, to: str, msg) -> int:
-        nbytes = self.world.net.shard_send(self.unit.name, to, msg)
+    def send(self, to: str, msg, whole=None) -> int:
+        nbytes = self.world.net.shard_send(self.unit.name, to, msg, whole)
         if nbytes:
             self.stats[to].bytes_sent += nbytes
             self.stats[to].frames_sent += 1

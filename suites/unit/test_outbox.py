@@ -15,7 +15,7 @@ import pytest
 from harness.sim.net import Net
 from harness.sim.world import Clock
 from harness.links import toxic_spec
-from trainer import auth, transport
+from trainer import auth, compression, transport
 from trainer.codec import encode_frame
 from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, Received, SliceControl
 from trainer.outbox import Outbox, outbox_key
@@ -73,11 +73,30 @@ def test_outbox_keys_follow_the_message_kind():
     theta = [np.zeros(3, np.float32)]
     assert outbox_key(FragmentUpdate(2, 5, False, theta)) == ("frag", 2)
     assert outbox_key(FragmentUpdate(2, 6, True, theta)) == ("frag", 2)
+    assert outbox_key(FragmentDelta(2, 6, 5, theta)) == ("frag", 2)  # superseded only as a whole Θ[p]
     assert outbox_key(Hello("learner-0", 1)) == ("hello",)
     assert outbox_key(Contribution("learner-0", 0, 1, 2, 0, 1, 8, 0.1, None, theta)) == ("contrib", 2)
-    for msg in [FragmentDelta(2, 6, 5, theta), GradStep("learner-0", 0, 1, 2, 3, 8, theta),
+    for msg in [GradStep("learner-0", 0, 1, 2, 3, 8, theta),
                 GradMean(2, 3, 1, 2, theta), SliceControl(1)]:
         assert outbox_key(msg) is None
+
+
+def test_a_delta_supersedes_a_waiting_fragment_only_as_the_whole_copy_it_builds():
+    """A FragmentDelta builds on the copy the frame before it left: laid over a waiting
+    Θ[p] it would break the chain, queued behind it the chain grows. It takes the place as
+    what `combine` gives (the shard's Send.whole); a whole Θ[p] replaces a waiting delta."""
+    theta = [np.zeros(3, np.float32)]
+    old, delta = FragmentUpdate(0, 1, False, theta), FragmentDelta(0, 2, 1, theta)
+    whole = FragmentUpdate(0, 2, False, [np.ones(3, np.float32)])
+    box = Outbox()
+    box.put(b"v1", ("frag", 0), msg=old)
+    with pytest.raises(ValueError, match="combined, not replaced"):
+        box.put(b"d2", ("frag", 0), msg=delta)            # no whole to put in its place
+    assert box.put(b"d2", ("frag", 0), msg=delta, combine=lambda o, n: (whole, b"whole-v2")) is True
+    assert (box.frames, box.unsent_bytes) == (1, len(b"whole-v2"))
+    box.put(b"d3", ("frag", 0), msg=FragmentDelta(0, 3, 2, theta), combine=lambda o, n: (n, b"whole-v3"))
+    assert box.put(b"v4", ("frag", 0), msg=FragmentUpdate(0, 4, False, theta)) is True  # whole over whole
+    assert [box.take(), box.take()] == [b"v4", None]
 
 
 def test_two_unsent_contributions_of_a_fragment_are_combined_into_one():
@@ -306,3 +325,28 @@ def test_simulated_links_keep_every_frame_with_the_planted_bug_and_recover_when_
     world.clock.run_until(t_lift + 0.01)                  # the rest lands at once (the stale backlog)
     assert sim_versions(world) == list(range(1, 21))
     assert net.link("learner-0", "syncer-0").shard_stats.superseded == 0
+
+
+def test_simulated_links_carry_a_chain_of_deltas_as_one_whole_copy_bit_for_bit():
+    """int4 deltas (error feedback) into a 1 KB/s link: the first goes on the wire, the rest
+    wait as one whole Θ[p], the exact copy the shard holds for the learner, so the learner's
+    copy and the shard's agree bit for bit and what waits stays one frame (queued behind one
+    another, as before, all 20 would have crossed, late)."""
+    world, net = sim_link()
+    rng = np.random.default_rng(0)
+    theta, held = [np.zeros(400, np.float32)], [np.zeros(400, np.float32)]
+    for v in range(1, 21):
+        theta = [theta[0] + rng.normal(scale=0.01, size=400).astype(np.float32)]
+        payload, copy = compression.broadcast_delta(theta, held, "int4")
+        assert net.shard_send("syncer-0", "learner-0", FragmentDelta(0, v, v - 1, payload),
+                              FragmentUpdate(0, v, False, copy)) > 0
+        held = copy
+        world.clock.run_until(world.now + 0.1)
+    world.clock.run_until(60)
+    got = [msg for _, who, kind, msg in world.got if who == "learner-0" and kind == "message"]
+    # v1 on the wire at once (a delta, ~0.3 s); v5 whole waits for it (~1.7 s a frame); then v20
+    assert [(type(m).__name__, m.version) for m in got] == [("FragmentDelta", 1), ("FragmentUpdate", 5),
+                                                           ("FragmentUpdate", 20)]
+    assert got[-1].params[0].tobytes() == held[0].tobytes()
+    link = net.link("learner-0", "syncer-0")
+    assert link.shard_stats.superseded == 17 and link.shard_stats.unsent_max < 2 * 1800  # on the wire + one
