@@ -19,12 +19,15 @@ key is per learner), a `Hello` (a second Hello asks for the same thing) and a
 base_version; the two hold disjoint steps, see docs/PROTOCOL.md), so at most one
 unsent contribution per (learner, fragment) waits and no progress is lost. A
 `FragmentDelta` (a compressed broadcast) builds on the copy the one before it left, so
-it can neither replace an unsent Θ[p] nor be replaced by one alone: it shares their key,
-and where it would supersede, what it is put with (`combine`, the shard's Send.whole) takes
-the place: Θ[p] whole, the exact copy the learner would have rebuilt. A newer Θ[p] whole
-simply replaces an unsent delta. So on a thin link at most one Θ[p] per fragment waits
-there too, whatever its kind (a chain of deltas, 1/8 of Θ[p] each at int4, grew without
-bound). Every other message keeps FIFO order and is never dropped: the data-parallel
+it can neither replace an unsent Θ[p] nor be replaced by one alone: it shares their key
+and queues behind them as a chain while the chain comes to fewer bytes than Θ[p] whole;
+then what it is put with (`combine`, the shard's Send.whole: Θ[p] whole, the exact copy
+the learner would have rebuilt) replaces the chain. A newer Θ[p] whole replaces a waiting
+chain. So on a thin link at most about one Θ[p]'s bytes per fragment wait there too,
+whatever the kind (before, a chain of deltas, 1/8 of Θ[p] each at int4, grew without
+bound). Replacing a chain at once by the whole (8× its first delta's bytes at int4) was
+tried first: on a link only briefly behind (a learner descheduled), every delta then went
+whole, the link stayed behind, and the run's merges went stale (docs/PROTOCOL.md). Every other message keeps FIFO order and is never dropped: the data-parallel
 `GradStep` / `GradMean` each answer one step.
 
 Pure: no I/O, no threads, no clock; the caller does the locking.
@@ -63,16 +66,18 @@ class _Entry:
 class Outbox:
     """An ordered queue of encoded frames, each with an optional key.
 
-    `put(frame, key)` replaces a waiting frame with the same non-None key in place (it
-    keeps its position in the queue) and returns True, else appends and returns False.
-    `take()` pops the oldest frame; a taken frame can no longer be superseded.
-    Counters: `unsent_bytes` and `frames` (waiting now), `superseded` and
-    `superseded_bytes` (frames replaced so far, and the bytes that saved).
+    `put(frame, key)` replaces the waiting frames with the same non-None key (the first in
+    place: it keeps its position in the queue) and returns True, else appends and returns
+    False. A FragmentDelta is the exception: it joins the waiting frames of its key (a chain
+    of deltas) while they and it come to fewer bytes than Θ[p] whole (what `combine` gives),
+    and only then replaces them with that whole. `take()` pops the oldest frame; a taken
+    frame can no longer be superseded. Counters: `unsent_bytes` and `frames` (waiting now),
+    `superseded` and `superseded_bytes` (frames replaced so far, and their bytes).
     """
 
     def __init__(self):
         self._q: deque[_Entry] = deque()
-        self._by_key: dict = {}
+        self._by_key: dict = {}  # key -> its waiting entries, oldest first (several only for deltas)
         self.unsent_bytes = 0
         self.superseded = 0
         self.superseded_bytes = 0
@@ -85,32 +90,46 @@ class Outbox:
         return len(self._q)
 
     def put(self, frame, key: Hashable | None = None, *, msg=None, combine=None) -> bool:
-        """`combine(old_msg, msg) -> (msg, frame)`: for COMBINED keys and a FragmentDelta
-        `msg`, what replaces the two."""
-        if key is not None and (old := self._by_key.get(key)) is not None:
+        """`combine(old_msg, msg) -> (msg, frame)`: for COMBINED keys, what replaces the two;
+        for a FragmentDelta `msg`, Θ[p] whole, which replaces the chain once it is smaller."""
+        waiting = self._by_key.get(key) if key is not None else None
+        if waiting:
             if key[0] == COMBINED or isinstance(msg, FragmentDelta):
-                if combine is None or old.msg is None or msg is None:
+                if combine is None or waiting[0].msg is None or msg is None:
                     raise ValueError(f"outbox key {key!r} with {type(msg).__name__} is combined, not replaced: "
                                      f"put() needs msg and combine")
-                msg, frame = combine(old.msg, msg)
-            self.unsent_bytes += len(frame) - len(old.frame)
-            self.superseded += 1
-            self.superseded_bytes += len(old.frame)
-            old.frame, old.msg = frame, msg
+                whole, whole_frame = combine(waiting[0].msg, msg)
+                if key[0] != COMBINED and sum(len(e.frame) for e in waiting) + len(frame) < len(whole_frame):
+                    self._append(_Entry(key, frame, msg))  # the chain is still cheaper than Θ[p] whole
+                    return False
+                msg, frame = whole, whole_frame
+            first = waiting[0]
+            for e in waiting[1:]:
+                self._q.remove(e)
+            self.superseded += len(waiting)
+            self.superseded_bytes += sum(len(e.frame) for e in waiting)
+            self.unsent_bytes += len(frame) - sum(len(e.frame) for e in waiting)
+            first.frame, first.msg = frame, msg
+            self._by_key[key] = [first]
             return True
-        entry = _Entry(key, frame, msg)
-        self._q.append(entry)
-        if key is not None:
-            self._by_key[key] = entry
-        self.unsent_bytes += len(frame)
+        self._append(_Entry(key, frame, msg))
         return False
+
+    def _append(self, entry: _Entry) -> None:
+        self._q.append(entry)
+        if entry.key is not None:
+            self._by_key.setdefault(entry.key, []).append(entry)
+        self.unsent_bytes += len(entry.frame)
 
     def take(self) -> bytes | None:
         if not self._q:
             return None
         entry = self._q.popleft()
         if entry.key is not None:
-            del self._by_key[entry.key]
+            waiting = self._by_key[entry.key]
+            waiting.pop(0)  # the oldest of its key: the queue is in order
+            if not waiting:
+                del self._by_key[entry.key]
         self.unsent_bytes -= len(entry.frame)
         return entry.frame
 

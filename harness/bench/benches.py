@@ -93,10 +93,11 @@ BW_M = 4
 BW_STEPS = 300          # runs read to the target loss: long enough for DP and DDL to reach it
 BW_RUNS = {  # key: (steps, diloco overrides; "preset": the paper preset)
     "dp": (BW_STEPS, {"mode": "dp"}),
-    "fp32": (48, {"compression": "fp32"}),
-    "int4": (48, {"compression": "int4"}),
-    "int4_H50": (100, {"compression": "int4", "sync_every": 50}),
-    "int4_H50_K4": (100, {"compression": "int4", "sync_every": 50, "quorum": BW_M}),
+    "fp32": (48, {"compression": "fp32", "broadcast_compression": "fp32"}),
+    "int4": (48, {"compression": "int4", "broadcast_compression": "fp32"}),
+    "int4_H50": (100, {"compression": "int4", "broadcast_compression": "fp32", "sync_every": 50}),
+    "int4_H50_K4": (100, {"compression": "int4", "broadcast_compression": "fp32", "sync_every": 50,
+                          "quorum": BW_M}),
     # compressed broadcasts: Θ comes back as an int4 delta with error feedback
     "int4_bcast": (BW_STEPS, {"compression": "int4", "broadcast_compression": "int4"}),
     "int4_bcast_answer": (48, {"compression": "int4", "broadcast_compression": "int4", "downlink": "answer"}),

@@ -81,22 +81,33 @@ def test_outbox_keys_follow_the_message_kind():
         assert outbox_key(msg) is None
 
 
-def test_a_delta_supersedes_a_waiting_fragment_only_as_the_whole_copy_it_builds():
+def test_a_delta_chain_waits_until_it_would_outweigh_the_whole_copy_it_builds():
     """A FragmentDelta builds on the copy the frame before it left: laid over a waiting
-    Θ[p] it would break the chain, queued behind it the chain grows. It takes the place as
-    what `combine` gives (the shard's Send.whole); a whole Θ[p] replaces a waiting delta."""
+    Θ[p] it would break the chain. It queues behind the waiting frames of its fragment while
+    they and it come to fewer bytes than Θ[p] whole (what `combine` gives, the shard's
+    Send.whole), then that whole replaces them all, in the first one's place."""
     theta = [np.zeros(3, np.float32)]
-    old, delta = FragmentUpdate(0, 1, False, theta), FragmentDelta(0, 2, 1, theta)
-    whole = FragmentUpdate(0, 2, False, [np.ones(3, np.float32)])
+    whole = {v: FragmentUpdate(0, v, False, [np.full(3, v, np.float32)]) for v in range(9)}
+
+    def as_whole(old, new):
+        return whole[new.version], b"W%d" % new.version + b"-" * 8  # 10 bytes
+
     box = Outbox()
-    box.put(b"v1", ("frag", 0), msg=old)
+    box.put(b"v1", ("frag", 0), msg=whole[1])
+    box.put(b"x", None)
     with pytest.raises(ValueError, match="combined, not replaced"):
-        box.put(b"d2", ("frag", 0), msg=delta)            # no whole to put in its place
-    assert box.put(b"d2", ("frag", 0), msg=delta, combine=lambda o, n: (whole, b"whole-v2")) is True
-    assert (box.frames, box.unsent_bytes) == (1, len(b"whole-v2"))
-    box.put(b"d3", ("frag", 0), msg=FragmentDelta(0, 3, 2, theta), combine=lambda o, n: (n, b"whole-v3"))
-    assert box.put(b"v4", ("frag", 0), msg=FragmentUpdate(0, 4, False, theta)) is True  # whole over whole
-    assert [box.take(), box.take()] == [b"v4", None]
+        box.put(b"d2", ("frag", 0), msg=FragmentDelta(0, 2, 1, theta))  # no whole to put in its place
+    for v in (2, 3, 4):  # v1 and the deltas: 2 + 2 + 2 + 2 < 10 bytes, a chain
+        assert box.put(b"d%d" % v, ("frag", 0), msg=FragmentDelta(0, v, v - 1, theta), combine=as_whole) is False
+    assert (box.frames, box.unsent_bytes, box.superseded) == (5, 9, 0)
+    # 8 + 2 ≥ 10: the whole v5 replaces v1 and the three deltas, where v1 was
+    assert box.put(b"d5", ("frag", 0), msg=FragmentDelta(0, 5, 4, theta), combine=as_whole) is True
+    assert (box.frames, box.unsent_bytes, box.superseded, box.superseded_bytes) == (2, 11, 4, 8)
+    # behind a waiting whole, a delta's own whole takes its place (never more bytes than one whole)
+    assert box.put(b"d6", ("frag", 0), msg=FragmentDelta(0, 6, 5, theta), combine=as_whole) is True
+    assert box.put(b"v7", ("frag", 0), msg=whole[7]) is True     # a whole replaces what waits outright
+    assert [box.take(), box.take(), box.take()] == [b"v7", b"x", None]
+    assert box.put(b"d8", ("frag", 0), msg=FragmentDelta(0, 8, 7, theta), combine=as_whole) is False  # nothing waits
 
 
 def test_two_unsent_contributions_of_a_fragment_are_combined_into_one():
@@ -328,10 +339,11 @@ def test_simulated_links_keep_every_frame_with_the_planted_bug_and_recover_when_
 
 
 def test_simulated_links_carry_a_chain_of_deltas_as_one_whole_copy_bit_for_bit():
-    """int4 deltas (error feedback) into a 1 KB/s link: the first goes on the wire, the rest
-    wait as one whole Θ[p], the exact copy the shard holds for the learner, so the learner's
-    copy and the shard's agree bit for bit and what waits stays one frame (queued behind one
-    another, as before, all 20 would have crossed, late)."""
+    """int4 deltas (error feedback) into a 1 KB/s link: the first goes on the wire, the next
+    wait as a chain until they would outweigh one whole Θ[p], then the exact copy the shard
+    holds for the learner waits in their place: the learner's copy and the shard's agree bit
+    for bit and what waits stays about one whole (queued behind one another, as before, all
+    20 would have crossed, late)."""
     world, net = sim_link()
     rng = np.random.default_rng(0)
     theta, held = [np.zeros(400, np.float32)], [np.zeros(400, np.float32)]
@@ -344,9 +356,10 @@ def test_simulated_links_carry_a_chain_of_deltas_as_one_whole_copy_bit_for_bit()
         world.clock.run_until(world.now + 0.1)
     world.clock.run_until(60)
     got = [msg for _, who, kind, msg in world.got if who == "learner-0" and kind == "message"]
-    # v1 on the wire at once (a delta, ~0.3 s); v5 whole waits for it (~1.7 s a frame); then v20
-    assert [(type(m).__name__, m.version) for m in got] == [("FragmentDelta", 1), ("FragmentUpdate", 5),
-                                                           ("FragmentUpdate", 20)]
+    # v1 on the wire at once, v2 behind it; v3..v9 chained until they outweighed Θ[p] whole
+    # (~1.7 KB), which took their place; from then on each newer whole took its place: v20
+    assert [(type(m).__name__, m.version) for m in got] == [("FragmentDelta", 1), ("FragmentDelta", 2),
+                                                           ("FragmentUpdate", 9), ("FragmentUpdate", 20)]
     assert got[-1].params[0].tobytes() == held[0].tobytes()
     link = net.link("learner-0", "syncer-0")
-    assert link.shard_stats.superseded == 17 and link.shard_stats.unsent_max < 2 * 1800  # on the wire + one
+    assert link.shard_stats.superseded == 10 and link.shard_stats.unsent_max < 2 * 1800  # on the wire + one
