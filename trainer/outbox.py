@@ -27,8 +27,9 @@ chain. So on a thin link at most about one Θ[p]'s bytes per fragment wait there
 whatever the kind (before, a chain of deltas, 1/8 of Θ[p] each at int4, grew without
 bound). Replacing a chain at once by the whole (8× its first delta's bytes at int4) was
 tried first: on a link only briefly behind (a learner descheduled), every delta then went
-whole, the link stayed behind, and the run's merges went stale (docs/PROTOCOL.md). Every other message keeps FIFO order and is never dropped: the data-parallel
-`GradStep` / `GradMean` each answer one step.
+whole, the link stayed behind, and the run's merges went stale (docs/PROTOCOL.md). Every
+other message keeps FIFO order and is never dropped: the data-parallel `GradStep` /
+`GradMean` each answer one step.
 
 Pure: no I/O, no threads, no clock; the caller does the locking.
 """

@@ -334,9 +334,10 @@ class SyncerCore(SyncerDP):
                 continue
             payload, copy = send(theta, had[1])
             held[(learner, p)] = (v, copy)
-            # on a link where an older Θ[p] still waits unsent, the chain of deltas cannot
-            # grow: the outbox puts the learner's resulting copy, whole, in their place
-            actions.append(Send(learner, FragmentDelta(p, v, had[0], payload), whole=FragmentUpdate(p, v, False, copy)))
+            # on a link that falls behind, a chain of deltas of p gives way to the learner's
+            # resulting copy, whole, once it would outweigh it (trainer/outbox.py)
+            whole = FragmentUpdate(p, v, False, copy)
+            actions.append(Send(learner, FragmentDelta(p, v, had[0], payload), whole=whole))
         return replace(state, held=held), actions
 
     def _close(self, state: SyncerState, now: float, p: int, weights: list, stale: list):
