@@ -95,12 +95,13 @@ class Outbox:
         for a FragmentDelta `msg`, Θ[p] whole, which replaces the chain once it is smaller."""
         waiting = self._by_key.get(key) if key is not None else None
         if waiting:
+            waiting_bytes = sum(len(e.frame) for e in waiting)
             if key[0] == COMBINED or isinstance(msg, FragmentDelta):
                 if combine is None or waiting[0].msg is None or msg is None:
                     raise ValueError(f"outbox key {key!r} with {type(msg).__name__} is combined, not replaced: "
                                      f"put() needs msg and combine")
                 whole, whole_frame = combine(waiting[0].msg, msg)
-                if key[0] != COMBINED and sum(len(e.frame) for e in waiting) + len(frame) < len(whole_frame):
+                if key[0] != COMBINED and waiting_bytes + len(frame) < len(whole_frame):
                     self._append(_Entry(key, frame, msg))  # the chain is still cheaper than Θ[p] whole
                     return False
                 msg, frame = whole, whole_frame
@@ -108,8 +109,8 @@ class Outbox:
             for e in waiting[1:]:
                 self._q.remove(e)
             self.superseded += len(waiting)
-            self.superseded_bytes += sum(len(e.frame) for e in waiting)
-            self.unsent_bytes += len(frame) - sum(len(e.frame) for e in waiting)
+            self.superseded_bytes += waiting_bytes
+            self.unsent_bytes += len(frame) - waiting_bytes
             first.frame, first.msg = frame, msg
             self._by_key[key] = [first]
             return True

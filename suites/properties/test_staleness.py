@@ -25,6 +25,7 @@ from functools import lru_cache
 import pytest
 from hypothesis import Phase, find, given, settings
 
+from faults.model import Wan
 from faults.schedule import RunShape
 from faults.strategies import link_faults
 from harness.judging import checks, losses
@@ -110,11 +111,11 @@ def test_compressed_broadcasts_on_a_starved_link_keep_what_waits_bounded():
     Hypothesis found for them: before a delta could be superseded, every commit's delta
     queued on it (`link_buffers_bounded`: 2312 bytes waiting, bound 2126); now the chain
     gives way to Θ[p] whole (trainer/outbox.py), and every staleness check holds."""
-    from faults.model import Wan
     train = dataclasses.replace(LINK_BASE.train, compression="int4", broadcast_compression="int4")
     s = dataclasses.replace(LINK_BASE, train=train, faults=(
         Wan(target="link:learner-2~syncer-0", at_s=10.5, duration_s=11.5, bandwidth_kbps=12.8, latency_ms=1920.0),))
-    case = Case(s, simulate(s, params=LINK_SIM, probe=RejoinProbe()), frozenset(), RejoinProbe())
+    probe = RejoinProbe()
+    case = Case(s, simulate(s, params=LINK_SIM, probe=probe), frozenset(), probe)
     deltas = [e for e in case.log.of("send") if e.get("msg") == "FragmentDelta"]
     assert len(deltas) > 100  # the broadcasts were deltas
     with reported(case, "bounded_staleness"):
