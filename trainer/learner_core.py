@@ -37,6 +37,7 @@ sent_step). Rules:
   contributes nothing to it until that fetch re-anchors it.
   Bug `cumulative_delta`: no gate (the behaviour before: a learner that hears nothing
   sends its whole drift since the last Θ[p] every turn, and each copy is merged).
+- closing (trainer/learner_close.py): after the last step `finish` sends what is in no Δ.
 - aligned rounds (decoupled, `align`; docs/PROTOCOL.md "Aligned rounds"): on a RoundOpen(p)
   from the shard, a learner whose turn for p is 1 to period / 2 steps away contributes p
   at once, joining that round (`join`), and skips the turn it replaced (`joined`).
@@ -52,6 +53,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 # the data-parallel baselines' side, and the types, live beside the core
+from trainer.learner_close import LearnerClose
 from trainer.learner_dp import LearnerDP
 from trainer.learner_types import InFlight, LearnerConfig, LearnerMath, LearnerState
 from trainer.messages import (Contribution, FragmentDelta, FragmentUpdate, GradMean, Hello, RoundOpen,
@@ -67,7 +69,7 @@ def _put(t: tuple, p: int, value) -> tuple:
     return t[:p] + (value,) + t[p + 1:]
 
 
-class LearnerCore(LearnerDP):
+class LearnerCore(LearnerDP, LearnerClose):
     # message type -> (handler, modes in which it is legal)
     _HANDLERS = {
         FragmentUpdate: ("_on_update", DILOCO_MODES),
@@ -259,6 +261,9 @@ class LearnerCore(LearnerDP):
                 and self.config.mode in ("streaming", "sync_diloco") and "rejoin_out_of_phase" not in self.config.bugs):
             state, more = self._rephase(state)
             logs = logs + more  # (it replaced `sent`: a deferred contribution's Send was lost)
+        if state.closing:  # an answer came: its fragment's closing Δ can go (trainer/learner_close.py)
+            state, more = self.close_ready(state, now)
+            logs = logs + more
         return self._check_block(state, logs)
 
     def _keeps_on_fetch(self, state: LearnerState, p: int, version: int) -> bool:
@@ -288,9 +293,8 @@ class LearnerCore(LearnerDP):
         that round's grace window; the turn it replaces is skipped (`after_inner_step`).
         Nothing when p is in flight, awaits its fetch or holds no progress, or when its turn
         has just passed (this learner is ahead: its Δ of p opened or joined an earlier
-        round). The schedule itself is not moved: shifting it forward on every join
-        ratchets the whole fleet ahead (each slot the first of the jittered learners
-        opens, and all jump to it: 40 % more contributions on processes)."""
+        round). The schedule is not moved: shifting it on every join ratchets the fleet
+        ahead (each slot the first jittered learner opens: 40 % more contributions)."""
         p = self._fragment(msg.fragment, sender)
         if (not self.config.align or self.config.mode != "decoupled" or p in state.in_flight
                 or p in state.awaiting or p in state.joined or state.c_steps[p] < 1):
@@ -329,7 +333,8 @@ class LearnerCore(LearnerDP):
         if self.config.keep_local:
             state = replace(state, sent_from=_put(state.sent_from, p, list(mine)))
         msg = Contribution(self.config.learner, self.config.incarnation, seq, p, state.base_version[p],
-                           state.c_steps[p], state.c_tokens[p], state.step_time_s, state.last_sync_s, payload)
+                           state.c_steps[p], state.c_tokens[p], state.step_time_s, state.last_sync_s, payload,
+                           closing=state.closing is not None)
         state = replace(state, seq=seq, c_steps=_put(state.c_steps, p, 0), c_tokens=_put(state.c_tokens, p, 0),
                         in_flight={**state.in_flight, p: InFlight(seq, now, state.step, msg)})
         logs = [Log("contribute", {"fragment": p, "seq": seq, "base_version": msg.base_version,

@@ -29,6 +29,7 @@ from typing import Any, Callable, Protocol
 CKPT_EVERY = 50        # inner steps between learner checkpoints
 FETCH_WAIT_S = 5.0     # at (re)start, wait this long for the global fragments before stepping
 DRAIN_S = 1.0          # after the last step, keep receiving for this long
+CLOSE_WAIT_S = 10.0    # a unit that ends by itself waits this long for its closing Δs' answers
 POLL_S = 0.05          # a process's longest wait on its inbox before it looks at its controls
 
 
@@ -89,6 +90,7 @@ def learner_loop(h):
     # sent before the link's `connected` event is handled would be sent twice)
     yield Until(lambda: not (h.state.awaiting or (dp and not h.links_up())), FETCH_WAIT_S)
     h.drain()
+    closes = h.cfg.diloco.mode == "decoupled"  # its last progress goes to Θ first (`finish`)
     while h.step < h.max_steps and not h.stopping:
         h.drain()
         h.read_control()
@@ -113,12 +115,18 @@ def learner_loop(h):
         h.step += 1
         h.step_line(step=h.step, tokens=tokens, loss=loss, dt=round(h.now() - t0, 6), live_slices=h.live_slices)
         yield Spent("loop")
-        if h.step % h.cfg.eval_every == 0 or h.step == h.cfg.steps:
+        if (h.step % h.cfg.eval_every == 0 or h.step == h.cfg.steps) and not (closes and h.step >= h.max_steps):
             h.emit("eval", step=h.step, loss=h.evaluate(h.core.params(h.state)))
             yield Spent("eval")
         if h.step % CKPT_EVERY == 0:
             h.save()
             yield Spent("checkpoint")
+    if closes and h.step >= h.max_steps:  # ended by itself: the closing Δs, then the final eval
+        if not h.stopping:
+            h.do("finish")
+            yield Until(lambda: h.core.closed(h.state), CLOSE_WAIT_S)
+        h.emit("eval", step=h.step, loss=h.evaluate(h.core.params(h.state)), closed=h.core.closed(h.state))
+        yield Spent("eval")
     h.flush_step_line()
     yield Until(None, 0.0 if h.stopping else DRAIN_S)
     if h.step > h.saved_step():

@@ -104,3 +104,4 @@ class LearnerState:
     heard: dict = field(default_factory=dict)       # shard -> step of the last message from it
     sent_from: tuple = ()                           # keep_local, per p: θ[p] as last contributed (None: base[p])
     asked: dict = field(default_factory=dict)       # shard -> (step of the last Hello, Hellos unheard)
+    closing: frozenset | None = None                # after `finish`: fragments whose closing Δ is still to go

@@ -74,7 +74,9 @@ class Contribution(_Message):
     all its messages. base_version is the version of the Θ[fragment] the Δ is taken against.
     c_steps / c_tokens count the inner steps and tokens since the learner last sent this
     fragment. step_time_s is its latest inner-step time; last_sync_s its latest measured
-    send → update time (None before the first).
+    send → update time (None before the first). closing: sent after the learner's last
+    inner step (its closing contribution, `LearnerCore.finish`): the shard keeps counting
+    it in the fleet once it leaves, since its share of the fleet is in Θ.
     """
 
     TENSOR_FIELDS: ClassVar[tuple[str, ...]] = ("payload",)
@@ -88,6 +90,7 @@ class Contribution(_Message):
     step_time_s: float
     last_sync_s: float | None
     payload: list[Tensor]
+    closing: bool = False
 
     def __post_init__(self):
         self._non_negative("incarnation", "seq", "fragment", "base_version", "c_steps", "c_tokens")

@@ -24,11 +24,9 @@ Bounded staleness (decoupled mode; docs/PROTOCOL.md "Bounded staleness"):
   the learner gets the current Θ[p] whole, to re-anchor on (bug `relative_discount`:
   no bound, only the discount inside the round, which a round of one cancels);
 - a commit goes to every live learner (`downlink = "all"`), or only to the learners it
-  merged (`"answer"`: each takes Θ[p] once per cycle, M times fewer bytes down; without
-  `keep_local` a learner's θ then drifts a whole cycle from the others' progress:
-  fault-free Markov loss 2.07 vs 1.73 after 300 steps in the simulator); any Θ[p]
-  taken after a learner's send answers it, and the links keep only the newest unsent
-  whole Θ[p] per learner;
+  merged (`"answer"`: each takes Θ[p] once per cycle, M times fewer bytes down; with
+  `keep_local`, docs/PROTOCOL.md "Downlink"); any Θ[p] taken after a learner's send
+  answers it, and the links keep only the newest unsent whole Θ[p] per learner;
 - a second contribution of the same learner in one open round (after a re-anchor) is
   summed into it (`drop reason=combined`): their steps are disjoint.
 
@@ -58,6 +56,8 @@ SNAPSHOT_FORMAT = 1
 # `align`: a round's grace window lasts at least this many inner-step times (ξ_step), so the
 # learners a RoundOpen reaches mid-step can finish that step and join
 ALIGN_WAIT_STEPS = 4.0
+# a round holding a closing Δ (trainer/learner_close.py) waits this long for every live learner
+CLOSE_HOLD_S = 8.0
 
 
 def _without(d: dict, key) -> dict:
@@ -172,7 +172,7 @@ class SyncerCore(SyncerDP):
             held.update({(msg.learner, p): (state.version[p], state.theta[p]) for p in self.config.fragments})
         # a fresh learner holding this shard's Θ0: a fragment still at version 0 goes without params
         same = bool(msg.fresh) and msg.fresh == state.theta0
-        return replace(state, held=held), [
+        return replace(state, held=held, closed=state.closed - {msg.learner}), [
             Send(msg.learner, FragmentUpdate(p, state.version[p], True,
                                              [] if same and state.version[p] == 0 else state.theta[p]))
             for p in self.config.fragments]
@@ -217,7 +217,8 @@ class SyncerCore(SyncerDP):
             new = replace(new, c_steps=new.c_steps + prev.c_steps, c_tokens=new.c_tokens + prev.c_tokens)
         cw = self.config.ema_weight
         state = replace(state, xi_step=ema(state.xi_step, c.step_time_s, cw),
-                        xi_sync=state.xi_sync if c.last_sync_s is None else ema(state.xi_sync, c.last_sync_s, cw))
+                        xi_sync=state.xi_sync if c.last_sync_s is None else ema(state.xi_sync, c.last_sync_s, cw),
+                        closed=state.closed | {c.learner} if c.closing else state.closed)
         return self._add(state, now, p, c.learner, new, prev)
 
     # --- rounds -----------------------------------------------------------------------------
@@ -253,8 +254,11 @@ class SyncerCore(SyncerDP):
                 return state, []
             state = replace(state, xi_quorum=ema(state.xi_quorum, now - rnd.opened_at, self.config.ema_weight))
             rnd = replace(rnd, quorum_at=now, deadline=now + self.grace_s(state))
-            state = replace(state, rounds={**state.rounds, p: rnd})
             actions.append(SetTimer(f"grace:{p}", rnd.deadline))
+        if state.closed & rnd.pending.keys() and rnd.deadline < rnd.quorum_at + CLOSE_HOLD_S:
+            rnd = replace(rnd, deadline=rnd.quorum_at + CLOSE_HOLD_S)  # closing: hold for the rest
+            actions.append(SetTimer(f"grace:{p}", rnd.deadline))
+        state = replace(state, rounds={**state.rounds, p: rnd})
         if now >= rnd.deadline or state.live.issubset(rnd.pending):
             return self._commit(state, now, p)
         return state, actions
@@ -297,12 +301,12 @@ class SyncerCore(SyncerDP):
         times too long step (docs/PROTOCOL.md "Keeping local progress"). share_by "merged":
         the learners the round merged / live learners instead, for a grace window long enough
         to gather more than K (the paper preset): a round of three then moves Θ by three
-        learners' share, not K's."""
+        learners' share, not K's. A learner that closed and left still counts: its share is in Θ."""
         if not self.config.fleet_share or self.config.mode != "decoupled":
             return 1.0
         learners = {learner for learner, _ in merged}
         n = len(learners) if self.config.share_by == "merged" else self.config.k
-        return min(1.0, n / max(len(state.live | learners), 1))
+        return min(1.0, n / max(len(state.live | learners | state.closed), 1))
 
     def _warm(self, state: SyncerState, p: int) -> float:
         """The outer warm-up: a fragment's first `outer_warmup` outer steps (versions 1 to
@@ -310,8 +314,11 @@ class SyncerCore(SyncerDP):
         outer lr applies in full. Early on, while the inner lr peaks, a learner whose
         parameters jump onto a Θ[p] moved 30 % past the average (several commits taken at
         once, as a process descheduled on a shared core takes them) can leave its stable
-        region (docs/PROTOCOL.md "Outer warm-up")."""
-        if self.config.mode != "decoupled" or state.version[p] >= self.config.outer_warmup:
+        region (docs/PROTOCOL.md "Outer warm-up"). A round holding a closing Δ steps by the
+        average too: the learners' last progress, at the schedule's lowest lr, is mostly noise."""
+        rnd = state.rounds.get(p)
+        if self.config.mode != "decoupled" or not (state.version[p] < self.config.outer_warmup
+                                                   or (rnd and state.closed & rnd.pending.keys())):
             return 1.0
         return self.config.warmup_scale
 

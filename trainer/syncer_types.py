@@ -121,6 +121,7 @@ class SyncerState:
     version: dict            # p -> int
     durable: dict            # p -> highest version the shell reported saved
     live: frozenset = frozenset()
+    closed: frozenset = frozenset()  # learners whose closing contribution came: done, still in the fleet's count
     rounds: dict = field(default_factory=dict)       # p -> Round, open rounds only
     last_merged: dict = field(default_factory=dict)  # (learner, p) -> (incarnation, seq)
     dp_sent: dict = field(default_factory=dict)      # (learner, p) -> last GradMean sent

@@ -175,15 +175,19 @@ def _bytes_to(run: ClusterRun, target: float) -> dict | None:
 def _bytes_per_token(run: ClusterRun) -> dict:
     """total: transport counters / tokens; up/down: the learners' sent/received share;
     steady: from the send/recv lines, without the start-up fetch (FragmentUpdate rejoin
-    replies) and without repeats of a seq (dp re-sends its first GradSteps when the
-    link-up event is handled after the first step); commits and updates per contribution."""
+    replies), without repeats of a seq (dp re-sends its first GradSteps when the
+    link-up event is handled after the first step) and without the closing contributions
+    and their answers (after a learner's `closing` line: once a run, like the fetch);
+    commits and updates per contribution."""
     sent = sum(lr.link_bytes["sent"] for lr in run.learners.values())
     recv = sum(lr.link_bytes["recv"] for lr in run.learners.values())
     tokens = run.tokens
     steady = 0
     for lr in run.learners.values():
         seen = set()
-        for e in lr.of("send", "recv"):
+        for e in lr.of("send", "recv", "closing"):
+            if e["kind"] == "closing":
+                break  # what follows is the learner's closing (trainer/learner_close.py)
             key = (e["kind"], e["msg"], e.get("fragment"), e.get("seq"))
             if e.get("rejoin") or (e.get("seq") is not None and key in seen):
                 continue  # the start-up fetch; a GradStep re-sent on (re)connect, its mean re-sent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from trainer.learner_loop import CKPT_EVERY, DRAIN_S, FETCH_WAIT_S, Compute, Until, learner_loop
+from trainer.learner_loop import CKPT_EVERY, CLOSE_WAIT_S, DRAIN_S, FETCH_WAIT_S, Compute, Until, learner_loop
 
 
 class Core:
@@ -20,6 +20,10 @@ class Core:
     def params(self, state):
         return state.params
 
+    @staticmethod
+    def closed(state) -> bool:  # every closing Δ answered
+        return state.closing is not None and not state.closing
+
 
 class Host:
     """Records what the loop does; `run` plays the host's part for each wait."""
@@ -27,7 +31,7 @@ class Host:
     def __init__(self, steps: int, mode: str = "decoupled", holds: int = 0, saved: int = 0):
         self.cfg = SimpleNamespace(steps=steps, eval_every=25, diloco=SimpleNamespace(mode=mode))
         self.step, self.max_steps, self.incarnation, self.live_slices = 0, steps, 0, 1
-        self.core, self.state = Core(holds), SimpleNamespace(params=0.0, awaiting=frozenset({0}))
+        self.core, self.state = Core(holds), SimpleNamespace(params=0.0, awaiting=frozenset({0}), closing=None)
         self.stopping, self.saved, self.t = False, saved, 0.0
         self.lines, self.waits, self.saves, self.done = [], [], [], None
         self.driver = SimpleNamespace(grads_ready=lambda g, tokens, dt: self.lines.append(("grads", g)))
@@ -36,7 +40,7 @@ class Host:
         return self.t
 
     def emit(self, kind, **fields):
-        self.lines.append((kind, fields.get("step")))
+        self.lines.append((kind, fields.get("step")) + ((fields["closed"],) if "closed" in fields else ()))
 
     def do(self, event, *args):
         self.lines.append((event,))
@@ -44,6 +48,8 @@ class Host:
             self.state.awaiting = frozenset({0})
         elif event == "after_inner_step":
             self.state.params = args[0]
+        elif event == "finish":
+            self.state.closing = {0}  # one closing Δ out, its answer still to come
 
     def pid(self):
         return 7
@@ -56,6 +62,8 @@ class Host:
 
     def drain(self):
         self.state.awaiting = frozenset()  # the fetch answered
+        if self.state.closing:
+            self.state.closing = set()     # and the closing Δ
 
     def read_control(self):
         pass
@@ -115,6 +123,9 @@ def test_a_run_fetches_steps_evaluates_saves_and_drains():
     assert h.waits.count("Compute") == CKPT_EVERY and "Idle" not in h.waits
     assert [x[1] for x in h.lines if x[0] == "step"] == list(range(1, CKPT_EVERY + 1))
     assert [x[1] for x in h.lines if x[0] == "eval"] == [25, 50]
+    # ended by itself: the closing Δs go first, their answers are awaited, then the last eval
+    assert h.waits[-3:] == [("Until", CLOSE_WAIT_S), "Spent", ("Until", DRAIN_S)]
+    assert h.lines.index(("finish",)) < h.lines.index(("eval", 50, True))
     assert h.saves == [(CKPT_EVERY, False)]  # the periodic save covers the end: no final one
     assert h.state.params == CKPT_EVERY and h.done == (CKPT_EVERY, True)
     assert h.lines[0] == ("unit_up", 0) and h.lines[1] == ("start",)
@@ -132,6 +143,15 @@ def test_a_stop_mid_step_drops_that_step_and_skips_the_drain():
     h.run(stop_at_compute=4)
     assert [x[1] for x in h.lines if x[0] == "step"] == [1, 2, 3]
     assert h.waits[-1] == ("Until", 0.0) and h.saves == [(3, True)] and h.done == (3, False)
+    assert ("finish",) not in h.lines  # stopped: no closing
+
+
+def test_a_unit_stopped_at_its_last_step_evaluates_without_closing():
+    h = Host(steps=4)
+    step_line = h.step_line
+    h.step_line = lambda **f: (step_line(**f), setattr(h, "stopping", f["step"] == 4))
+    h.run()
+    assert ("finish",) not in h.lines and h.lines[-2:] == [("eval", 4, False), ("flush",)]
 
 
 def test_dp_hands_its_gradient_to_the_driver():
@@ -139,3 +159,4 @@ def test_dp_hands_its_gradient_to_the_driver():
     h.run()
     assert [x for x in h.lines if x[0] == "grads"] == [("grads", -1.0)] * 2
     assert ("after_inner_step",) not in h.lines and h.done == (2, True)
+    assert ("finish",) not in h.lines  # closing is the decoupled mode's
