@@ -177,17 +177,24 @@ def _bytes_per_token(run: ClusterRun) -> dict:
     steady: from the send/recv lines, without the start-up fetch (FragmentUpdate rejoin
     replies), without repeats of a seq (dp re-sends its first GradSteps when the
     link-up event is handled after the first step) and without the closing contributions
-    and their answers (after a learner's `closing` line: once a run, like the fetch);
+    and their answers (once a run, like the fetch: after a learner's `closing` line, only
+    the first update of each fragment whose Δ was still in flight, its answer, counts);
     commits and updates per contribution."""
     sent = sum(lr.link_bytes["sent"] for lr in run.learners.values())
     recv = sum(lr.link_bytes["recv"] for lr in run.learners.values())
     tokens = run.tokens
     steady = 0
     for lr in run.learners.values():
-        seen = set()
+        seen, answering = set(), None  # after `closing`: fragments whose Δ in flight is unanswered
         for e in lr.of("send", "recv", "closing"):
             if e["kind"] == "closing":
-                break  # what follows is the learner's closing (trainer/learner_close.py)
+                answering = set(e["waiting"])  # trainer/learner_close.py
+                continue
+            if answering is not None:  # the closing: only the answers to steady Δs count
+                if e["kind"] != "recv" or e["msg"] not in ("FragmentUpdate", "FragmentDelta") \
+                        or e.get("fragment") not in answering:
+                    continue
+                answering.discard(e["fragment"])
             key = (e["kind"], e["msg"], e.get("fragment"), e.get("seq"))
             if e.get("rejoin") or (e.get("seq") is not None and key in seen):
                 continue  # the start-up fetch; a GradStep re-sent on (re)connect, its mean re-sent

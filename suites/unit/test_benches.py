@@ -127,3 +127,30 @@ def test_parity_reports_the_excess_loss_ratio_of_the_learners_and_of_theta():
     assert out["global_parity_gap"] == pytest.approx(0.005 / 1.72)
     none = _parity_of(run, 1.72, 1.72, None)
     assert none["excess_loss_ratio"] is None and none["global_excess_loss_ratio"] is None
+
+
+def test_steady_bytes_leave_out_the_fetch_and_the_closing_but_not_the_answers_it_waits_for():
+    """One learner, 10 steps of 100 tokens: the start-up fetch (1000 B) and the closing Δ
+    (30 B) and its answer (40 B) are left out; the steady Δs (10 + 20 B), their answers
+    (5 B, and 7 B for fragment 1, still in flight at `closing`) count: 42 B / 1000 tokens."""
+    from harness.bench.benches import _bytes_per_token
+    from harness.bench.runs import ClusterRun, LearnerRun
+    from trainer.config import RunConfig
+
+    def line(kind, msg, fragment, nbytes, **kw):
+        return {"kind": kind, "msg": msg, "fragment": fragment, "bytes": nbytes, **kw}
+
+    events = [{"kind": "step", "step": s, "t": float(s), "tokens": 100} for s in range(1, 11)]
+    events += [line("recv", "FragmentUpdate", 0, 1000, rejoin=True),
+               line("send", "Contribution", 0, 10, seq=1), line("recv", "FragmentDelta", 0, 5),
+               line("send", "Contribution", 1, 20, seq=2),
+               {"kind": "closing", "step": 10, "fragments": [0, 1], "waiting": [1]},
+               line("send", "Contribution", 0, 30, seq=3, closing=True),
+               line("recv", "FragmentDelta", 1, 7),      # the answer to seq 2: steady
+               line("recv", "FragmentDelta", 0, 40),     # the closing Δ's answer
+               line("send", "Contribution", 1, 30, seq=4, closing=True),
+               line("recv", "FragmentDelta", 1, 40),     # its answer
+               {"kind": "done", "links": {"s0": {"bytes_sent": 90, "bytes_recv": 1092}}}]
+    run = ClusterRun(None, RunConfig(steps=10), 0.0, {"a": LearnerRun("a", events)}, [])
+    b = _bytes_per_token(run)
+    assert b["steady"] == (10 + 5 + 20 + 7) / 1000 and b["total"] == (90 + 1092) / 1000

@@ -68,36 +68,31 @@ def test_nothing_to_close_is_closed_at_once_and_other_modes_do_not_close():
     assert acts == [] and s.closing is None and not core.closed(s)
 
 
+def _four(closing: bool, delta: float = 4.0, lr: float = 1.0, warmup_scale: float = 1.0):
+    """A shard of fragment 0 (Θ0 = 0), no grace window, the merged learners' share, A, B, C
+    and D live; A's Δ = `delta` arrives at t = 1. -> (core, state, A's actions)"""
+    core = SyncerCore(SyncerConfig("s0", (0,), ("A", "B", "C", "D"), grace_gamma=0.0, fleet_share=True,
+                                   share_by="merged", warmup_scale=warmup_scale), syncer_math(lr))
+    state = core.init({0: [arr(0.0)]})
+    for learner in "ABCD":
+        state, _ = core.learner_connected(state, 0.0, learner)
+    state, acts = core.receive(state, 1.0, "A", Contribution("A", 0, 1, 0, 0, 2, 20, 1.0, None, [arr(delta)],
+                                                             closing=closing))
+    return core, state, acts
+
+
 @pytest.mark.parametrize("closing,expect", [(True, -1.0), (False, -4.0 / 3)])
 def test_a_learner_that_closed_and_left_still_counts_in_the_fleet_share(closing, expect):
     """share_by "merged", K = 1, four learners: A's Δ = 0 commits (Θ stays 0; A's closing
     round after its hold, see below), then A leaves.
     B's Δ = 4: Θ ← 0 − 4 · 1/4 when A closed (its share is in Θ), 0 − 4 · 1/3 when A just
     went away (a dead learner's share is no longer the fleet's)."""
-    core = SyncerCore(SyncerConfig("s0", (0,), ("A", "B", "C", "D"), grace_gamma=0.0, fleet_share=True,
-                                   share_by="merged"),
-                      syncer_math())
-    state = core.init({0: [arr(0.0)]})
-    for learner in "ABCD":
-        state, _ = core.learner_connected(state, 0.0, learner)
-    state, _ = core.receive(state, 1.0, "A", Contribution("A", 0, 1, 0, 0, 2, 20, 1.0, None, [arr(0.0)],
-                                                          closing=closing))
+    core, state, _ = _four(closing, delta=0.0)
     state, _ = core.learner_disconnected(state, 2.0, "A")
     state, _ = core.timer(state, 1.0 + CLOSE_HOLD_S, "grace:0")  # a closing round's hold ends
     assert state.version[0] == 1
     state, _ = core.receive(state, 2.0 + CLOSE_HOLD_S, "B", Contribution("B", 0, 1, 0, 1, 2, 20, 1.0, None, [arr(4.0)]))
     assert state.version[0] == 2 and state.theta[0][0].tolist() == pytest.approx([expect])
-
-
-def _four(closing: bool):
-    core = SyncerCore(SyncerConfig("s0", (0,), ("A", "B", "C", "D"), grace_gamma=0.0, fleet_share=True,
-                                   share_by="merged"), syncer_math())
-    state = core.init({0: [arr(0.0)]})
-    for learner in "ABCD":
-        state, _ = core.learner_connected(state, 0.0, learner)
-    state, acts = core.receive(state, 1.0, "A", Contribution("A", 0, 1, 0, 0, 2, 20, 1.0, None, [arr(4.0)],
-                                                             closing=closing))
-    return core, state, acts
 
 
 def test_a_round_with_a_closing_delta_holds_for_every_live_learner():
@@ -129,12 +124,6 @@ def test_the_hold_ends_at_its_deadline_with_who_is_in():
 def test_a_closing_round_steps_by_the_fleets_average_not_past_it(closing, expect):
     """Outer lr 2 (warmup_scale 1/2, no warm-up left): A's Δ = 4 at a quarter share moves Θ by
     2 · 4/4 = 2; a closing round by the average step, lr 1: 1 (fails if it steps past it)."""
-    core = SyncerCore(SyncerConfig("s0", (0,), ("A", "B", "C", "D"), grace_gamma=0.0, fleet_share=True,
-                                   share_by="merged", warmup_scale=0.5), syncer_math(lr=2.0))
-    state = core.init({0: [arr(0.0)]})
-    for learner in "ABCD":
-        state, _ = core.learner_connected(state, 0.0, learner)
-    state, _ = core.receive(state, 1.0, "A", Contribution("A", 0, 1, 0, 0, 2, 20, 1.0, None, [arr(4.0)],
-                                                          closing=closing))
+    core, state, _ = _four(closing, lr=2.0, warmup_scale=0.5)
     state, _ = core.timer(state, 1.0 + CLOSE_HOLD_S, "grace:0")
     assert state.version[0] == 1 and state.theta[0][0].tolist() == [expect]
