@@ -130,14 +130,14 @@ class SyncerCore(SyncerDP):
 
     # --- the durable part -------------------------------------------------------------------
     def snapshot(self, state: SyncerState) -> dict:
-        """Θ, outer states, versions and who was merged last, for the shell's checkpoint."""
+        """Θ, outer states, versions, who was merged last and who closed: the checkpoint."""
         merged: dict = {}
         for (learner, p), (inc, seq) in sorted(state.last_merged.items()):
             merged.setdefault(learner, {})[str(p)] = [inc, seq]
         return {"format": SNAPSHOT_FORMAT, "shard": self.config.shard,
                 "fragments": {str(p): {"version": state.version[p], "theta": list(state.theta[p]),
                                        "outer": state.outer[p]} for p in self.config.fragments},
-                "last_merged": merged}
+                "last_merged": merged, "closed": sorted(state.closed)}
 
     def restore(self, snap: dict) -> SyncerState:
         """A restarted shard: the snapshot's versions are durable; rounds and links start empty."""
@@ -151,7 +151,7 @@ class SyncerCore(SyncerDP):
         version = {p: int(f["version"]) for p, f in frags.items()}
         return SyncerState(theta={p: list(f["theta"]) for p, f in frags.items()},
                            outer={p: f["outer"] for p, f in frags.items()}, version=version,
-                           durable=dict(version),
+                           durable=dict(version), closed=frozenset(snap.get("closed", ())),
                            last_merged={(learner, int(p)): (int(v[0]), int(v[1]))
                                         for learner, d in snap["last_merged"].items() for p, v in d.items()})
 

@@ -127,3 +127,21 @@ def test_a_closing_round_steps_by_the_fleets_average_not_past_it(closing, expect
     core, state, _ = _four(closing, lr=2.0, warmup_scale=0.5)
     state, _ = core.timer(state, 1.0 + CLOSE_HOLD_S, "grace:0")
     assert state.version[0] == 1 and state.theta[0][0].tolist() == [expect]
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_restarted_shard_still_counts_the_learner_that_closed(keep):
+    """As above, with the shard restarted from its snapshot between A's closing round and
+    B's Δ = 4: Θ ← −4 · 1/4 only if the snapshot kept who closed (−4/3 if it forgot)."""
+    core, state, _ = _four(True, delta=0.0)
+    state, _ = core.learner_disconnected(state, 2.0, "A")
+    state, _ = core.timer(state, 1.0 + CLOSE_HOLD_S, "grace:0")
+    snap = core.snapshot(state)
+    if not keep:
+        snap = {k: v for k, v in snap.items() if k != "closed"}   # a snapshot from before
+    state = core.restore(snap)
+    for learner in "BCD":
+        state, _ = core.learner_connected(state, 10.0, learner)
+    state, _ = core.receive(state, 10.0, "B", Contribution("B", 0, 1, 0, 1, 2, 20, 1.0, None, [arr(4.0)]))
+    assert state.version[0] == 2
+    assert state.theta[0][0].tolist() == pytest.approx([-1.0 if keep else -4.0 / 3])
