@@ -255,7 +255,7 @@ class SyncerCore(SyncerDP):
             state = replace(state, xi_quorum=ema(state.xi_quorum, now - rnd.opened_at, self.config.ema_weight))
             rnd = replace(rnd, quorum_at=now, deadline=now + self.grace_s(state))
             actions.append(SetTimer(f"grace:{p}", rnd.deadline))
-        if state.closed & rnd.pending.keys() and rnd.deadline < rnd.quorum_at + CLOSE_HOLD_S:
+        if self._closing(state, p) and rnd.deadline < rnd.quorum_at + CLOSE_HOLD_S:
             rnd = replace(rnd, deadline=rnd.quorum_at + CLOSE_HOLD_S)  # closing: hold for the rest
             actions.append(SetTimer(f"grace:{p}", rnd.deadline))
         state = replace(state, rounds={**state.rounds, p: rnd})
@@ -275,40 +275,42 @@ class SyncerCore(SyncerDP):
             return state, [
                 Log("drop", {"what": "contribution", "fragment": p, "learner": learner, "seq": pc.seq,
                              "incarnation": pc.incarnation, "reason": "zero_weight"}) for learner, pc in merged] + answer
+        closing = self._closing(state, p)  # its Δs merge by their plain mean (no RDA stretch)
         theta, outer = self.math.merge_and_step(state.theta[p], state.outer[p],
                                                 [self.math.decode(pc.payload) for _, pc in merged], weights,
-                                                self._share(state, merged) * self._warm(state, p))
+                                                self._share(state, merged) * self._warm(state, p, closing), closing)
         state, actions = self._close(replace(state, theta={**state.theta, p: list(theta)},
                                              outer={**state.outer, p: outer}), now, p, weights, stale)
         state, sends = self._answer(state, p, self._recipients(state, merged))
         return state, actions + sends + [SaveCheckpoint(dict(state.version))]
 
     def _recipients(self, state: SyncerState, merged: list) -> list:
-        """Who gets a commit's Θ[p]: every live learner, or (downlink "answer", decoupled) only
-        the live learners it merged: each learner takes Θ[p] once per fragment cycle, in answer
-        to its own contribution, which is when it needs it (it contributes p next a cycle later),
-        instead of about M times per cycle (docs/PROTOCOL.md "Downlink")."""
+        """Who gets a commit's Θ[p]: every live learner, or (downlink "answer", decoupled) the
+        live learners it merged: once per fragment cycle, not ~M times (PROTOCOL.md "Downlink")."""
         if self.config.downlink == "answer" and self.config.mode == "decoupled":
             return sorted(learner for learner, _ in merged if learner in state.live)
         return sorted(state.live)
 
     def _share(self, state: SyncerState, merged: list) -> float:
         """fleet_share: min(1, K / live learners). A round is expected to hold K of the live
-        learners (the quorum; at K = 1 most rounds hold one), so its merged Δ moves Θ by K
-        learners' share of the fleet: outer lr 1 is the fleet's average, as in DiLoCo's
-        synchronous outer step, at K = 1 and at K = M alike. Without it, at K = 1 each
-        learner's Δ alone moves Θ by all of it, and M learners' progress adds up to an M
-        times too long step (docs/PROTOCOL.md "Keeping local progress"). share_by "merged":
-        the learners the round merged / live learners instead, for a grace window long enough
-        to gather more than K (the paper preset): a round of three then moves Θ by three
-        learners' share, not K's. A learner that closed and left still counts: its share is in Θ."""
+        learners (the quorum), so its merged Δ moves Θ by K learners' share of the fleet: outer
+        lr 1 is the fleet's average, as in DiLoCo's synchronous outer step, at K = 1 and K = M.
+        Without it, at K = 1 M learners' progress adds up to an M times too long step
+        (docs/PROTOCOL.md "Keeping local progress"). share_by "merged": the learners the round
+        merged / live, for a grace window that gathers more than K (the paper preset). A
+        learner that closed and left still counts: its share is in Θ."""
         if not self.config.fleet_share or self.config.mode != "decoupled":
             return 1.0
         learners = {learner for learner, _ in merged}
         n = len(learners) if self.config.share_by == "merged" else self.config.k
         return min(1.0, n / max(len(state.live | learners | state.closed), 1))
 
-    def _warm(self, state: SyncerState, p: int) -> float:
+    def _closing(self, state: SyncerState, p: int) -> bool:
+        """p's open round holds the Δ of a learner that closed (docs/PROTOCOL.md "Closing")."""
+        rnd = state.rounds.get(p)
+        return bool(rnd and state.closed & rnd.pending.keys())
+
+    def _warm(self, state: SyncerState, p: int, closing: bool) -> float:
         """The outer warm-up: a fragment's first `outer_warmup` outer steps (versions 1 to
         outer_warmup) move Θ[p] by the fleet's average step (lr 1), not past it; then the
         outer lr applies in full. Early on, while the inner lr peaks, a learner whose
@@ -316,9 +318,7 @@ class SyncerCore(SyncerDP):
         once, as a process descheduled on a shared core takes them) can leave its stable
         region (docs/PROTOCOL.md "Outer warm-up"). A round holding a closing Δ steps by the
         average too: the learners' last progress, at the schedule's lowest lr, is mostly noise."""
-        rnd = state.rounds.get(p)
-        if self.config.mode != "decoupled" or not (state.version[p] < self.config.outer_warmup
-                                                   or (rnd and state.closed & rnd.pending.keys())):
+        if self.config.mode != "decoupled" or not (state.version[p] < self.config.outer_warmup or closing):
             return 1.0
         return self.config.warmup_scale
 

@@ -70,15 +70,15 @@ class SyncerConfig:
 
 @dataclass(frozen=True)
 class SyncerMath:
-    """merge_and_step(Θ[p], outer_p, deltas, weights, scale) -> (Θ[p], outer_p): merge, times
-    `scale`, then the outer step;
+    """merge_and_step(Θ[p], outer_p, deltas, weights, scale, mean) -> (Θ[p], outer_p): merge
+    (the run's merge, or the plain weighted mean where `mean`), times `scale`, then the outer step;
     weight(c_tokens, c_steps, staleness) -> float; decode(payload) -> fp32 arrays;
     outer_init(Θ[p]) -> outer_p; average(grads, weights) -> arrays (dp modes only);
     broadcast_delta(Θ[p], learner's copy) -> (payload, learner's new copy): compressed
     broadcasts (FragmentDelta); None sends every commit whole (FragmentUpdate, fp32);
     combine(payload, payload) -> payload: the sum of two Δs (None: the newer replaces)."""
 
-    merge_and_step: Callable[[list, Any, list, list, float], tuple[list, Any]]
+    merge_and_step: Callable[[list, Any, list, list, float, bool], tuple[list, Any]]
     weight: Callable[[int, int, int], float]
     decode: Callable[[list], list]
     outer_init: Callable[[list], Any]

@@ -90,8 +90,8 @@ def syncer_math(cfg: RunConfig, frag: Fragmenter) -> SyncerMath:
     # by its exact list of leaf shapes.
     mean_sigs = {_signature(frag, p) for p in range(cfg.n_fragments) if frag.is_embedding(p)}
 
-    def merge_and_step(theta, outer_state, deltas, weights, scale=1.0):
-        kind = d.merge
+    def merge_and_step(theta, outer_state, deltas, weights, scale=1.0, mean=False):
+        kind = "mean" if mean else d.merge  # mean: a closing round (trainer/syncer_core.py)
         if kind == "rda" and tuple(tuple(np.shape(a)) for a in theta) in mean_sigs:
             kind = "mean"
         merged = outer.merge(deltas, weights, kind)

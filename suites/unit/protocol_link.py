@@ -42,7 +42,7 @@ def syncer_math(lr: float = 1.0) -> SyncerMath:
     """Θ ← Θ − lr · (weighted mean Δ); the outer state counts outer steps; weight
     = c_tokens · (1 + staleness)^-0.5."""
     return SyncerMath(
-        merge_and_step=lambda theta, n, deltas, w, scale=1.0: ([t - lr * scale * m for t, m in zip(theta, weighted_mean(deltas, w))],
+        merge_and_step=lambda theta, n, deltas, w, scale=1.0, mean=False: ([t - lr * scale * m for t, m in zip(theta, weighted_mean(deltas, w))],
                                                    n + 1),
         weight=lambda tokens, steps, staleness: tokens * (1 + staleness) ** -0.5,
         decode=list,

@@ -3,9 +3,13 @@ step its remaining progress goes to Θ, and the shard keeps a learner that close
 fleet's count once it leaves. One fragment of one number, values checked on paper."""
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 from protocol_link import arr, learner_math, syncer_math
 
+from trainer import outer
 from trainer.messages import Contribution, FragmentUpdate
 from trainer.protocol import LearnerConfig, LearnerCore, Log, Send, SetTimer, SyncerConfig, SyncerCore
 from trainer.syncer_core import CLOSE_HOLD_S
@@ -145,3 +149,38 @@ def test_a_restarted_shard_still_counts_the_learner_that_closed(keep):
     state, _ = core.receive(state, 10.0, "B", Contribution("B", 0, 1, 0, 1, 2, 20, 1.0, None, [arr(4.0)]))
     assert state.version[0] == 2
     assert state.theta[0][0].tolist() == pytest.approx([-1.0 if keep else -4.0 / 3])
+
+
+@pytest.mark.parametrize("closing,expect", [(False, -math.sqrt(0.5)), (True, -0.5)])
+def test_a_closing_round_merges_by_the_plain_mean(closing, expect):
+    """RDA keeps the Δs' mean length: Δs (1, 0) and (0, 1) merge to (0.71, 0.71), their
+    mean is (0.5, 0.5). A round of A and B (K = 2, both merged: share 1, lr 1) steps Θ by
+    RDA's merge, a closing round by the mean: the run's last progress, mostly noise, is not
+    stretched (fails if the core does not ask for the mean)."""
+    def merge_and_step(theta, n, deltas, w, scale=1.0, mean=False):
+        return [t - scale * m for t, m in zip(theta, outer.merge(deltas, w, "mean" if mean else "rda"))], n + 1
+    core = SyncerCore(SyncerConfig("s0", (0,), ("A", "B"), quorum=2, grace_gamma=0.0, fleet_share=True,
+                                   share_by="merged"), dataclasses.replace(syncer_math(), merge_and_step=merge_and_step))
+    state = core.init({0: [arr(0.0, 0.0)]})
+    for learner in "AB":
+        state, _ = core.learner_connected(state, 0.0, learner)
+    for learner, d in (("A", arr(1.0, 0.0)), ("B", arr(0.0, 1.0))):
+        state, _ = core.receive(state, 1.0, learner, Contribution(learner, 0, 1, 0, 0, 2, 20, 1.0, None, [d],
+                                                                  closing=closing))
+    assert state.version[0] == 1 and state.theta[0][0].tolist() == pytest.approx([expect, expect])
+
+
+def test_the_runs_math_merges_a_closing_round_by_the_mean():
+    """trainer/wiring.py, RDA the run's merge, outer lr 1: the same two Δs step Θ by
+    (0.71, 0.71) in an ordinary round, by (0.5, 0.5) where the core asks for the mean."""
+    import numpy as np
+
+    from trainer.config import RunConfig
+    from trainer.fragments import Fragmenter
+    from trainer.wiring import syncer_math as run_math
+    m = run_math(RunConfig.from_dict({"diloco": {"fragments": 1}, "outer": {"lr": 1.0}}),
+                 Fragmenter({"w": np.zeros(2, np.float32)}, 1))
+    theta, deltas = [np.zeros(2, np.float32)], [[np.array([1.0, 0.0], np.float32)], [np.array([0.0, 1.0], np.float32)]]
+    for mean, expect in ((False, -math.sqrt(0.5)), (True, -0.5)):
+        stepped, _ = m.merge_and_step(theta, m.outer_init(theta), deltas, [1.0, 1.0], 1.0, mean)
+        assert stepped[0].tolist() == pytest.approx([expect, expect])
