@@ -113,6 +113,28 @@ def test_parity_over_seeds_means_the_gaps_and_keeps_each_seed():
     assert "seed" not in out and "ddl_learner_losses" not in out and "ddl_learner_losses" not in out["preset"]
 
 
+def test_parity_over_markov_seeds_means_the_ratio_and_keeps_the_top_level_keys(monkeypatch, tmp_path):
+    """Markov over seeds 0-2 (floor 1.70, DP 1.72): learners at 1.73 / 1.724 / 1.724 have
+    ratios 1.5 / 1.2 / 1.2, mean 1.3; the top level keeps its keys (the learners' own
+    losses seed 0's) and gap_to_floor is of the mean losses (0.02, 0.026)."""
+    from harness.bench import benches
+
+    def one(out_dir, task, steps, seed):
+        ddl = {0: 1.73, 1: 1.724, 2: 1.724}[seed] if task == "markov" else 2.1
+        floor = 1.70 if task == "markov" else None
+        ratio = None if floor is None else (ddl - floor) / (1.72 - floor)
+        return {"seed": seed, "dp_loss": 1.72, "ddl_loss": ddl, "parity_gap": (ddl - 1.72) / 1.72,
+                "excess_loss_ratio": ratio, "ddl_learner_losses": [ddl, seed], "entropy_floor": floor,
+                "gap_to_floor": None, "tokens": {}, "wall_s": {}, "config": {},
+                "preset": {"ddl_loss": ddl, "excess_loss_ratio": ratio, "ddl_learner_losses": [ddl]}}
+    monkeypatch.setattr(benches, "_parity_seed", one)
+    out = benches.parity(tmp_path)
+    assert out["excess_loss_ratio"] == pytest.approx(1.3) and out["tasks"]["markov"]["preset"]["excess_loss_ratio"] \
+        == pytest.approx(1.3)
+    assert [s["excess_loss_ratio"] for s in out["tasks"]["markov"]["seeds"]] == pytest.approx([1.5, 1.2, 1.2])
+    assert out["ddl_learner_losses"] == [1.73, 0] and out["gap_to_floor"] == pytest.approx({"dp": 0.02, "ddl": 0.026})
+
+
 def test_parity_reports_the_excess_loss_ratio_of_the_learners_and_of_theta():
     """Floor 1.70, DP 1.72 (its learners and its global model): learners at 1.73 have 1.5×
     DP's excess over the floor, Θ at 1.725 1.25×; no floor (the corpus): no ratio."""
