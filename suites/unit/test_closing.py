@@ -6,13 +6,17 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 from protocol_link import arr, learner_math, syncer_math
 
 from trainer import outer
+from trainer.config import RunConfig
+from trainer.fragments import Fragmenter
 from trainer.messages import Contribution, FragmentUpdate
 from trainer.protocol import LearnerConfig, LearnerCore, Log, Send, SetTimer, SyncerConfig, SyncerCore
 from trainer.syncer_core import CLOSE_HOLD_S
+from trainer.wiring import syncer_math as run_math
 
 
 def _learner(mode: str = "decoupled"):
@@ -85,16 +89,22 @@ def _four(closing: bool, delta: float = 4.0, lr: float = 1.0, warmup_scale: floa
     return core, state, acts
 
 
+def _a_left(closing: bool):
+    """_four with A's Δ = 0, its round committed (after a closing round's hold), A gone."""
+    core, state, _ = _four(closing, delta=0.0)
+    state, _ = core.learner_disconnected(state, 2.0, "A")
+    state, _ = core.timer(state, 1.0 + CLOSE_HOLD_S, "grace:0")
+    assert state.version[0] == 1
+    return core, state
+
+
 @pytest.mark.parametrize("closing,expect", [(True, -1.0), (False, -4.0 / 3)])
 def test_a_learner_that_closed_and_left_still_counts_in_the_fleet_share(closing, expect):
     """share_by "merged", K = 1, four learners: A's Δ = 0 commits (Θ stays 0; A's closing
     round after its hold, see below), then A leaves.
     B's Δ = 4: Θ ← 0 − 4 · 1/4 when A closed (its share is in Θ), 0 − 4 · 1/3 when A just
     went away (a dead learner's share is no longer the fleet's)."""
-    core, state, _ = _four(closing, delta=0.0)
-    state, _ = core.learner_disconnected(state, 2.0, "A")
-    state, _ = core.timer(state, 1.0 + CLOSE_HOLD_S, "grace:0")  # a closing round's hold ends
-    assert state.version[0] == 1
+    core, state = _a_left(closing)
     state, _ = core.receive(state, 2.0 + CLOSE_HOLD_S, "B", Contribution("B", 0, 1, 0, 1, 2, 20, 1.0, None, [arr(4.0)]))
     assert state.version[0] == 2 and state.theta[0][0].tolist() == pytest.approx([expect])
 
@@ -137,9 +147,7 @@ def test_a_closing_round_steps_by_the_fleets_average_not_past_it(closing, expect
 def test_a_restarted_shard_still_counts_the_learner_that_closed(keep):
     """As above, with the shard restarted from its snapshot between A's closing round and
     B's Δ = 4: Θ ← −4 · 1/4 only if the snapshot kept who closed (−4/3 if it forgot)."""
-    core, state, _ = _four(True, delta=0.0)
-    state, _ = core.learner_disconnected(state, 2.0, "A")
-    state, _ = core.timer(state, 1.0 + CLOSE_HOLD_S, "grace:0")
+    core, state = _a_left(True)
     snap = core.snapshot(state)
     if not keep:
         snap = {k: v for k, v in snap.items() if k != "closed"}   # a snapshot from before
@@ -173,11 +181,6 @@ def test_a_closing_round_merges_by_the_plain_mean(closing, expect):
 def test_the_runs_math_merges_a_closing_round_by_the_mean():
     """trainer/wiring.py, RDA the run's merge, outer lr 1: the same two Δs step Θ by
     (0.71, 0.71) in an ordinary round, by (0.5, 0.5) where the core asks for the mean."""
-    import numpy as np
-
-    from trainer.config import RunConfig
-    from trainer.fragments import Fragmenter
-    from trainer.wiring import syncer_math as run_math
     m = run_math(RunConfig.from_dict({"diloco": {"fragments": 1}, "outer": {"lr": 1.0}}),
                  Fragmenter({"w": np.zeros(2, np.float32)}, 1))
     theta, deltas = [np.zeros(2, np.float32)], [[np.array([1.0, 0.0], np.float32)], [np.array([0.0, 1.0], np.float32)]]
