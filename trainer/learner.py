@@ -155,7 +155,8 @@ class Learner(LearnerHost):
         if isinstance(w, Spent):  # its wall time is spent already
             return None
         deadline = time.monotonic() + (w.timeout_s if w.timeout_s is not None else float("inf"))
-        while not (w.cond is not None and w.cond()) and not self.stopper.stop and time.monotonic() < deadline:
+        while (not (w.cond is not None and w.cond()) and not (self.stopper.stop and not w.through_stop)
+               and time.monotonic() < deadline):
             self.drain(timeout_s=POLL_S)
         return None
 

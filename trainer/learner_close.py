@@ -4,7 +4,7 @@ A fragment goes to its shard once per H inner steps, so when a learner unit runs
 inner step every fragment holds up to H steps of progress that is in no Δ: Θ at the end
 misses all of it, and each learner's own model misses the others'. At H = 64 (the paper
 preset) that is a sixth of a 400-step run. So (decoupled mode, a unit that ends by itself
-at its step cap, not one the harness stops) `finish` sends every fragment's remaining
+at its step cap or that the harness stops at the run's end) `finish` sends every fragment's remaining
 progress as its closing Δ, flagged `closing`, and the unit waits for the answers before
 its final evaluation: Θ then holds every learner's last steps, each at one learner's share
 of the fleet (the shard keeps a learner that closed in its count once it has left), and

@@ -11,15 +11,17 @@ waits out its own way:
 - `Idle()`: the core holds the next step back (its fetch, a staleness bound, dp's mean
   gradient): wait for the next thing a link delivers. The process polls its inbox for
   at most POLL_S, then comes back to read its control file and its stop flag.
-- `Until(cond, timeout_s)`: take what the links deliver as it arrives until cond()
-  holds (None: never) or timeout_s of the unit's own time has passed (None: no limit).
+- `Until(cond, timeout_s, through_stop)`: take what the links deliver as it arrives until
+  cond() holds (None: never) or timeout_s of the unit's own time has passed (None: no
+  limit); a stop ends the wait at once unless `through_stop` (the closing after a stop).
 - `Spent(what)`: host work just done between two steps ("loop": the step's own
   bookkeeping, every step; "eval"; "checkpoint"). The process already spent its wall
   time on it and goes on; the simulator lets the time it models for `what` pass
   (SimParams.loop_s / eval_s / ckpt_s: 0 unless calibrated from a real run).
 
-A stop (SIGTERM at the end of the run) ends the loop at its next check: the unit writes
-its last step line, saves its final θ and exits. The host's port is `LearnerLoopHost`.
+A stop (SIGTERM at the end of the run) ends the loop at its next check; a decoupled unit
+then closes as one that ended by itself does (its last progress into Θ, waiting at most
+STOP_CLOSE_S for the answers), writes its last step line, saves its final θ and exits. The host's port is `LearnerLoopHost`.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ CKPT_EVERY = 50        # inner steps between learner checkpoints
 FETCH_WAIT_S = 5.0     # at (re)start, wait this long for the global fragments before stepping
 DRAIN_S = 1.0          # after the last step, keep receiving for this long
 CLOSE_WAIT_S = 10.0    # a unit that ends by itself waits this long for its closing Δs' answers
+STOP_CLOSE_S = 3.0     # a stopped unit's wait for them: within the harness's grace before SIGKILL
 POLL_S = 0.05          # a process's longest wait on its inbox before it looks at its controls
 
 
@@ -52,6 +55,7 @@ class Spent:
 class Until:
     cond: Callable[[], bool] | None
     timeout_s: float | None
+    through_stop: bool = False
 
 
 class LearnerLoopHost(Protocol):
@@ -121,12 +125,13 @@ def learner_loop(h):
         if h.step % CKPT_EVERY == 0:
             h.save()
             yield Spent("checkpoint")
-    if closes and h.step >= h.max_steps:  # ended by itself: the closing Δs, then the final eval
-        if not h.stopping:
-            h.do("finish")
-            yield Until(lambda: h.core.closed(h.state), CLOSE_WAIT_S)
-        h.emit("eval", step=h.step, loss=h.evaluate(h.core.params(h.state)), closed=h.core.closed(h.state))
-        yield Spent("eval")
+    if closes and (h.step >= h.max_steps or h.stopping):  # ended by itself or stopped: the closing Δs
+        stopped = h.stopping  # the run's end: a shorter wait, within the harness's grace
+        h.do("finish")
+        yield Until(lambda: h.core.closed(h.state), STOP_CLOSE_S if stopped else CLOSE_WAIT_S, through_stop=stopped)
+        if h.step >= h.max_steps:  # then its own final eval (a stopped run's is the harness's, of Θ)
+            h.emit("eval", step=h.step, loss=h.evaluate(h.core.params(h.state)), closed=h.core.closed(h.state))
+            yield Spent("eval")
     h.flush_step_line()
     yield Until(None, 0.0 if h.stopping else DRAIN_S)
     if h.step > h.saved_step():

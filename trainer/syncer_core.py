@@ -259,7 +259,7 @@ class SyncerCore(SyncerDP):
             rnd = replace(rnd, deadline=rnd.quorum_at + CLOSE_HOLD_S)  # closing: hold for the rest
             actions.append(SetTimer(f"grace:{p}", rnd.deadline))
         state = replace(state, rounds={**state.rounds, p: rnd})
-        if now >= rnd.deadline or state.live.issubset(rnd.pending):
+        if now >= rnd.deadline or (state.live - state.closed).issubset(rnd.pending):  # a closed one sends no more
             return self._commit(state, now, p)
         return state, actions
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from harness.backends.cluster import JAX_CACHE, LOCAL_MECHANISMS, LocalCluster, unit_jax_env
 from harness.backends.container_proc import ContainerProc, wait_job_state
-from harness.backends.processes import SPARE_DELAY_S, Spare
+from harness.backends.processes import GRACE_S, SPARE_DELAY_S, Spare
 from harness.backends.docker_engine import LABEL, REPO, engine, host_image, host_mounts, remove_all
 from harness.backends.docker_remote import Shipped, host_of, is_remote, send_line
 from trainer.shell import CONTROL_ENV
@@ -223,9 +223,9 @@ class Containers:
             for m in cluster.members.values():
                 m.proc = None
 
-    def _stop_units(self, cluster: LocalCluster, grace_s: float = 5.0) -> None:
+    def _stop_units(self, cluster: LocalCluster) -> None:
         """SIGTERM to every running unit, learners first, then the shards, each role given
-        `grace_s` to leave: a learner writes its last step lines and `done`, a shard makes
+        its GRACE_S to leave: a learner closes, writes its last step lines and `done`, a shard makes
         its state durable (as on local; before, the removal killed them, and their ends
         were logged as deaths)."""
         import subprocess
@@ -240,7 +240,7 @@ class Containers:
                     m.proc.container.kill(signal="SIGTERM")
                 except Exception:  # noqa: BLE001 - exited meanwhile, or the engine refused: removed below
                     pass
-            deadline = time.monotonic() + grace_s
+            deadline = time.monotonic() + GRACE_S[role]
             for m in live:
                 try:
                     m.proc.wait(timeout=max(0.0, deadline - time.monotonic()))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from harness.backends import procs
 from harness.backends.cluster import JAX_CACHE, LOCAL_MECHANISMS, Member, unit_jax_env
+from trainer.learner_loop import STOP_CLOSE_S
 from trainer.shell import CONTROL_ENV
 
 if TYPE_CHECKING:
@@ -45,6 +46,9 @@ class SlowCycle:
 
 
 SPARE_DELAY_S = 3.0  # a replacement spare waits this long before its boot (see trainer/spare.py)
+# SIGTERM to SIGKILL: a learner first closes (its last progress into Θ, at most STOP_CLOSE_S),
+# then writes its last lines and saves; a shard makes its state durable
+GRACE_S = {"learner": STOP_CLOSE_S + 5.0, "syncer": 5.0}
 
 
 @dataclass
@@ -185,7 +189,7 @@ class Processes:
 
     def stop_all(self, cluster: "LocalCluster") -> None:
         """SIGTERM, a grace period, SIGKILL: the spares, then every learner at once (each
-        drains its links, writes its last lines and saves: their shutdowns overlap), then
+        closes, drains its links, writes its last lines and saves: their shutdowns overlap), then
         the shards, which stayed up for the learners' last contributions."""
         for cycle in self.slowed.values():
             cycle.stop.set()
@@ -196,7 +200,7 @@ class Processes:
         self.spares.clear()
         for role in ("learner", "syncer"):
             members = [m for m in cluster.members.values() if m.role == role and m.proc is not None]
-            procs.stop_all([m.proc for m in members], grace_s=5.0)
+            procs.stop_all([m.proc for m in members], grace_s=GRACE_S[role])
             for m in members:
                 _close_stdin(m.proc)
                 m.proc = None

@@ -142,7 +142,7 @@ class LearnerProc(LearnerHost):
                 self.wait_own(spent, self.resume)
                 return
             if isinstance(w, Until):
-                if self.stopping or (w.timeout_s is not None and w.timeout_s <= 0):
+                if (self.stopping and not w.through_stop) or (w.timeout_s is not None and w.timeout_s <= 0):
                     continue
                 self.drain()
                 if w.cond is not None and w.cond():
@@ -157,8 +157,9 @@ class LearnerProc(LearnerHost):
             return
 
     def stop(self) -> None:
-        """SIGTERM at the end of the run: the loop ends at its next check. Virtual time does
-        not run after the teardown, so a step in progress never ends: the loop is told so."""
+        """SIGTERM at the end of the run: the loop ends at its next check. A step in progress
+        is given up (the loop is told so); then a decoupled unit closes, while World.close runs
+        virtual time for it within the processes' grace."""
         if self.phase == "starting":  # still importing: the default handler kills it
             self.kill()
             self.unit.exited()

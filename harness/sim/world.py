@@ -18,7 +18,7 @@ import numpy as np
 
 from harness.backends.cluster import LOCAL_MECHANISMS, mechanism_words
 from harness.backends.injector import Injector
-from harness.backends.processes import SPARE_DELAY_S
+from harness.backends.processes import GRACE_S, SPARE_DELAY_S
 from harness.sim.learner import SimLearner
 from harness.sim.net import Net
 from harness.sim.syncer import SimSyncer
@@ -229,10 +229,18 @@ class World:
 
     # --- the end -------------------------------------------------------------------------
     def close(self) -> None:
-        """LocalCluster.close: SIGTERM to the learners, then the shards."""
+        """LocalCluster.close: SIGTERM to the learners, virtual time for them to close and
+        leave (GRACE_S, then SIGKILL), then the shards."""
         for u in self.learners.values():
             if u.proc is not None:
                 u.proc.stop()
+        gone = lambda: all(u.proc is None for u in self.learners.values())  # noqa: E731
+        if not gone():
+            self.clock.run_until(self.now + GRACE_S["learner"], until=gone)
+        for u in self.learners.values():
+            if u.proc is not None:  # past the grace
+                u.proc.kill()
+                u.exited()
         for s in self.syncers.values():
             if s.proc is not None:
                 s.proc.stop()

@@ -243,6 +243,18 @@ def test_global_model_is_evaluated_along_the_run(link_faults):
     assert all(floor - noise < e["loss"] < floor + 0.25 for e in (along[-1], final)), (along[-1], final)
 
 
+def test_every_learner_up_at_the_end_closes_into_theta(link_faults):
+    """The budget spent, the harness SIGTERMs the learners: each closes (its `closing` line
+    after t_end), the shards, still up, merge those closing Δs, and each learner leaves by
+    itself within its grace (its `done` line), before the shards are stopped."""
+    log, _ = link_faults
+    t_end, learners = log.header["t_end"], {"learner-0", "learner-1"}
+    assert {e["src"] for e in log.of("closing") if e["t"] >= t_end} == learners
+    assert {e["learner"] for e in log.of("merge") if e["t"] >= t_end} == learners
+    done = {e["src"]: e["t"] for e in log.of("done")}
+    assert learners <= done.keys() and max(done[n] for n in learners) < min(done["syncer-0"], done["syncer-1"])
+
+
 def _one_way_s(log, learner, shard, t0, t1) -> list[float]:
     """How long each numbered message (a contribution: `seq` is unique per incarnation)
     `learner` sent to `shard` in [t0, t1) took to be received. Messages without a seq (a

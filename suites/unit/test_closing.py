@@ -124,6 +124,20 @@ def test_a_round_with_a_closing_delta_holds_for_every_live_learner():
     assert state.theta[0][0].tolist() == [-2.0]
 
 
+def test_a_learner_that_closed_holds_no_later_round():
+    """A, B, C and D close together (one round, version 1) and stay connected for their
+    answers. B's Δ that was in flight then closes too (base version 1): its round commits
+    at once, since the others, closed, will send nothing more (before: it held
+    CLOSE_HOLD_S for them, past a stopped run's wait). Θ = −2 − 4 · 1/4 = −3."""
+    core, state, _ = _four(closing=True)
+    for t, (learner, d) in enumerate((("B", 0.0), ("C", 0.0), ("D", 4.0)), start=2):
+        state, _ = core.receive(state, float(t), learner, Contribution(learner, 0, 1, 0, 0, 2, 20, 1.0, None,
+                                                                       [arr(d)], closing=True))
+    assert state.version[0] == 1 and state.live == {"A", "B", "C", "D"}
+    state, _ = core.receive(state, 5.0, "B", Contribution("B", 0, 2, 0, 1, 2, 20, 1.0, None, [arr(4.0)], closing=True))
+    assert state.version[0] == 2 and state.theta[0][0].tolist() == [-3.0]
+
+
 def test_the_hold_ends_at_its_deadline_with_who_is_in():
     core, state, _ = _four(closing=True)
     state, _ = core.receive(state, 2.0, "B", Contribution("B", 0, 1, 0, 0, 2, 20, 1.0, None, [arr(0.0)]))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from trainer.learner_loop import CKPT_EVERY, CLOSE_WAIT_S, DRAIN_S, FETCH_WAIT_S, Compute, Until, learner_loop
+from trainer.learner_loop import (CKPT_EVERY, CLOSE_WAIT_S, DRAIN_S, FETCH_WAIT_S, STOP_CLOSE_S, Compute, Until,
+                                  learner_loop)
 
 
 class Core:
@@ -102,7 +103,8 @@ class Host:
                 w = loop.send(value)
             except StopIteration:
                 return
-            self.waits.append(type(w).__name__ if not isinstance(w, Until) else ("Until", w.timeout_s))
+            self.waits.append(type(w).__name__ if not isinstance(w, Until)
+                              else ("Until", w.timeout_s) + (("through_stop",) if w.through_stop else ()))
             value = None
             if isinstance(w, Compute):
                 computes += 1
@@ -138,20 +140,24 @@ def test_a_held_step_waits_for_a_delivery_and_a_short_run_saves_its_end():
     assert h.saves == [(3, True)] and h.done == (3, True)
 
 
-def test_a_stop_mid_step_drops_that_step_and_skips_the_drain():
+def test_a_stop_mid_step_drops_that_step_closes_and_skips_the_drain():
     h = Host(steps=10, saved=0)
     h.run(stop_at_compute=4)
     assert [x[1] for x in h.lines if x[0] == "step"] == [1, 2, 3]
-    assert h.waits[-1] == ("Until", 0.0) and h.saves == [(3, True)] and h.done == (3, False)
-    assert ("finish",) not in h.lines  # stopped: no closing
+    # the run's end: its last progress into Θ all the same, a wait the stop does not cut short
+    assert h.waits[-2:] == [("Until", STOP_CLOSE_S, "through_stop"), ("Until", 0.0)]
+    assert h.lines.index(("finish",)) < h.lines.index(("flush",))
+    assert not [x for x in h.lines if x[0] == "eval"]  # a stopped run's final eval is the harness's
+    assert h.saves == [(3, True)] and h.done == (3, False)
 
 
-def test_a_unit_stopped_at_its_last_step_evaluates_without_closing():
+def test_a_unit_stopped_at_its_last_step_closes_then_evaluates():
     h = Host(steps=4)
     step_line = h.step_line
     h.step_line = lambda **f: (step_line(**f), setattr(h, "stopping", f["step"] == 4))
     h.run()
-    assert ("finish",) not in h.lines and h.lines[-2:] == [("eval", 4, False), ("flush",)]
+    assert h.waits[-3:] == [("Until", STOP_CLOSE_S, "through_stop"), "Spent", ("Until", 0.0)]
+    assert h.lines[-3:] == [("finish",), ("eval", 4, True), ("flush",)]
 
 
 def test_dp_hands_its_gradient_to_the_driver():

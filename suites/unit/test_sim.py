@@ -113,6 +113,20 @@ def test_a_slow_unit_runs_its_steps_at_that_fraction_of_full_speed():
     assert shifted and shifted == pytest.approx([0.5] * len(shifted), abs=2e-6)
 
 
+def test_a_stop_closes_every_live_learner_into_theta():
+    """The run's end (the token budget spent, SIGTERM to every learner): each learner still
+    up closes (its `closing` line at t_end), the shards merge those closing Δs before they
+    are stopped, and every learner leaves by itself within the grace (its `done` line)."""
+    run = simulate(scenario())
+    t_end, events = round(run.header["t_end"], 6), run.events  # (event times are to the µs)
+    learners = {f"learner-{i}" for i in range(3)}
+    assert {e["src"] for e in events if e["kind"] == "closing" and e["t"] == t_end} == learners
+    assert {e["learner"] for e in events if e["kind"] == "merge" and e["t"] >= t_end} == learners
+    assert {e["src"] for e in events if e["kind"] == "done" and e["t"] >= t_end} >= learners
+    last = max(e["t"] for e in events if e["kind"] == "done" and e["src"] in learners)
+    assert last < t_end + 1.0  # the closing rounds commit at once: nobody waits out a hold
+
+
 def test_a_killed_syncer_restores_exactly_its_last_durable_snapshot():
     events = simulate(scenario([FAULTS[2]])).events
     kill = next(e["t"] for e in events if e["kind"] == "unit_down" and e["src"] == "syncer-1")
