@@ -21,7 +21,8 @@ waits out its own way:
 
 A stop (SIGTERM at the end of the run) ends the loop at its next check; a decoupled unit
 then closes as one that ended by itself does (its last progress into Θ, waiting at most
-STOP_CLOSE_S for the answers), writes its last step line, saves its final θ and exits. The host's port is `LearnerLoopHost`.
+STOP_CLOSE_S for the answers), writes its last step line, saves its final θ and exits.
+The host's port is `LearnerLoopHost`.
 """
 from __future__ import annotations
 
