@@ -115,6 +115,12 @@ class Checkpointer:
         self._mngr.save(step, args=ocp.args.StandardSave(host_tree), force=True)
         self._last_saved = step
 
+    @property
+    def last_saved(self) -> int | None:
+        """The newest step saved, its write finished or still in flight (`latest_step` is the
+        newest finalized one, which lags an async save): the step the next save must exceed."""
+        return self._last_saved
+
     def wait(self) -> None:
         """Block until the save in flight (if any) is finalized on disk."""
         self._mngr.wait_until_finished()

@@ -196,11 +196,11 @@ class Learner(LearnerHost):
     def evaluate(self, params) -> float:
         return self.inner.evaluate(params, self.eval_batches)
 
-    def saved_step(self) -> int:
-        return self.ckpt.latest_step() or 0
+    def saved_step(self) -> int:  # a save still in flight counts: its step is taken
+        return self.ckpt.last_saved or 0
 
     def save(self, final: bool = False) -> None:  # orbax: durable when its async write ends
-        durable = self.saved_step()  # the newest finalized save, before this one starts
+        durable = self.ckpt.latest_step() or 0  # the newest finalized save, before this one starts
         params = self.core.params(self.state)
         self.ckpt.save(self.step, {"params": jax.tree.map(np.asarray, params),
                                    "opt": opt_state_to_tree(self.opt_state), "step": np.int64(self.step)})

@@ -159,6 +159,9 @@ class LocalCluster:
     # The run secret every unit proves on each connection (trainer/auth.py): in the units'
     # environment only, never in run.json or the event log.
     secret: str = field(default_factory=new_secret, repr=False)
+    # Units that failed on the run's graceful stop (an error exit after SIGTERM): `no_crash`
+    # judges them with the crashes seen during the run (harness/backends/runner.py).
+    stop_errors: list[dict] = field(default_factory=list)
 
     def unit_env(self) -> dict[str, str]:
         """What every unit's environment gets from the cluster, whatever runs it."""
@@ -214,6 +217,20 @@ class LocalCluster:
     def _fragments(self) -> int:
         d, m = self.config["diloco"], self.config["model"]
         return d["fragments"] or m["n_layers"] + 1
+
+    def stdout_tail(self, name: str, incarnation: int, lines: int = 3) -> list[str]:
+        """The last lines a unit's process wrote to stdout/stderr (a crash's traceback ends there)."""
+        log = self.run_dir / "stdout" / f"{name}.{incarnation}.log"
+        return log.read_text(errors="replace").strip().splitlines()[-lines:] if log.exists() else []
+
+    def record_stop(self, m: Member, rc: int | None) -> None:
+        """How `m`'s process left after the run's SIGTERM. An exit code of its own other than 0 is an
+        error (a traceback: e.g. a final save that failed, so no closing line or `done`); a death by
+        our signal is not (SIGTERM before its handler was set, or SIGKILL after its grace: -15 / -9
+        for a process, 143 / 137 for a container's), nor is None (still up: removed)."""
+        if rc is not None and rc > 0 and rc not in (128 + 9, 128 + 15):
+            self.stop_errors.append({"unit": m.name, "incarnation": m.incarnation, "rc": rc, "at": "stop",
+                                     "stdout_tail": self.stdout_tail(m.name, m.incarnation)})
 
     def close(self) -> None:
         """Stops everything this cluster started; safe to call twice and from `finally`."""

@@ -224,10 +224,9 @@ class Containers:
                 m.proc = None
 
     def _stop_units(self, cluster: LocalCluster) -> None:
-        """SIGTERM to every running unit, learners first, then the shards, each role given
-        its GRACE_S to leave: a learner closes, writes its last step lines and `done`, a shard makes
-        its state durable (as on local; before, the removal killed them, and their ends
-        were logged as deaths)."""
+        """SIGTERM to every running unit, learners first, then the shards, each role given its
+        GRACE_S to leave: a learner closes, writes its last lines and `done`, a shard makes its
+        state durable (as on local); how each left is recorded (`record_stop`)."""
         import subprocess
 
         for role in ("learner", "syncer"):
@@ -246,6 +245,7 @@ class Containers:
                     m.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass  # removed (SIGKILL) below
+                cluster.record_stop(m, m.proc.returncode)
 
     # unit control ----------------------------------------------------------------------
     def spawn(self, cluster: LocalCluster, m) -> ContainerProc:

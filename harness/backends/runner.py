@@ -101,6 +101,7 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
                 injector.teardown()
                 progress.stop()
                 header["crashes"] = watch.crashes
+        header["crashes"] = watch.crashes + cluster.stop_errors  # (the stop runs as the cluster closes)
     except BaseException:
         header.setdefault("t_end", time.time())
         header.setdefault("t_start", header.get("t_launch", header["t_end"]))
@@ -140,10 +141,8 @@ class _Watch:
         self.progress.update(self.injector)
         for name, m in self.cluster.members.items():
             if m.proc is not None and m.proc.poll() not in (None, 0):
-                log = self.cluster.run_dir / "stdout" / f"{name}.{m.incarnation}.log"
-                tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
                 self.crashes.append({"unit": name, "incarnation": m.incarnation, "rc": m.proc.returncode,
-                                     "stdout_tail": tail})
+                                     "stdout_tail": self.cluster.stdout_tail(name, m.incarnation)})
                 self.injector.emit("unit_down", name, reason="crashed", rc=m.proc.returncode)
                 m.proc = None
 

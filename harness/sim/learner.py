@@ -112,6 +112,7 @@ class LearnerProc(LearnerHost):
         if unit.ckpt is not None:
             params, self.opt_state, self.step = unit.ckpt
             self.emit("checkpoint_restored", step=self.step)
+        self.last_save, self.saving = self.step, None  # the newest save's step (written or not), its snapshot if not
         core = LearnerCore(learner_config(w.cfg, w.topology, unit.name, self.incarnation, w.learner_bugs), m.lmath)
         self.driver = LearnerDriver(core, core.init(params), self,
                                     Corrupter(w.cfg.seed, unit.index, self.incarnation),  # the `corrupt` fault
@@ -210,23 +211,28 @@ class LearnerProc(LearnerHost):
     def evaluate(self, params) -> float:
         return self.world.model.evaluate(params)
 
-    def saved_step(self) -> int:
-        return self.unit.ckpt[2] if self.unit.ckpt is not None else 0
+    def saved_step(self) -> int:  # a save still in flight counts, as on a process (orbax's steps must increase)
+        return self.last_save
 
     def save(self, final: bool = False) -> None:
         snap = (self.core.params(self.state), self.opt_state, self.step)
-        self.emit("checkpoint_saved", step=self.step, durable=self.saved_step())
+        self.last_save = self.step
+        self.emit("checkpoint_saved", step=self.step, durable=self.unit.ckpt[2] if self.unit.ckpt is not None else 0)
         if final:  # the process waits for it before it exits
             self.unit.ckpt = snap
         else:
+            self.saving = snap
             self.world.clock.at(self.world.now + self.world.params.ckpt_save_s, self._durable, snap)
 
     def _durable(self, snap) -> None:
-        if self.alive:  # an async save dies with its process
-            self.unit.ckpt = snap
+        if self.alive and self.saving is snap:  # an async save dies with its process
+            self.unit.ckpt, self.saving = snap, None
 
     def close(self, finished: bool) -> None:
-        """The end of the loop: links close, the unit has exited."""
+        """The end of the loop: links close, a save in flight is finished (the process waits
+        for it, trainer/checkpoint.py `close`), the unit has exited."""
+        if self.saving is not None:
+            self._durable(self.saving)
         self.alive, self.phase = False, "exited"
         self.cancel_wait()
         self.world.net.learner_stopped(self.unit.name)

@@ -251,6 +251,7 @@ def test_every_learner_up_at_the_end_closes_into_theta(link_faults):
     t_end, learners = log.header["t_end"], {"learner-0", "learner-1"}
     assert {e["src"] for e in log.of("closing") if e["t"] >= t_end} == learners
     assert {e["learner"] for e in log.of("merge") if e["t"] >= t_end} == learners
+    assert log.header["crashes"] == []  # none failed on its stop (once: a final save at a step in flight)
     done = {e["src"]: e["t"] for e in log.of("done")}
     assert learners <= done.keys() and max(done[n] for n in learners) < min(done["syncer-0"], done["syncer-1"])
 

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -85,6 +86,30 @@ def test_keeps_the_newest_and_steps_must_increase(tmp_path):
             ck.save(5, {"round": 5})
         with pytest.raises(ValueError, match="no finalized checkpoint for step 1"):
             ck.restore(1)
+
+
+class InFlight(Checkpointer):
+    """A checkpointer whose newest save is still being written: orbax has finalized none
+    after `finalized` (what `latest_step` reads from disk), whatever the machine's speed."""
+
+    finalized = 50
+
+    def latest_step(self):
+        return self.finalized
+
+
+def test_a_save_in_flight_is_the_step_a_learner_has_saved(tmp_path):
+    """A unit stopped just after a periodic save, its write in flight: the loop's final save
+    asks `saved_step`, which must count that save (orbax refuses its step a second time, and
+    the unit died before its `done`: seen on Docker at the run's end)."""
+    from trainer.learner import Learner
+
+    with InFlight(tmp_path) as ck:
+        ck.save(100, {"round": 100})
+        unit = SimpleNamespace(ckpt=ck)
+        assert ck.last_saved == Learner.saved_step(unit) == 100 and ck.latest_step() == 50
+        with pytest.raises(ValueError, match="step 100 <= last saved step 100"):
+            ck.save(100, {"round": 100})
 
 
 def test_first_per_interval_keeps_the_first_save_of_each_clock_interval():

@@ -181,3 +181,18 @@ def test_elastic_dp_keeps_committing_while_a_learner_is_dead_and_dp_does_not(mod
     during = [e for e in events if e["kind"] == "round_commit" and t0 + 0.5 < e["t"] < t1]
     assert (len(during) > 0) == (mode == "elastic_dp")
     assert all(e["n"] == 2 for e in during)          # the two live learners
+
+
+def test_a_stop_while_a_checkpoint_is_in_flight_saves_no_second_one_at_its_step():
+    """The stop lands just after a periodic save, its write still in flight (ckpt_save_s): the
+    loop's final save must see that step as taken (a process's orbax refuses a step twice:
+    the unit died before its `done`), so one save at step 100, the closing, then `done`."""
+    first = simulate(scenario(steps=400, duration="20s", end_grace="0s"))
+    start = first.header["t_start"]
+    saved = next(e["t"] for e in first.events
+                 if e["kind"] == "checkpoint_saved" and e["src"] == "learner-0" and e["step"] == 100)
+    run = simulate(scenario(steps=400, duration=f"{saved - start + 0.0005:.4f}s", end_grace="0s"))
+    mine = [e for e in run.events if e["src"] == "learner-0" and e["t"] >= saved]
+    assert [e["kind"] for e in mine if e["kind"] in ("checkpoint_saved", "closing", "done")] == \
+        ["checkpoint_saved", "closing", "done"]
+    assert mine[-1]["kind"] == "done" and mine[-1]["step"] == 100

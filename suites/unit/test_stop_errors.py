@@ -1,0 +1,67 @@
+"""The run's graceful stop is judged too: a unit that fails on its SIGTERM (an error exit, e.g.
+a final save that raised, so it never wrote its `done`) is a crash for `no_crash`, which
+before saw only the crashes while the run went on. Real processes, real signals, the local
+backend's own stop (harness/backends/processes.py `stop_all`)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.backends import processes
+from harness.backends.cluster import LocalCluster, Member
+
+# Each unit sets its SIGTERM handling, says so in a file, then idles until stopped.
+UNITS = {
+    "learner-0": "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))",  # leaves cleanly
+    "learner-1": "signal.signal(signal.SIGTERM, boom)",                     # a traceback on the stop
+    "learner-2": "signal.signal(signal.SIGTERM, signal.SIG_IGN)",           # SIGKILL after its grace
+    "syncer-0": "pass",                                                     # our SIGTERM, no handler
+}
+SCRIPT = """
+import pathlib, signal, sys, time
+def boom(*_):
+    raise ValueError("checkpoint step 700 <= last saved step 700")
+{handler}
+pathlib.Path(sys.argv[1]).touch()
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_an_error_exit_on_the_stop_is_a_crash_and_our_signals_are_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(processes, "GRACE_S", {"learner": 1.0, "syncer": 1.0})
+    cluster = LocalCluster(run_dir=tmp_path, config={})
+    (tmp_path / "stdout").mkdir()
+    for name, handler in UNITS.items():
+        m = cluster.members[name] = Member(name, "syncer" if name.startswith("syncer") else "learner", incarnation=0)
+        with open(tmp_path / "stdout" / f"{name}.0.log", "w") as out:
+            m.proc = subprocess.Popen([sys.executable, "-c", SCRIPT.format(handler=handler), str(tmp_path / name)],
+                                      stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / n).exists() for n in UNITS):
+        assert time.monotonic() < deadline, "the units never set their handlers"
+        time.sleep(0.05)
+    procs = {n: m.proc for n, m in cluster.members.items()}
+    try:
+        cluster.units.stop_all(cluster)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert {n: p.returncode for n, p in procs.items()} == {"learner-0": 0, "learner-1": 1, "learner-2": -9,
+                                                          "syncer-0": -15}
+    [error] = cluster.stop_errors
+    assert error["unit"] == "learner-1" and error["rc"] == 1 and error["at"] == "stop"
+    assert "ValueError: checkpoint step 700 <= last saved step 700" in error["stdout_tail"]
+
+
+@pytest.mark.parametrize("rc, error", [(0, False), (1, True), (2, True), (137, False), (143, False), (-9, False),
+                                       (-15, False), (None, False)])
+def test_which_exit_codes_are_the_units_own_errors(tmp_path, rc, error):
+    cluster = LocalCluster(run_dir=tmp_path, config={})
+    cluster.record_stop(Member("learner-0", "learner", incarnation=2), rc)
+    assert bool(cluster.stop_errors) is error
