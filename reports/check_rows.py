@@ -118,6 +118,11 @@ def _why_failed(name: str, d: dict, t_start: float | None) -> tuple[str, list | 
         at = first.get("at_s")
         return (f"the global model's loss rose to {first['loss']:.3f} at {at:.1f} s, {first['rise']:.3f} nats "
                 f"above its best so far ({first['best_so_far']:.3f}){more}", [at - 3, at + 3])
+    if name == "no_crash" and "rc" in first:  # the harness's crash entries (harness/backends/runner.py)
+        when = "on the run's graceful stop" if first.get("at") == "stop" else "by itself during the run"
+        last = (first.get("stdout_tail") or [""])[-1]
+        return (f"{first['unit']} (incarnation {first.get('incarnation')}) exited with code {first['rc']} {when}"
+                + (f"; its output ends: {last}" if last else "") + more, None)
     if "t_s" in first and name == "rejoin_cycles_max":
         n = first.get("rejoin_steps")
         took = (f"ran {first.get('steps_run')} inner steps and none of its contributions was merged" if n is None

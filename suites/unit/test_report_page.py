@@ -314,3 +314,16 @@ def test_a_failed_check_without_a_time_is_told_field_by_field():
                          "weight": 0.123456789}]}
     text, span = check_rows._why_failed("progress_merged_once", d, None)
     assert text == "learner=learner-2, fragment=0, seqs=[99, 102], overlap_steps=5, weight=0.1235" and span is None
+
+
+def test_a_crash_is_told_in_words_with_when_and_its_last_output():
+    # the runner's crash entries: during the run, or on the graceful stop (LocalCluster.record_stop)
+    stop = {"unit": "learner-0", "incarnation": 0, "rc": 1, "at": "stop",
+            "stdout_tail": ["Traceback (most recent call last):", "ValueError: checkpoint step 700 <= last saved step 700"]}
+    row, = check_rows.check_rows([{"name": "no_crash", "valid": False, "value": 2, "bound": 0,
+                                   "details": {"crashes": [stop, {"unit": "syncer-1", "incarnation": 1, "rc": 2,
+                                                                   "stdout_tail": []}]}}])
+    assert row["why"] == ("learner-0 (incarnation 0) exited with code 1 on the run's graceful stop; its output ends: "
+                          "ValueError: checkpoint step 700 <= last saved step 700 (2 in all)")
+    text, _ = check_rows._why_failed("no_crash", {"crashes": [{"unit": "syncer-1", "incarnation": 1, "rc": 2}]}, None)
+    assert text == "syncer-1 (incarnation 1) exited with code 2 by itself during the run"
