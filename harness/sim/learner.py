@@ -218,15 +218,18 @@ class LearnerProc(LearnerHost):
         snap = (self.core.params(self.state), self.opt_state, self.step)
         self.last_save = self.step
         self.emit("checkpoint_saved", step=self.step, durable=self.unit.ckpt[2] if self.unit.ckpt is not None else 0)
-        if final:  # the process waits for it before it exits
-            self.unit.ckpt = snap
+        if final:  # the process waits for it, and for a save before it, before it exits
+            self.unit.ckpt, self.saving = snap, None
         else:
             self.saving = snap
             self.world.clock.at(self.world.now + self.world.params.ckpt_save_s, self._durable, snap)
 
     def _durable(self, snap) -> None:
-        if self.alive and self.saving is snap:  # an async save dies with its process
-            self.unit.ckpt, self.saving = snap, None
+        if self.alive:  # an async save dies with its process; never an older one over a newer
+            if self.unit.ckpt is None or snap[2] > self.unit.ckpt[2]:
+                self.unit.ckpt = snap
+            if self.saving is snap:
+                self.saving = None
 
     def close(self, finished: bool) -> None:
         """The end of the loop: links close, a save in flight is finished (the process waits

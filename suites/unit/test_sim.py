@@ -183,16 +183,22 @@ def test_elastic_dp_keeps_committing_while_a_learner_is_dead_and_dp_does_not(mod
     assert all(e["n"] == 2 for e in during)          # the two live learners
 
 
-def test_a_stop_while_a_checkpoint_is_in_flight_saves_no_second_one_at_its_step():
-    """The stop lands just after a periodic save, its write still in flight (ckpt_save_s): the
-    loop's final save must see that step as taken (a process's orbax refuses a step twice:
-    the unit died before its `done`), so one save at step 100, the closing, then `done`."""
+@pytest.mark.parametrize("last", [100, 101])
+def test_a_stop_while_a_checkpoint_is_in_flight_keeps_the_newest_step_saved_once(last):
+    """The stop lands just after learner-0's step `last`, while its step-100 save is still being
+    written (ckpt_save_s). At 100: the loop's final save must see that step as taken (a
+    process's orbax refuses a step twice: the unit died before its `done`), and the save in
+    flight is its checkpoint at the exit. At 101: the final save is the checkpoint, not the
+    older one in flight finishing after it."""
     first = simulate(scenario(steps=400, duration="20s", end_grace="0s"))
     start = first.header["t_start"]
     saved = next(e["t"] for e in first.events
                  if e["kind"] == "checkpoint_saved" and e["src"] == "learner-0" and e["step"] == 100)
-    run = simulate(scenario(steps=400, duration=f"{saved - start + 0.0005:.4f}s", end_grace="0s"))
+    stop = next(e["t"] for e in first.events if e["kind"] == "step" and e["src"] == "learner-0" and e["step"] == last)
+    assert stop - saved < SimParams().ckpt_save_s  # the step-100 save still in flight at the stop
+    run = simulate(scenario(steps=400, duration=f"{stop - start + 0.0005:.4f}s", end_grace="0s"))
     mine = [e for e in run.events if e["src"] == "learner-0" and e["t"] >= saved]
-    assert [e["kind"] for e in mine if e["kind"] in ("checkpoint_saved", "closing", "done")] == \
-        ["checkpoint_saved", "closing", "done"]
-    assert mine[-1]["kind"] == "done" and mine[-1]["step"] == 100
+    assert [(e["kind"], e["step"]) for e in mine if e["kind"] in ("checkpoint_saved", "closing", "done")] == \
+        [("checkpoint_saved", 100), ("closing", last)] + ([("checkpoint_saved", 101)] if last == 101 else []) + \
+        [("done", last)]
+    assert run.world.learners["learner-0"].ckpt[2] == last
