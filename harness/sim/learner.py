@@ -12,8 +12,8 @@ the process does with threads and wall time is done here with the world's clock:
   steps (`drain`), as the process does; while the loop waits (`Idle`, `Until`: its
   fetch, a streaming/dp block, the final drain) it is fed as it arrives;
 - checkpoints: every CKPT_EVERY steps a snapshot (θ, inner state, step) becomes
-  durable `ckpt_save_s` later, unless the process dies first; a restart restores
-  the latest durable one.
+  durable `ckpt_save_s` later, unless the process dies first (one that exits by
+  itself waits for it, as orbax's close does); a restart restores the latest durable one.
 """
 from __future__ import annotations
 
