@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.judging.checks import faults_note
+from harness.judging.checks import faults_note, stop_note
 from reports import charts, fates, series
 from reports import timeline as tlmod
 from reports.runs import Run
@@ -253,7 +253,7 @@ def context(run: Run, test: dict | None = None) -> dict:
         "companions": _companions(run), "crashes": run.header.get("crashes") or [],
         "dropped": s.get("dropped") or {}, "drop_why": DROP_WHY,
         "buffers": buffer_context(run, s), "stal": staleness_context(run, specs),
-        "faults_note": faults_note(s), "fates": fates.context(s),
+        "faults_note": faults_note(s), "stop_note": stop_note(s), "fates": fates.context(s),
     }
 
 

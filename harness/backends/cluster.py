@@ -162,6 +162,7 @@ class LocalCluster:
     # Units that failed on the run's graceful stop (an error exit after SIGTERM): `no_crash`
     # judges them with the crashes seen during the run (harness/backends/runner.py).
     stop_errors: list[dict] = field(default_factory=list)
+    stop_kills: list[dict] = field(default_factory=list)  # units SIGKILLed after their grace: a note
 
     def unit_env(self) -> dict[str, str]:
         """What every unit's environment gets from the cluster, whatever runs it."""
@@ -223,12 +224,15 @@ class LocalCluster:
         log = self.run_dir / "stdout" / f"{name}.{incarnation}.log"
         return log.read_text(errors="replace").strip().splitlines()[-lines:] if log.exists() else []
 
-    def record_stop(self, m: Member, rc: int | None) -> None:
+    def record_stop(self, m: Member, rc: int | None, grace_s: float) -> None:
         """How `m`'s process left after the run's SIGTERM. An exit code of its own other than 0 is an
         error (a traceback: e.g. a final save that failed, so no closing line or `done`); a death by
-        our signal is not (SIGTERM before its handler was set, or SIGKILL after its grace: -15 / -9
-        for a process, 143 / 137 for a container's), nor is None (still up: removed)."""
-        if rc is not None and rc > 0 and rc not in (128 + 9, 128 + 15):
+        our signal is not: SIGTERM before its handler was set (-15 for a process, 143 for a
+        container's), or SIGKILL after its `grace_s` (-9 / 137, or None: still up, removed), which
+        is noted (`stop_kills`: what it does on a stop is missing from the run's end)."""
+        if rc is None or rc in (-9, 128 + 9):
+            self.stop_kills.append({"unit": m.name, "incarnation": m.incarnation, "grace_s": grace_s})
+        elif rc > 0 and rc != 128 + 15:
             self.stop_errors.append({"unit": m.name, "incarnation": m.incarnation, "rc": rc, "at": "stop",
                                      "stdout_tail": self.stdout_tail(m.name, m.incarnation)})
 

@@ -245,7 +245,7 @@ class Containers:
                     m.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass  # removed (SIGKILL) below
-                cluster.record_stop(m, m.proc.returncode)
+                cluster.record_stop(m, m.proc.returncode, GRACE_S[role])
 
     # unit control ----------------------------------------------------------------------
     def spawn(self, cluster: LocalCluster, m) -> ContainerProc:

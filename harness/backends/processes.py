@@ -202,7 +202,7 @@ class Processes:
             members = [m for m in cluster.members.values() if m.role == role and m.proc is not None]
             procs.stop_all([m.proc for m in members], grace_s=GRACE_S[role])
             for m in members:
-                cluster.record_stop(m, m.proc.returncode)
+                cluster.record_stop(m, m.proc.returncode, GRACE_S[role])
                 _close_stdin(m.proc)
                 m.proc = None
 

@@ -102,6 +102,7 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
                 progress.stop()
                 header["crashes"] = watch.crashes
         header["crashes"] = watch.crashes + cluster.stop_errors  # (the stop runs as the cluster closes)
+        header["stop_kills"] = cluster.stop_kills
     except BaseException:
         header.setdefault("t_end", time.time())
         header.setdefault("t_start", header.get("t_launch", header["t_end"]))

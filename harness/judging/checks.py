@@ -295,3 +295,17 @@ def faults_note(summary: dict) -> str | None:
     return (f"only {k} of the {n} scheduled faults happened: the run ended{when}, before the others "
             "were due (it ends at its token budget; raise train.steps to keep it running through "
             "the schedule)")
+
+
+def stop_note(summary: dict) -> str | None:
+    """Says so when units were SIGKILLed at the run's end, their grace after the SIGTERM spent
+    (LocalCluster.record_stop), else None: not a crash, but what a unit does on a stop (a
+    learner's closing contribution into Θ, its final save) is missing from the run's end."""
+    kills = summary.get("stop_kills") or []
+    if not kills:
+        return None
+    who = ", ".join(f"{k['unit']} (incarnation {k['incarnation']})" for k in kills)
+    grace = max(k["grace_s"] for k in kills)
+    return (f"{who} did not leave within {grace:g} s of the run's SIGTERM and {'was' if len(kills) == 1 else 'were'} "
+            "SIGKILLed: what a unit does on a stop (a learner's closing contribution, its final save) is missing "
+            "from the run's end (a unit still starting cannot act on the signal)")

@@ -29,4 +29,5 @@ def faults_seen(log: EventLog) -> dict:
     applied = len(log.of("fault_start", src="harness"))
     t0, t1 = log.header.get("t_start"), log.header.get("t_end")
     return {"faults_scheduled": len(schedule), "faults_applied": applied,
-            "run_s": t1 - t0 if t0 is not None and t1 is not None else None}
+            "run_s": t1 - t0 if t0 is not None and t1 is not None else None,
+            "stop_kills": log.header.get("stop_kills")}  # units SIGKILLed after their stop grace

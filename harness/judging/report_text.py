@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from harness.judging.checks import faults_note
+from harness.judging.checks import faults_note, stop_note
 
 ROWS = [  # (label, key, format)
     ("goodput", "goodput", "{:.1%}"),
@@ -48,8 +48,9 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
             t.add_row(f"  badput: {k}", *(_fmt(s.get("badput") or {}, k, "{:.1%}") for s in runs.values()))
     console.print(t)
     for name, s in runs.items():
-        if (note := faults_note(s)) is not None:
-            console.print(f"[yellow]note[/] {name}: {note}")
+        for note in (faults_note(s), stop_note(s)):
+            if note is not None:
+                console.print(f"[yellow]note[/] {name}: {note}")
     colour = {"PASS": "[green]PASS[/]", "FAIL": "[red]FAIL[/]", "UNKNOWN": "[yellow]UNKNOWN[/]"}
     for name, s in runs.items():
         for verdict, text in check_rows(s):

@@ -237,8 +237,11 @@ class World:
         gone = lambda: all(u.proc is None for u in self.learners.values())  # noqa: E731
         if not gone():
             self.clock.run_until(self.now + GRACE_S["learner"], until=gone)
+        self.stop_kills = []  # as LocalCluster.record_stop notes them
         for u in self.learners.values():
             if u.proc is not None:  # past the grace
+                self.stop_kills.append({"unit": u.name, "incarnation": u.proc.incarnation,
+                                        "grace_s": GRACE_S["learner"]})
                 u.proc.kill()
                 u.exited()
         for s in self.syncers.values():

@@ -95,8 +95,23 @@ def test_a_run_that_ended_before_its_faults_says_so():
     b.add(102.0, "harness", "fault_start", id=0, fault=sched[0], via="SIGKILL")
     b.add(102.0, "learner-1", "fault_start", id=9, fault=sched[0])  # not the harness's: not counted
     seen = faults_seen(b.log())
-    assert seen == {"faults_scheduled": 3, "faults_applied": 1, "run_s": 23.0}
+    assert seen == {"faults_scheduled": 3, "faults_applied": 1, "run_s": 23.0, "stop_kills": None}
     note = checks.faults_note(seen)
     assert note.startswith("only 1 of the 3 scheduled faults happened: the run ended after 23 s")
     assert checks.faults_note({**seen, "faults_applied": 3}) is None
     assert checks.faults_note({}) is None  # a summary from before these keys
+
+
+def test_units_sigkilled_after_their_stop_grace_are_noted():
+    from harness.judging.judge import faults_seen
+
+    kills = [{"unit": "learner-1", "incarnation": 2, "grace_s": 8.0}]
+    seen = faults_seen(LogBuilder(t_start=0.0, t_end=10.0, stop_kills=kills).log())
+    assert checks.stop_note(seen) == (
+        "learner-1 (incarnation 2) did not leave within 8 s of the run's SIGTERM and was SIGKILLed: what a unit "
+        "does on a stop (a learner's closing contribution, its final save) is missing from the run's end (a unit "
+        "still starting cannot act on the signal)")
+    two = checks.stop_note({"stop_kills": kills + [{"unit": "syncer-0", "incarnation": 0, "grace_s": 5.0}]})
+    assert two.startswith("learner-1 (incarnation 2), syncer-0 (incarnation 0) did not leave within 8 s") and \
+        "were SIGKILLed" in two
+    assert checks.stop_note({"stop_kills": []}) is None and checks.stop_note({}) is None

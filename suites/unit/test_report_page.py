@@ -172,6 +172,11 @@ def test_banner_follows_the_check_results(run):
     (run / "summary.json").write_text(json.dumps(s))
     assert ">UNDECIDED<" in render_run(run).read_text()
 
+    assert "stop-note" not in render_run(run).read_text()
+    s["stop_kills"] = [{"unit": "learner-1", "incarnation": 0, "grace_s": 8.0}]  # SIGKILLed after its grace
+    (run / "summary.json").write_text(json.dumps(s))
+    assert "learner-1 (incarnation 0) did not leave within 8 s of the run&#39;s SIGTERM" in render_run(run).read_text()
+
 
 def test_without_summary_the_checks_are_run_for_the_page(run):
     stored = _summary(run)

@@ -125,6 +125,16 @@ def test_a_stop_closes_every_live_learner_into_theta():
     assert {e["src"] for e in events if e["kind"] == "done" and e["t"] >= t_end} >= learners
     last = max(e["t"] for e in events if e["kind"] == "done" and e["src"] in learners)
     assert last < t_end + 1.0  # every closing answered: none waited out STOP_CLOSE_S (3 s) or the grace
+    assert run.header["stop_kills"] == []
+
+
+def test_a_learner_still_up_past_its_stop_grace_is_killed_and_noted(monkeypatch):
+    from harness.sim import world
+
+    monkeypatch.setattr(world, "GRACE_S", {"learner": 0.0, "syncer": 5.0})  # no virtual time to close in
+    run = simulate(scenario())
+    assert run.header["stop_kills"] == [{"unit": f"learner-{i}", "incarnation": 0, "grace_s": 0.0} for i in range(3)]
+    assert not [e for e in run.events if e["kind"] == "done" and e["src"].startswith("learner")]
 
 
 def test_a_killed_syncer_restores_exactly_its_last_durable_snapshot():

@@ -57,11 +57,13 @@ def test_an_error_exit_on_the_stop_is_a_crash_and_our_signals_are_not(tmp_path, 
     [error] = cluster.stop_errors
     assert error["unit"] == "learner-1" and error["rc"] == 1 and error["at"] == "stop"
     assert "ValueError: checkpoint step 700 <= last saved step 700" in error["stdout_tail"]
+    assert cluster.stop_kills == [{"unit": "learner-2", "incarnation": 0, "grace_s": 1.0}]  # a note, not a crash
 
 
-@pytest.mark.parametrize("rc, error", [(0, False), (1, True), (2, True), (137, False), (143, False), (-9, False),
-                                       (-15, False), (None, False)])
-def test_which_exit_codes_are_the_units_own_errors(tmp_path, rc, error):
+@pytest.mark.parametrize("rc, error, killed", [(0, False, False), (1, True, False), (2, True, False),
+                                               (137, False, True), (-9, False, True), (None, False, True),
+                                               (143, False, False), (-15, False, False)])
+def test_which_exit_codes_are_the_units_own_errors_and_which_our_sigkill(tmp_path, rc, error, killed):
     cluster = LocalCluster(run_dir=tmp_path, config={})
-    cluster.record_stop(Member("learner-0", "learner", incarnation=2), rc)
-    assert bool(cluster.stop_errors) is error
+    cluster.record_stop(Member("learner-0", "learner", incarnation=2), rc, grace_s=8.0)
+    assert (bool(cluster.stop_errors), bool(cluster.stop_kills)) == (error, killed)
