@@ -58,11 +58,34 @@ def stop(proc: subprocess.Popen, *, grace_s: float = 5.0) -> int | None:
     `grace_s`; always reaps. Returns the exit code."""
     if proc.poll() is not None:
         return proc.returncode
-    for sig in (signal.SIGCONT, signal.SIGTERM):
+    _terminate(proc)
+    return _reap(proc, grace_s)
+
+
+def stop_all(children: Sequence[subprocess.Popen], *, grace_s: float = 5.0) -> None:
+    """`stop` for several at once: every one gets SIGCONT and SIGTERM first, then they
+    share one `grace_s` to leave (their shutdowns overlap), then SIGKILL; all reaped.
+    One SIGTERM each: a second one (this sent it again, as each was reaped) could land
+    on a unit already leaving, its handler gone (a unit that exited 1 on the stop read as
+    killed by the signal), and many trainers take a second SIGTERM as "quit now"."""
+    live = [p for p in children if p.poll() is None]
+    for proc in live:
+        _terminate(proc)
+    deadline = time.monotonic() + grace_s
+    for proc in live:
+        _reap(proc, max(0.0, deadline - time.monotonic()))
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGCONT, signal.SIGTERM):  # (a paused process cannot act on SIGTERM)
         try:
             os.kill(proc.pid, sig)
         except ProcessLookupError:
             break
+
+
+def _reap(proc: subprocess.Popen, grace_s: float) -> int:
+    """Waits `grace_s` for `proc` to leave, then SIGKILL; reaps it. Its exit code."""
     try:
         return proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
@@ -71,21 +94,6 @@ def stop(proc: subprocess.Popen, *, grace_s: float = 5.0) -> int | None:
         except ProcessLookupError:
             pass
         return proc.wait()
-
-
-def stop_all(children: Sequence[subprocess.Popen], *, grace_s: float = 5.0) -> None:
-    """`stop` for several at once: every one gets SIGCONT and SIGTERM first, then they
-    share one `grace_s` to leave (their shutdowns overlap), then SIGKILL; all reaped."""
-    live = [p for p in children if p.poll() is None]
-    for proc in live:
-        for sig in (signal.SIGCONT, signal.SIGTERM):
-            try:
-                os.kill(proc.pid, sig)
-            except ProcessLookupError:
-                break
-    deadline = time.monotonic() + grace_s
-    for proc in live:
-        stop(proc, grace_s=max(0.0, deadline - time.monotonic()))
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The run's graceful stop is judged too: a unit that fails on its SIGTERM (an error exit, e.g.
 a final save that raised, so it never wrote its `done`) is a crash for `no_crash`, which
 before saw only the crashes while the run went on. Real processes, real signals, the local
-backend's own stop (harness/backends/processes.py `stop_all`)."""
+backend's own stop (harness/backends/processes.py `stop_all`), which sends each unit one SIGTERM."""
 from __future__ import annotations
 
 import subprocess
@@ -14,25 +14,32 @@ from harness.backends import processes
 from harness.backends.cluster import LocalCluster, Member
 
 # Each unit sets its SIGTERM handling, says so in a file, then idles until stopped.
+# (In this order they are reaped: learner-2 is still up when learner-0 has left, 0.3 s in.)
 UNITS = {
-    "learner-0": "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))",  # leaves cleanly
+    "learner-0": "signal.signal(signal.SIGTERM, lambda *_: leave.append(time.monotonic() + 0.3))",  # exit 0
     "learner-1": "signal.signal(signal.SIGTERM, boom)",                     # a traceback on the stop
-    "learner-2": "signal.signal(signal.SIGTERM, signal.SIG_IGN)",           # SIGKILL after its grace
+    "learner-2": "signal.signal(signal.SIGTERM, count)",                    # counts them, leaves 0.6 s later
+    "learner-3": "signal.signal(signal.SIGTERM, signal.SIG_IGN)",           # SIGKILL after its grace
     "syncer-0": "pass",                                                     # our SIGTERM, no handler
 }
 SCRIPT = """
 import pathlib, signal, sys, time
 def boom(*_):
     raise ValueError("checkpoint step 700 <= last saved step 700")
+leave = []
+def count(*_):
+    with open(sys.argv[1] + ".sigterms", "a") as f:
+        f.write("SIGTERM\\n")
+    leave.append(time.monotonic() + 0.6)
 {handler}
 pathlib.Path(sys.argv[1]).touch()
-while True:
+while not leave or time.monotonic() < leave[0]:
     time.sleep(0.05)
 """
 
 
 def test_an_error_exit_on_the_stop_is_a_crash_and_our_signals_are_not(tmp_path, monkeypatch):
-    monkeypatch.setattr(processes, "GRACE_S", {"learner": 1.0, "syncer": 1.0})
+    monkeypatch.setattr(processes, "GRACE_S", {"learner": 2.0, "syncer": 2.0})
     cluster = LocalCluster(run_dir=tmp_path, config={})
     (tmp_path / "stdout").mkdir()
     for name, handler in UNITS.items():
@@ -52,12 +59,14 @@ def test_an_error_exit_on_the_stop_is_a_crash_and_our_signals_are_not(tmp_path, 
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    assert {n: p.returncode for n, p in procs.items()} == {"learner-0": 0, "learner-1": 1, "learner-2": -9,
-                                                          "syncer-0": -15}
+    assert {n: p.returncode for n, p in procs.items()} == {"learner-0": 0, "learner-1": 1, "learner-2": 0,
+                                                          "learner-3": -9, "syncer-0": -15}
+    # one SIGTERM each: a second, sent as each was reaped, once read learner-1's exit 1 as -15
+    assert (tmp_path / "learner-2.sigterms").read_text() == "SIGTERM\n"
     [error] = cluster.stop_errors
     assert error["unit"] == "learner-1" and error["rc"] == 1 and error["at"] == "stop"
     assert "ValueError: checkpoint step 700 <= last saved step 700" in error["stdout_tail"]
-    assert cluster.stop_kills == [{"unit": "learner-2", "incarnation": 0, "grace_s": 1.0}]  # a note, not a crash
+    assert cluster.stop_kills == [{"unit": "learner-3", "incarnation": 0, "grace_s": 2.0}]  # a note, not a crash
 
 
 @pytest.mark.parametrize("rc, error, killed", [(0, False, False), (1, True, False), (2, True, False),
