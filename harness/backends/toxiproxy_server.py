@@ -7,6 +7,7 @@ and Ctrl-C, since KeyboardInterrupt unwinds through `__exit__`).
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -48,8 +49,31 @@ def find_binary() -> str:
     )
 
 
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out for bind(0) and for every outgoing connection."""
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
+    """A port free on `host` now, for a server that binds it seconds later (a syncer shard, the
+    Toxiproxy server). Drawn below the ephemeral range: a port the kernel picked for bind(0)
+    and we let go could be handed to any connection or bind(0) in between, and a shard then
+    failed to start ("Address already in use", once in a Docker `unit-loss` run)."""
+    lo = ephemeral_range()[0]
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randrange(max(1024, lo - 16384), lo)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # (that whole span taken: the kernel's pick, as before)
         s.bind((host, 0))
         return s.getsockname()[1]
 

@@ -191,3 +191,19 @@ def test_two_servers_in_one_process_stay_apart():
         cb.set_enabled("only_on_b", False)
         assert ca.proxies()["only_on_a"]["enabled"] is True
         assert cb.proxies()["only_on_b"]["enabled"] is False
+
+
+def test_a_free_port_is_one_no_connection_can_take_before_its_server_binds_it():
+    # a shard binds its port seconds after the harness picked it; a port from bind(0) lies in the
+    # kernel's ephemeral range, from which every connection and bind(0) in between draws (once a
+    # Docker unit-loss run's shard found its port taken); one below that range is never handed out
+    from harness.backends.toxiproxy_server import ephemeral_range, free_port
+
+    lo, hi = ephemeral_range()
+    ports = {free_port() for _ in range(50)}
+    assert all(1024 <= p < lo for p in ports) and len(ports) > 40  # drawn at random, not one fixed port
+    with socket.socket() as s:  # and each is free: it binds
+        s.bind(("127.0.0.1", ports.pop()))
+    with socket.socket() as s:  # what the kernel hands out lies in [lo, hi]
+        s.bind(("127.0.0.1", 0))
+        assert lo <= s.getsockname()[1] <= hi
