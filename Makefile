@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 TOOLS  := .tools
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test nightly clean bench
+.PHONY: setup demo test test-loaded nightly clean clean-state bench
 
 setup: $(STAMP) $(TOOLS)/toxiproxy-server $(TOOLS)/.browser $(TOOLS)/.docker
 
@@ -36,6 +36,11 @@ demo: setup
 test: setup
 	@$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
+# The suites that run real units (processes, containers, two hosts) beside two busy
+# processes, as on a shared CI runner: no test may fail because the machine is slow or busy.
+test-loaded: setup
+	@bash scripts/with-load.sh -n 2 -- $(PY) -m pytest -q -p no:cacheprovider suites/cluster suites/docker suites/multihost $(PYTEST_ARGS)
+
 # The scheduled exploration: the property suites with the nightly Hypothesis profile (not
 # derandomized: every run draws new schedules; 25x the ci examples, ~40 min on 2 cores),
 # and the tests marked `nightly` (two built-in scenarios on Docker, ~3 min more).
@@ -48,3 +53,8 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) $(TOOLS) runs .hypothesis
+
+# What this project left outside the clone, for a run from a truly fresh state: its Docker
+# containers, volumes and images (by label and name), the private engine's folder, its caches.
+clean-state:
+	@bash scripts/clean-state.sh

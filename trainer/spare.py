@@ -22,7 +22,10 @@ def main(argv=None) -> int:
     if role not in ("learner", "syncer"):
         raise SystemExit(f"python -m trainer.spare: role must be learner or syncer, not {role!r}")
     if delay > 0:
-        select.select([sys.stdin], [], [], delay)  # readable: the identity (or the harness gone)
+        readable, _, _ = select.select([sys.stdin], [], [], delay)  # the identity (or the harness gone)
+        # (stderr: stdout may carry event lines only; tests read which way the delay ended)
+        print("spare: " + ("taken during its delay: booting at once" if readable else "delay over: booting"),
+              file=sys.stderr, flush=True)
     return importlib.import_module(f"trainer.{role}").main(argv)
 
 

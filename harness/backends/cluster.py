@@ -149,7 +149,8 @@ class LocalCluster:
     max_steps_factor: float = 1.0  # learners stop by themselves after this × cfg.steps
     python: str = sys.executable
     listen: str = "127.0.0.1"  # where the link proxies and the syncer shards listen
-    spares: tuple[str, ...] = ()  # roles ("learner", "syncer") that keep a warm spare for restarts
+    spares: tuple[str, ...] = ()  # roles ("learner", "syncer") that keep warm spares for restarts
+    spare_pool: int = 2  # how many each such role keeps (on docker: on each engine)
     units: Units = field(default_factory=lambda: _processes())
     toxiproxy: ToxiproxyServer | None = None
     client: ToxiproxyClient | None = None

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from harness.backends.cluster import JAX_CACHE, LOCAL_MECHANISMS, LocalCluster, unit_jax_env
 from harness.backends.container_proc import ContainerProc, wait_job_state
-from harness.backends.processes import GRACE_S, SPARE_DELAY_S, Spare
+from harness.backends.processes import GRACE_S, SPARE_DELAY_S, Spare, take_spare
 from harness.backends.docker_engine import LABEL, REPO, engine, host_image, host_mounts, remove_all
 from harness.backends.docker_remote import Shipped, host_of, is_remote, send_line
 from trainer.shell import CONTROL_ENV
@@ -89,7 +89,7 @@ class Containers:
         "pause_unit": "docker pause / unpause (cgroup freezer)",
         "slow_unit": "docker update: CPU quota"})
     placement: dict = field(default_factory=dict)  # unit -> engine URL
-    spares: dict = field(default_factory=dict)  # (role, engine URL) -> its warm spare (Spare)
+    spares: dict = field(default_factory=dict)  # (role, engine URL) -> its warm spares (Spare), oldest first
     made: int = 0  # spares started so far (their names: spare-ROLE-N)
     _clients: dict = field(default_factory=dict)  # engine URL -> client
     _image_ref: str = ""
@@ -175,13 +175,16 @@ class Containers:
         for role in cluster.spares:
             for url in dict.fromkeys(self.placement.get(n) or next(iter(self._clients))
                                      for n in cluster.members if cluster.members[n].role == role):
-                if (role, url) not in self.spares and not is_remote(url):  # (docker_remote.py: why not there)
+                if is_remote(url):  # (docker_remote.py: why not there)
+                    continue
+                pool = self.spares.setdefault((role, url), [])
+                for k in range(cluster.spare_pool - len(pool)):  # staggered as on local (processes.py)
                     self.made += 1
                     name = f"spare-{role}-{self.made}"
                     c = self._run(cluster, url, role, name, "spare",
-                                  ["trainer.spare", role, "--delay", str(delay_s), "--run-dir", str(cluster.run_dir),
-                                   "--spare", name], log=f"{name}.log")
-                    self.spares[(role, url)] = Spare(name, ContainerProc(c))
+                                  ["trainer.spare", role, "--delay", str(delay_s + k * SPARE_DELAY_S),
+                                   "--run-dir", str(cluster.run_dir), "--spare", name], log=f"{name}.log")
+                    pool.append(Spare(name, ContainerProc(c)))
 
     def _hand_over(self, cluster: LocalCluster, spare: Spare, m) -> bool:
         """The spare container takes m's identity: one JSON line on its stdin, written through
@@ -250,7 +253,7 @@ class Containers:
     # unit control ----------------------------------------------------------------------
     def spawn(self, cluster: LocalCluster, m) -> ContainerProc:
         url = self.placement.get(m.name) or next(iter(self._clients))
-        spare = self.spares.pop((m.role, url), None)
+        spare = take_spare(self.spares.get((m.role, url)), cluster)
         if spare is not None:
             self.start_spares(cluster, SPARE_DELAY_S)  # its replacement
             if self._hand_over(cluster, spare, m):

@@ -72,6 +72,16 @@ class Spare:
         m.start = "spare" if ready else "spare_booting"
 
 
+def take_spare(pool: list | None, cluster: "LocalCluster") -> Spare | None:
+    """The spare a restart takes from `pool` (removed from it): a ready one if any, else
+    the oldest (the nearest to ready); None if the pool is empty or absent."""
+    if not pool:
+        return None
+    spare = next((s for s in pool if s.ready(cluster)), pool[0])
+    pool.remove(spare)
+    return spare
+
+
 @dataclass
 class Processes:
     """Units as processes of this host: SIGKILL, SIGSTOP/SIGCONT, a SIGSTOP duty cycle.
@@ -84,7 +94,7 @@ class Processes:
     backend: str = "local"
     mechanisms: dict = field(default_factory=lambda: dict(LOCAL_MECHANISMS))
     slowed: dict[str, SlowCycle] = field(default_factory=dict)  # slow_unit's duty cycles
-    spares: dict[str, Spare] = field(default_factory=dict)      # role -> its spare
+    spares: dict[str, list[Spare]] = field(default_factory=dict)  # role -> its spares, oldest first
     made: int = 0
 
     def prepare(self, cluster: "LocalCluster") -> None:
@@ -98,20 +108,23 @@ class Processes:
         return unit_jax_env(env, role, cluster.slices, str(JAX_CACHE))
 
     def start_spares(self, cluster: "LocalCluster", delay_s: float = 0.0) -> None:
-        """A spare for every role that keeps one (`cluster.spares`) and has none."""
+        """Fills each role that keeps spares (`cluster.spares`) up to `cluster.spare_pool`;
+        the k-th new one waits delay_s + k × SPARE_DELAY_S, so spares started together do
+        not boot together (their boots share the units' cores)."""
         for role in cluster.spares:
-            if role not in self.spares:
+            pool = self.spares.setdefault(role, [])
+            for k in range(cluster.spare_pool - len(pool)):
                 self.made += 1
                 name = f"spare-{role}-{self.made}"
-                argv = [cluster.python, "-m", "trainer.spare", role, "--delay", str(delay_s),
+                argv = [cluster.python, "-m", "trainer.spare", role, "--delay", str(delay_s + k * SPARE_DELAY_S),
                         "--run-dir", str(cluster.run_dir), "--spare", name]
                 with open(cluster.run_dir / "stdout" / f"{name}.log", "wb") as out:
                     proc = procs.spawn(argv, stdout=out, stderr=subprocess.STDOUT, env=self._env(cluster, role),
                                        stdin=subprocess.PIPE)
-                self.spares[role] = Spare(name, proc)
+                pool.append(Spare(name, proc))
 
     def spawn(self, cluster: "LocalCluster", m: Member) -> subprocess.Popen:
-        spare = self.spares.pop(m.role, None)
+        spare = take_spare(self.spares.get(m.role), cluster)
         if spare is not None:
             self.start_spares(cluster, SPARE_DELAY_S)  # its replacement
             if self._hand_over(cluster, spare, m):
@@ -193,8 +206,9 @@ class Processes:
         the shards, which stayed up for the learners' last contributions."""
         for cycle in self.slowed.values():
             cycle.stop.set()
-        procs.stop_all([s.proc for s in self.spares.values()], grace_s=2.0)
-        for spare in self.spares.values():
+        spares = [s for pool in self.spares.values() for s in pool]
+        procs.stop_all([s.proc for s in spares], grace_s=2.0)
+        for spare in spares:
             if spare.proc.stdin is not None:
                 spare.proc.stdin.close()
         self.spares.clear()

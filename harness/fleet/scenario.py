@@ -154,8 +154,9 @@ def predict_dp(scenario, pace: Pace) -> dict:
     """Data-parallel (no elasticity) on the same draw: one replica's fault stops all M."""
     c, T = scenario.cluster, pace.job_s
     names = [f"learner-{i}" for i in range(c.learners)]
-    # every member restarts at once and there is one warm spare: the job waits for a cold start
-    boot = pace.boot_s if c.spares and c.learners == 1 else pace.cold_boot_s
+    # every member restarts at once: warm only if the spare pool can take every identity,
+    # else the job waits for a cold start
+    boot = pace.boot_s if c.spares and c.learners <= getattr(c, "spare_pool", 1) else pace.cold_boot_s
     stalls, restarts = [], []
     for f in scenario.schedule().faults:
         at = min(f.at_s, T)

@@ -35,6 +35,9 @@ class ClusterSpec:
     # warm spares: a pre-started process (a container on docker, one per engine) per role
     # takes a restarted unit's identity. docs/SCENARIOS.md
     spares: bool = True
+    # how many warm spares each such role keeps ready: two, so that back-to-back restarts
+    # (one taking a spare while its replacement still boots on shared cores) each find one
+    spare_pool: int = 2
 
     def __post_init__(self) -> None:
         for flag in ("spares", "listen_public"):
@@ -42,6 +45,7 @@ class ClusterSpec:
                 raise FieldError("ClusterSpec", flag, f"{getattr(self, flag)!r} is not true or false", "true or false")
         for name in ("learners", "slices", "shards"):
             check_number(self, name, "1..1024", lambda v: 1 <= v <= 1024, integer=True)
+        check_number(self, "spare_pool", "1..4", lambda v: 1 <= v <= 4, integer=True)
         check_choice(self, "backend", BACKENDS)
         object.__setattr__(self, "engines", tuple(self.engines))
         if self.engines and self.backend != "docker":

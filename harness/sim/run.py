@@ -142,7 +142,8 @@ def launch(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), re
     topology = _topology(s, cfg)
     bugs = frozenset(bugs)
     world = World(cfg, topology, model_for(cfg), params, wan=s.wan, bugs=bugs, seed=s.seed,
-                  max_steps=int(MAX_STEPS_FACTOR * cfg.steps), spares=s.spare_roles())
+                  max_steps=int(MAX_STEPS_FACTOR * cfg.steps), spares=s.spare_roles(),
+                  spare_pool=s.cluster.spare_pool)
     world.probe = probe
     header = {**log_header(s, cfg, "sim", replay),
               "sim": {**dataclasses.asdict(params), "bugs": sorted(bugs)},

@@ -100,7 +100,7 @@ class SimParams:
 
 class World:
     def __init__(self, cfg, topology: dict, model, params: SimParams, *, wan=None, bugs: frozenset = frozenset(),
-                 seed: int = 0, max_steps: int | None = None, spares: tuple = ()):
+                 seed: int = 0, max_steps: int | None = None, spares: tuple = (), spare_pool: int = 2):
         unknown = set(bugs) - LEARNER_BUGS - SYNCER_BUGS
         if unknown:
             raise ValueError(f"unknown planted bugs {sorted(unknown)}; valid: {sorted(LEARNER_BUGS | SYNCER_BUGS)}")
@@ -124,10 +124,11 @@ class World:
                 raise ValueError(f"SimParams.step_s_by_unit has {len(params.step_s_by_unit)} step times for "
                                  f"{len(names)} learners")
             self.step_base = [float(x) for x in params.step_s_by_unit]
-        # warm spares (`[cluster] spares`, the roles the schedule restarts): when each role's
-        # spare is ready; the first boots with the units at t = 0 (harness/backends/processes.py)
-        self.spare_ready = {r: params.learner_startup_s if r == "learner" else params.syncer_startup_s
-                            for r in spares}
+        # warm spares (`[cluster] spares`, the roles the schedule restarts): when each of a
+        # role's `spare_pool` spares is ready; they boot with the units at t = 0, the k-th
+        # after k × SPARE_DELAY_S (harness/backends/processes.py)
+        self.spare_ready = {r: [(params.learner_startup_s if r == "learner" else params.syncer_startup_s)
+                                + k * SPARE_DELAY_S for k in range(spare_pool)] for r in spares}
         self.learners = {n: SimLearner(self, n, i) for i, n in enumerate(names)}
         self.syncers = {s: SimSyncer(self, s) for s in topology["shards"]}
         self.net = Net(self, names, list(self.syncers), topology["run_id"], params.loopback_ms / 1000)
@@ -178,11 +179,12 @@ class World:
         role = "learner" if name in self.learners else "syncer"
         cold = self.params.learner_startup_s if role == "learner" else self.params.syncer_startup_s
         start, startup = "cold", cold
-        if role in self.spare_ready:
-            ready = min(self.spare_ready[role], self.now + cold)  # trainer/spare.py ends its delay
+        if self.spare_ready.get(role):
+            pool = sorted(self.spare_ready[role])  # the restart takes the one ready first
+            ready = min(pool.pop(0), self.now + cold)  # trainer/spare.py ends its delay
             start = "spare" if self.now >= ready else "spare_booting"
             startup = max(ready - self.now, 0.0) + self.params.spare_startup_s
-            self.spare_ready[role] = self.now + SPARE_DELAY_S + cold
+            self.spare_ready[role] = pool + [self.now + SPARE_DELAY_S + cold]
         unit.spawn(startup)
         return start
 

@@ -2,7 +2,7 @@
 pre-started process that takes the next restart's identity (harness/backends/cluster.py
 `Processes`, trainer/spare.py). Judged from the event log: each restart says it took the
 spare, the spare's unit restored its checkpoint and contributed again, its boot (restart →
-first inner step) stays under 1.5 s (a cold start: 3-5 s here), a replacement spare was
+first inner step) is a fraction of the same run's cold start, a replacement spare was
 started, and no process of the run outlives it. The replacement's own use is the same code
 path (and the simulator models both: docs/SIMULATOR.md).
 The cold path stays covered by suites/cluster/test_train_cluster.py (a LocalCluster with
@@ -10,6 +10,7 @@ no spares) and the docker backend."""
 from __future__ import annotations
 
 import os
+import statistics
 from pathlib import Path
 
 import pytest
@@ -24,12 +25,24 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 def _scenario():
     return scenario_from_dict({
         "name": "spares", "seed": 2,
-        "cluster": {"learners": 2},  # spares: on by default
+        # spares: on by default; a pool of one here (two by default), so that the second of
+        # two restarts at once takes a spare that is not ready yet
+        "cluster": {"learners": 2, "spare_pool": 1},
         "train": {"task": "markov", "steps": 2000, "duration": "14s", "end_grace": "0s", "batch_size": 16},
         # two restarts at once: the first takes the spare; the second its replacement, which
         # is still in its delay and must boot at once (trainer/spare.py), not after it
         "faults": [{"kind": "kill_unit", "target": "learner-1", "at": "5s", "down_for": "1s"},
                    {"kind": "kill_unit", "target": "learner-0", "at": "5s", "down_for": "1s"}]})
+
+
+def cold_start_s(log) -> float:
+    """The run's cold start: from the harness's launch to the end of each first-incarnation
+    learner's first inner step, the median."""
+    firsts = {}
+    for e in log.of("step"):  # in time order: each learner's first is its first incarnation's
+        if e["src"].startswith("learner-"):
+            firsts.setdefault(e["src"], e["t"])
+    return statistics.median(t - log.header["t_launch"] for t in firsts.values())
 
 
 def _processes_of(run_dir: Path) -> list[int]:
@@ -55,13 +68,20 @@ def test_a_restart_takes_the_warm_spare(tmp_path):
     ups = [e for e in log.of("unit_up") if e.get("reason") == "restarted"]  # the harness's lines
     assert sorted(e["start"] for e in ups) == ["spare", "spare_booting"], ups
     first, second = sorted(result.summary["recovery"], key=lambda r: r["start"])
-    # back from its checkpoint, stepping within a second and a half (a cold start: 3-5 s
-    # here), and merged again
-    assert first["start"] == "spare" and first["recovery_s"] is not None and first["boot_s"] < 1.5, first
-    # the replacement, handed the second identity during its 3 s delay, booted at once: a
-    # cold start's time (2.5 s measured), not the delay and then a boot (before the fix
-    # it did not boot within the run's remaining 9 s)
-    assert second["start"] == "spare_booting" and second["recovery_s"] is not None and second["boot_s"] < 5.0, second
+    # back from its checkpoint and merged again, stepping in a fraction of this run's own
+    # cold start (launch → the end of the first inner step, median of the learners: Python,
+    # JAX, the task, the compile; 5.8 s measured on a new machine, its spare boot 0.10 s).
+    # Relative, so a slow or busy machine slows both sides alike.
+    cold = cold_start_s(log)
+    assert first["start"] == "spare" and first["recovery_s"] is not None and first["boot_s"] < 0.5 * cold, (first, cold)
+    # the replacement, handed the second identity during its 3 s delay, booted at once and
+    # not after the delay (before the fix it did not boot within the run's remaining 9 s):
+    # the spare's own line says which way its delay ended (in seconds the two are not
+    # apart enough to tell on a loaded machine: a boot there took 6.9 s); and it stepped,
+    # merged again
+    assert second["start"] == "spare_booting" and second["recovery_s"] is not None, second
+    spare_out = (result.run_dir / "stdout" / "spare-learner-2.log").read_text(errors="replace")
+    assert "taken during its delay: booting at once" in spare_out, spare_out[-500:]
     # each restored a checkpoint if one was finalized before its kill: a checkpoint_saved line
     # says when its save *started* (orbax writes in the background; the CI once killed
     # learner-0 after its step-50 line, before that write ended) and which save was durable
