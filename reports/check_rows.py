@@ -63,6 +63,18 @@ def _bytes(v: float) -> str:
     return f"{v:.3g} PB"
 
 
+def pace_text(name: str, d: dict, kind: str) -> str:
+    """' (2.0 s at the reference pace; this run's pace 1.6)' for a check whose bound or value
+    was scaled by the run's measured pace (harness/judging/pace.py), else ''."""
+    p = d.get("pace")
+    if not isinstance(p, (int, float)) or p <= 1.0:
+        return ""
+    if name == "goodput_min" and d.get("goodput_raw") is not None:
+        return f" (judged at the reference pace; raw goodput {fmt(d['goodput_raw'], 'pct')}, this run's pace {p:.2g})"
+    raw = d.get("bound_at_reference_pace_s", d.get("bound_raw_s"))
+    return f" ({fmt(raw, kind)} at the reference pace; this run's pace {p:.2g})" if raw is not None else ""
+
+
 def check_rows(checks: list[dict], t_start: float | None = None) -> list[dict]:
     """One row per check result, failures first, then unknown, then passes. `zoom`: the
     span (seconds from t_start) of its first offending line, for the timeline."""
@@ -77,6 +89,7 @@ def check_rows(checks: list[dict], t_start: float | None = None) -> list[dict]:
         else:
             value_txt, bound_txt = fmt(value, kind), fmt(bound, kind)
         details = c.get("details") or {}
+        bound_txt += pace_text(c["name"], details, kind)
         ci = details.get("ci") if c["name"] == "loss_parity_max" else None
         if ci:
             value_txt += f" [{fmt(ci[0], kind)}, {fmt(ci[1], kind)}]"

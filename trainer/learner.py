@@ -81,6 +81,8 @@ class Learner(LearnerHost):
         return self.links[to].send(msg, key=key, combine=self.combine)
 
     def emit(self, kind: str, **fields) -> None:
+        if kind == "unit_up":  # when the process started: the unit's own start, for the run's pace
+            fields["started"] = shell.process_started()
         self.ev.emit(kind, **fields)
 
     def corruption(self) -> dict | None:
@@ -103,7 +105,7 @@ class Learner(LearnerHost):
             if ev.kind == "refused":  # the shard did not prove the run's secret: nothing to feed
                 self.ev.emit("auth_refused", peer=ev.peer, reason=ev.msg)
             else:
-                self.driver.handle(ev.kind, ev.peer, ev.msg, ev.nbytes)
+                self.driver.handle(ev.kind, ev.peer, ev.msg, ev.nbytes, at=ev.at)
             try:
                 ev = self.inbox.get_nowait()
             except queue.Empty:

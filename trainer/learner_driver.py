@@ -44,15 +44,17 @@ class LearnerDriver:
         self.dp_tokens, self.dp_dt = tokens, dt
         self.do("grads_ready", grads, tokens)
 
-    def handle(self, kind: str, peer: str, msg=None, nbytes: int = 0) -> None:
-        """One inbox item from a link to shard `peer`."""
+    def handle(self, kind: str, peer: str, msg=None, nbytes: int = 0, at: float | None = None) -> None:
+        """One inbox item from a link to shard `peer`; `at`: when the link saw it, if the
+        host's link says (the line's `at`; its `t` is when the loop handled it)."""
+        when = {} if at is None else {"at": at}
         if kind == "connected":
             self.port.emit("link_up", peer=peer)
             self.do("shard_connected", peer)
         elif kind == "disconnected":
-            self.port.emit("link_down", peer=peer)
+            self.port.emit("link_down", peer=peer, **when)
         else:
-            self.port.emit("recv", peer=peer, bytes=nbytes, **describe(msg))
+            self.port.emit("recv", peer=peer, bytes=nbytes, **describe(msg), **when)
             try:
                 self.do("receive", peer, msg)
             except IllegalTransition as e:

@@ -139,7 +139,7 @@ class ShardLink:
             except OSError:
                 pass
             sock.close()
-            self.inbox.put(NetEvent("disconnected", self.shard))
+            self.inbox.put(NetEvent("disconnected", self.shard, at=round(time.time(), 6)))
             # Through a proxy, connect succeeds even when the shard behind it is down
             # and the proxy hangs up at once: only a connection that lasted resets
             # the backoff, so a dead shard is retried ever more slowly.
@@ -184,7 +184,8 @@ class ShardLink:
                             self._cv.notify()
                         continue
                     self.stats.frames_recv += 1
-                    self.inbox.put(NetEvent("message", self.shard, msg, header.get("frame_bytes", 0)))
+                    self.inbox.put(NetEvent("message", self.shard, msg, header.get("frame_bytes", 0),
+                                            at=round(time.time(), 6)))
             except ProtocolError:
                 return
             with self._cv:

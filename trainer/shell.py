@@ -17,6 +17,20 @@ from trainer.messages import describe
 from trainer.protocol import Log
 
 
+def process_started() -> float | None:
+    """When this process started (epoch seconds, to the kernel's clock tick), from
+    /proc/self/stat and the boot time in /proc/stat; None where /proc cannot tell. A unit's
+    unit_up carries it (`started`): from there to the unit_up is the unit's own start
+    (Python, JAX, the task), whatever started the process (harness/judging/pace.py)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                     if line.startswith("btime "))
+        return round(btime + ticks / os.sysconf("SC_CLK_TCK"), 3)
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 def parse_args(argv, what: str) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=f"python -m trainer.{what}", description=f"one {what} process of a run")
     p.add_argument("--run-dir", required=True, type=Path, help="the run directory (holds run.json)")

@@ -81,7 +81,8 @@ class Syncer:
     # --- the loop --------------------------------------------------------------------------
     def run(self) -> int:
         d = self.driver
-        self.ev.emit("unit_up", incarnation=self.incarnation, pid=os.getpid(), addr=self.server.addr)
+        self.ev.emit("unit_up", incarnation=self.incarnation, pid=os.getpid(), addr=self.server.addr,
+                     started=shell.process_started())
         while not self.stopper.stop:
             now = shell.monotonic()
             for key in self.timers.pop_due(now):

@@ -74,6 +74,10 @@ class NetEvent:
     peer: str
     msg: object = None
     nbytes: int = 0  # frame size, for 'message'
+    # when the link saw it (wall clock): a learner's link stamps it in its read thread, so
+    # the recv / link_down line says when the frame arrived or the connection was cut, not
+    # when the busy main loop got to it (trainer/shard_link.py)
+    at: float | None = None
 
 
 def parse_addr(addr: str) -> tuple[str, int]:

@@ -26,6 +26,7 @@ from harness.eventlog import EventLog
 from harness.judging.history import clip, histories, intersect, learner_names, minus, norm, window
 from harness.judging.ledger import tokens_conserved
 from harness.judging.metrics import Metrics, commit_gaps
+from harness.judging.pace import pace
 from harness.judging.model_checks import (END_MAX, RISE_MAX, global_loss_regression, link_buffers_bounded,
                                   progress_merged_once, staleness_bounded)
 
@@ -159,10 +160,12 @@ def reachable(log: EventLog, settle_s: float) -> list[tuple[float, float]]:
 
 
 def no_global_downtime(log: EventLog, bound_s: float | None = None, settle_s: float | None = None) -> Result:
-    """No stretch longer than bound_s (default: the uptime gap bound) without a round_commit
-    on any shard while a quorum was reachable (see `reachable`; settle_s defaults to bound_s)."""
+    """No stretch longer than bound_s (default: the uptime gap bound, its floor scaled by the
+    run's measured pace: harness/judging/pace.py) without a round_commit on any shard while
+    a quorum was reachable (see `reachable`; settle_s defaults to bound_s)."""
     t0, t1 = window(log)
-    commits, gap_bound = commit_gaps(log)
+    paced = pace(log)
+    commits, gap_bound = commit_gaps(log, paced["pace"])
     bound = gap_bound if bound_s is None else bound_s
     q = reachable(log, bound if settle_s is None else settle_s)
     edges = [t0] + [c for c in commits if t0 < c < t1] + [t1]
@@ -172,7 +175,8 @@ def no_global_downtime(log: EventLog, bound_s: float | None = None, settle_s: fl
         worst = max(worst, longest)
         if longest > bound:
             bad.append({"from_s": a - t0, "to_s": b - t0, "reachable_s": longest})
-    r = _judge("no_global_downtime", bad, bound, k=quorum_k(log), reachable_s=sum(y - x for x, y in q))
+    r = _judge("no_global_downtime", bad, bound, k=quorum_k(log), reachable_s=sum(y - x for x, y in q),
+               pace=paced["pace"], bound_at_reference_pace_s=commit_gaps(log)[1] if bound_s is None else bound)
     return Result(r.name, r.valid, worst, bound, r.details)
 
 
@@ -217,17 +221,28 @@ def _parity(m: Metrics, bound: float) -> Result:
     return Result("loss_parity_max", valid, m.loss_parity, bound, {"ci": ci})
 
 
-def _recovery(m: Metrics, bound: float) -> Result:
-    """Each restart's recovery_s ≤ bound. A restart that never recovered fails when the run
-    went on ≥ bound after it; closer to the end it is unknown (censored)."""
+def _recovery(m: Metrics, bound_raw: float) -> Result:
+    """Each restart's recovery_s ≤ bound, the bound × the run's measured pace (a restart's
+    boot is CPU-bound work: harness/judging/pace.py). A restart that never recovered fails
+    when the run went on ≥ bound after it; closer to the end it is unknown (censored)."""
+    bound = bound_raw * m.pace
     if not m.recovery:
-        return Result("recovery_max_s", None, None, bound, {"why": "no restart in this run"})
+        return Result("recovery_max_s", None, None, bound,
+                      {"why": "no restart in this run", "pace": m.pace, "bound_raw_s": bound_raw})
     late = [asdict(r) for r in m.recovery if r.recovery_s is not None and r.recovery_s > bound]
     never = [asdict(r) for r in m.recovery if r.recovery_s is None and m.duration_s - r.t_s >= bound]
     censored = [asdict(r) for r in m.recovery if r.recovery_s is None and m.duration_s - r.t_s < bound]
     valid = False if late or never else (None if censored else True)
     return Result("recovery_max_s", valid, m.recovery_max_s, bound,
-                  {"late": late, "never": never, "censored": censored})
+                  {"late": late, "never": never, "censored": censored, "pace": m.pace, "bound_raw_s": bound_raw})
+
+
+def _goodput(m: Metrics, bound: float) -> Result:
+    """Goodput ≥ bound, judged on `goodput_paced`: the run's goodput with its CPU-bound
+    badput off the protocol (startup, recovery, other) at the reference machine's pace
+    (harness/judging/pace.py); the same as the raw goodput at pace 1 and in the simulator."""
+    value = m.goodput if m.goodput_paced is None else m.goodput_paced
+    return Result("goodput_min", value >= bound, value, bound, {"goodput_raw": m.goodput, "pace": m.pace})
 
 
 def _rejoin(m: Metrics, bound: float) -> Result:
@@ -247,7 +262,7 @@ def _rejoin(m: Metrics, bound: float) -> Result:
 
 
 EXPECT = {
-    "goodput_min": lambda m, b: _at_least("goodput_min", m.goodput, b),
+    "goodput_min": _goodput,
     "uptime_min": lambda m, b: _at_least("uptime_min", m.uptime, b),
     "loss_parity_max": _parity,
     "recovery_max_s": _recovery,

@@ -43,6 +43,7 @@ from harness.judging.history import (UnitHistory, clip, first_step_start, fragme
                                      learner_names, measure, minus, norm, step_lag, window)
 from harness.judging.losses import batch_losses, excess_loss_ratio, final_loss, loss_floor, mean_ci, parity_ci
 from harness.judging.ledger import ledger
+from harness.judging.pace import pace
 from harness.judging.participation import participation
 from harness.judging.recovery import first_merges, recoveries
 from trainer.protocol_base import DP_MODES
@@ -57,6 +58,9 @@ BADPUT = ("startup", "waiting_on_sync", "rolled_back", "lost", "stale", "recover
 # not scheduled); a protocol stall (a round that cannot form) lasts until the fault ends.
 GAP_FACTOR, GAP_MIN_S, GAP_MIN_WALL_S = 3.0, 1.0, 2.0
 RATE_WINDOW_S = 1.0
+# badput that is CPU-bound work off the protocol: a slower or busier machine makes it
+# longer by its pace (the units' start and restarts, evals and saves between steps)
+PACED_BADPUT = ("startup", "recovery", "other")
 
 # --- goodput and badput -----------------------------------------------------------------------
 
@@ -188,12 +192,15 @@ def learner_time(h: UnitHistory, t0: float, t1: float, *, dp: bool, lag: int, sh
 # --- uptime ------------------------------------------------------------------------------------
 
 
-def commit_gaps(log: EventLog) -> tuple[list[float], float]:
-    """Sorted round_commit times (every shard) and the downtime bound max(floor, 3 × median
-    gap); the floor: 2 s on real processes (the log's tier "cluster"), else 1 s."""
+def commit_gaps(log: EventLog, pace: float = 1.0) -> tuple[list[float], float]:
+    """Sorted round_commit times (every shard) and the downtime bound max(floor × pace,
+    3 × median gap); the floor: 2 s on real processes (the log's tier "cluster"), else 1 s.
+    The floor is CPU-bound work off the protocol (a replacement's boot starving the others),
+    so it is scaled by the run's measured pace (harness/judging/pace.py); the median gap
+    is the run's own and needs no scaling."""
     ts = sorted(e["t"] for e in log.of("round_commit"))
     gaps = [b - a for a, b in zip(ts, ts[1:])]
-    floor = GAP_MIN_WALL_S if log.header.get("tier") == "cluster" else GAP_MIN_S
+    floor = (GAP_MIN_WALL_S if log.header.get("tier") == "cluster" else GAP_MIN_S) * pace
     return ts, max(floor, GAP_FACTOR * statistics.median(gaps)) if gaps else floor
 
 
@@ -258,6 +265,13 @@ class Metrics:
     step_lag: int
     participation: dict | None = None  # learners merged per committed round (harness/judging/participation.py)
     ledger: dict | None = None  # the token-fate ledger: where each learner's tokens went (harness/judging/ledger.py)
+    # the run's measured pace (harness/judging/pace.py): 1.0 in the simulator and at or above
+    # the reference machine's; the units' cold start it was measured from
+    pace: float = 1.0
+    pace_start_s: float | None = None
+    # goodput with the CPU-bound badput off the protocol (startup, recovery, other) at the
+    # reference pace: what goodput_min judges (the raw goodput beside it)
+    goodput_paced: float | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -310,7 +324,8 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
     alloc = len(names) * dur
     sec = {k: sum(p[k] for p in per.values()) for k in ("productive",) + BADPUT}
 
-    commits, bound = commit_gaps(log)
+    paced = pace(log)
+    commits, bound = commit_gaps(log, paced["pace"])
     up = clip([(a, b) for a, b in zip(commits, commits[1:]) if b - a <= bound], t0, t1)
     down = tuple((a - t0, b - t0) for a, b in zip(commits, commits[1:]) if b - a > bound)
 
@@ -353,4 +368,7 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
         staleness_mean=(sum(k * v for k, v in stale.items()) / sum(stale.values())) if stale else None,
         steps=len(steps), tokens=tokens, merges=len(merges), commits=len(commits), dropped=dict(dropped),
         restarts=sum(1 for h in hs.values() for inc in h.incs if inc.n >= 1), step_lag=lag,
-        participation=participation(log), ledger=ledger(log))
+        participation=participation(log), ledger=ledger(log),
+        pace=paced["pace"], pace_start_s=paced["start_s"],
+        goodput_paced=(sec["productive"] + sum(sec[k] for k in PACED_BADPUT) * (1 - 1 / paced["pace"])) / alloc
+        if alloc else 0.0)

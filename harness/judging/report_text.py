@@ -16,6 +16,8 @@ ROWS = [  # (label, key, format)
     ("bytes per token", "bytes_per_token", "{:,.0f}"),
     ("max staleness", "staleness_max", "{}"),
     ("restarts", "restarts", "{}"),
+    ("pace (1: the reference machine)", "pace", "{:.2f}"),
+    ("  goodput at the reference pace", "goodput_paced", "{:.1%}"),
 ]
 
 
