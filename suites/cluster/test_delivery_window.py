@@ -49,9 +49,9 @@ def test_an_update_is_never_more_than_the_window_behind_on_a_bloated_link():
             sent: dict[int, float] = {}
             ages: list[tuple[float, float]] = []  # (arrival, age)
 
-            def pump(seconds: float, every_s: float) -> None:
+            def pump(seconds: float, every_s: float, enough=lambda: False) -> None:
                 end = time.monotonic() + seconds
-                while time.monotonic() < end:
+                while time.monotonic() < end and not enough():
                     v = len(sent) + 1
                     sent[v] = time.monotonic()
                     server.send("learner-0", update(v), key=outbox_key(update(v)))
@@ -70,14 +70,25 @@ def test_an_update_is_never_more_than_the_window_behind_on_a_bloated_link():
 
             pump(2.0, 0.0)
             client.add_toxic("learner-0", toxic_spec("bandwidth", "downstream", rate=RATE_KB_S))
-            throttled = time.monotonic()
-            pump(6.0, 0.02)
+            settled = time.monotonic() + 3.0  # from 3 s after the toxic on: the queue has settled
+            # until 15 updates came in after that (~5 s at the toxic's rate); 60 s is a give-up
+            # timeout for a machine that carries them slower, not the property
+            pump(60.0, 0.02, enough=lambda: sum(at > settled for at, _ in ages) >= 15)
         finally:
             if link is not None:
                 link.close()
             server.close()
-    late = [age for at, age in ages if at > throttled + 3.0]  # the last 3 s: the queue has settled
+    late = [(at, age) for at, age in ages if at > settled]
+    assert len(late) >= 15, ages  # the link still carried updates (~7 a second at the toxic's rate)
     frame = len(transport.encode_frame(update(1), RUN, "syncer-0"))
-    bound = (transport.WINDOW_BYTES + 2 * frame) / (RATE_KB_S * 1000) + 0.25
-    assert len(late) >= 15, ages  # the link still carried ~7 updates a second
-    assert statistics.median(late) <= bound, (statistics.median(late), bound, late)
+    # The bound is what is ahead of an update (the window and two frames) over the rate the
+    # link carried the updates at, measured here (one frame each, back to back: the shard
+    # commits faster than the link carries), at most the toxic's: on an idle machine that is
+    # the toxic's rate, ~1.1 s; a slow or busy machine that carries less is held to what it
+    # carried, not to the toxic's figure. Without the window the proxy's megabytes are ahead
+    # of each update at the same rate: ~4 s, well past it.
+    carried = (len(late) - 1) * frame / (late[-1][0] - late[0][0])
+    rate = min(RATE_KB_S * 1000, carried)
+    bound = (transport.WINDOW_BYTES + 2 * frame) / rate + 0.25
+    median = statistics.median(age for _, age in late)
+    assert median <= bound, (median, bound, carried, late)

@@ -61,7 +61,7 @@ def test_sigint_midway_leaves_nothing_behind(tmp_path, sig, code):
                            preexec_fn=_sigint_default)
     run_dir = out / "interrupted"
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 90  # a give-up timeout, not the property (~5 s idle)
         # wait until both learners and the syncer are up, and the faults are on
         while len(_pids(run_dir)) < 3 if run_dir.exists() else True:
             assert time.monotonic() < deadline, "the run never started"

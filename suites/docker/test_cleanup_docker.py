@@ -97,7 +97,7 @@ def test_ctrl_c_of_a_docker_run_stops_the_engine_it_started(tmp_path, docker_eng
             return [c for c in ours.containers.list(filters={"label": LABEL})
                     if not c.labels["diloco-chaos.unit"].startswith("spare-")]
 
-        deadline = time.time() + 120
+        deadline = time.time() + 120  # a give-up timeout, not the property
         while len(units()) < 5 and time.time() < deadline:
             time.sleep(0.5)  # 4 learners + 1 shard, running
         assert len(units()) == 5

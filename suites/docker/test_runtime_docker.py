@@ -2,10 +2,11 @@
 
 A container that has nothing of this host but the runtime image and its volume (no
 bind mount) imports JAX, optax, orbax and the units' modules and runs a jitted op; a
-second `runtime()` on the same engine finds the image and the volume by name, quickly;
-and a volume whose fill was interrupted (no `.complete`) is replaced by a full one. The
-figures (image and volume size, fill and lookup times, the container's start-to-exit
-time) are printed: `pytest -s` shows them.
+second `runtime()` on the same engine finds the image and the volume by name (it imports
+and fills nothing: seen, not timed); and a volume whose fill was interrupted (no
+`.complete`) is replaced by a full one. The figures (image and volume size, fill and
+lookup times, the container's start-to-exit time) are printed, not asserted (a busy
+engine decides them): `pytest -s` shows them.
 """
 from __future__ import annotations
 
@@ -30,6 +31,28 @@ def made(docker_engine):
     yield rt, time.monotonic() - t0
     remove_runtime(docker_engine, rt.sha)  # ~700 MB: not left behind
     remove_runtime(docker_engine, rt.code.removeprefix(docker_runtime.CODE_PREFIX))
+
+
+@pytest.fixture
+def shipped(docker_engine, monkeypatch):
+    """What the `runtime()` calls of a test ship to the engine: the image tags it imports and
+    the volumes it fills (each fill's helper container, role `fill`). The evidence that a
+    call found the runtime by name, where seconds would be the machine's pace and the engine's."""
+    got: dict[str, list] = {"imported": [], "filled": []}
+    helper, imp = docker_runtime._helper, docker_engine.api.import_image_from_data
+
+    def spy_helper(client, image, volume, sha, role):
+        if role == "fill":
+            got["filled"].append(volume)
+        return helper(client, image, volume, sha, role)
+
+    def spy_import(*args, **kw):
+        got["imported"].append(kw.get("tag"))
+        return imp(*args, **kw)
+
+    monkeypatch.setattr(docker_runtime, "_helper", spy_helper)
+    monkeypatch.setattr(docker_engine.api, "import_image_from_data", spy_import)
+    return got
 
 
 def _read(client, rt, path: str) -> bytes | None:
@@ -75,19 +98,25 @@ def test_a_container_with_only_the_runtime_runs_jax_and_the_units_modules(docker
           f"{done['files']} entries; first runtime() {first_s:.1f} s; container start to exit {run_s:.2f} s")
 
 
-def test_a_second_call_on_the_same_engine_finds_both_by_name_quickly(docker_engine, made):
-    rt, _ = made
+def test_a_second_call_on_the_same_engine_finds_both_by_name(docker_engine, made, shipped):
+    rt, first_s = made
+    image_id = docker_engine.images.get(rt.image).id
     t0 = time.monotonic()
     again = runtime(docker_engine)
     took = time.monotonic() - t0
-    print(f"\nsecond runtime(): {took:.2f} s")
+    print(f"\nsecond runtime(): {took:.2f} s (first: {first_s:.1f} s)")
     assert (again.image, again.volume, again.code) == (rt.image, rt.volume, rt.code)
-    assert took < 5.0
+    # found by name, not rebuilt: nothing imported, no volume filled (or removed and filled
+    # again), the same image; evidence, not seconds (it was `took < 5.0`, which a busy engine
+    # or a slow disk decides; the first call itself may have found a runtime left on the engine)
+    assert shipped == {"imported": [], "filled": []}, shipped
+    assert docker_engine.images.get(rt.image).id == image_id
 
 
-def test_an_edit_of_the_code_ships_only_the_code_volume(docker_engine, made, monkeypatch):
+def test_an_edit_of_the_code_ships_only_the_code_volume(docker_engine, made, monkeypatch, shipped):
     """Other code (here: fewer packages) is a new code volume; Python and JAX stay."""
     rt, _ = made
+    image_id = docker_engine.images.get(rt.image).id
     monkeypatch.setattr(runtime_files, "REPO_PACKAGES", ("trainer",))
     t0 = time.monotonic()
     other = runtime(docker_engine)
@@ -95,7 +124,10 @@ def test_an_edit_of_the_code_ships_only_the_code_volume(docker_engine, made, mon
     print(f"\nanother code volume: {took:.2f} s")
     try:
         assert (other.image, other.volume) == (rt.image, rt.volume) and other.code != rt.code
-        assert took < 10.0
+        # only the code volume was shipped: one fill, of it; no image imported, the Python
+        # volume not filled again (evidence, not seconds: it was `took < 10.0`)
+        assert shipped == {"imported": [], "filled": [other.code]}, shipped
+        assert docker_engine.images.get(rt.image).id == image_id
     finally:
         docker_engine.volumes.get(other.code).remove(force=True)
 

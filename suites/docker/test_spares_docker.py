@@ -33,8 +33,12 @@ def test_a_restart_takes_the_spare_container(tmp_path, docker_engine):
     (up,) = [e for e in log.of("unit_up") if e.get("reason") == "restarted"]  # the harness's line
     assert up["start"] == "spare", up
     (rec,) = result.summary["recovery"]
-    # stepping within a second and a half of its restart (a cold container: 3-5 s here), merged again
-    assert rec["start"] == "spare" and rec["recovery_s"] is not None and rec["boot_s"] < 1.5, rec
+    # stepping within a second and a half of its restart (a cold container: 3-5 s here), merged
+    # again. The 1.5 s is at the reference machine's pace; it is held to 1.5 s x this run's pace
+    # (its units' own cold start over the reference's, harness/judging/pace.py; 1 on an idle
+    # machine), as recovery_max_s is: a spare's boot is CPU-bound work a busy machine slows too
+    pace = result.summary["pace"]
+    assert rec["start"] == "spare" and rec["recovery_s"] is not None and rec["boot_s"] < 1.5 * pace, (rec, pace)
     assert any(m["learner"] == "learner-1" and m["incarnation"] == 1 for m in log.of("merge"))
     # the spare's output is the restarted unit's (the crash tail reads it)
     assert (result.run_dir / "stdout" / "learner-1.1.log").resolve().name == "spare-learner-1.log"

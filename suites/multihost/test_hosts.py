@@ -111,7 +111,7 @@ def test_down_leaves_nothing_even_after_an_engine_crash(hosts_available):
         # shim and the container do not
         dockerd_a = int((hosts.HOSTS[0].dir / "dockerd.pid").read_text())
         os.kill(dockerd_a, signal.SIGKILL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 10  # a give-up timeout: the property is that it dies at all
         while _alive(dockerd_a) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(dockerd_a)
@@ -130,7 +130,7 @@ def test_an_interrupted_up_leaves_nothing(hosts_available):
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         last = hosts.HOSTS[-1]
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 60  # a give-up timeout, not the property
         while not (last.dir / "dockerd.pid").exists() and p.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         assert p.poll() is None, f"up ended before it could be interrupted: {p.communicate()}"

@@ -29,6 +29,8 @@ def _interrupt_lands_in_a_finalizer() -> None:
 
 
 def _runs_on(seconds: float) -> None:
+    # where it is expected to raise, `seconds` is only how long it gives the re-raised signal
+    # to surface (at once on any machine: the process signals itself), a give-up timeout
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:  # plain bytecode: where a re-raised signal surfaces
         pass

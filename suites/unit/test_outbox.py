@@ -171,12 +171,17 @@ class Reader:
 
     def settled(self, at_least: int) -> int:
         """The count once it reached `at_least` (what the window lets through: waited for,
-        not assumed to arrive within some time) and nothing more arrived for 0.3 s."""
+        not assumed to arrive within some time; 20 s is a give-up timeout) and nothing more
+        arrived for 0.3 s, or for twice as long as reaching `at_least` took if that is longer:
+        the quiet that says "all in" is relative to this machine's pace at this transfer, so
+        a busy machine's pause in the middle of the last frame is not read as its end."""
+        t0 = time.monotonic()
         assert wait_until(lambda: self.n >= at_least, 20), (self.n, at_least)
+        quiet = max(0.3, 2 * (time.monotonic() - t0))
         last = -1
         while last != self.n:
             last = self.n
-            time.sleep(0.3)
+            time.sleep(quiet)
         return self.n
 
     def ack(self, sender: str) -> None:

@@ -47,7 +47,7 @@ def test_an_error_exit_on_the_stop_is_a_crash_and_our_signals_are_not(tmp_path, 
         with open(tmp_path / "stdout" / f"{name}.0.log", "w") as out:
             m.proc = subprocess.Popen([sys.executable, "-c", SCRIPT.format(handler=handler), str(tmp_path / name)],
                                       stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 30  # a give-up timeout, not the property
     while not all((tmp_path / n).exists() for n in UNITS):
         assert time.monotonic() < deadline, "the units never set their handlers"
         time.sleep(0.05)

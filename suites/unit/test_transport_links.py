@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from harness.backends.toxiproxy_server import free_port  # below the ephemeral range: no bind(0) race
 from trainer import auth, transport
 from trainer.messages import FragmentUpdate, Hello
 from trainer.outbox import outbox_key
@@ -242,10 +243,34 @@ def test_on_a_slow_link_the_learner_keeps_only_the_newest_keyed_frame(closing):
 
 # --- (c) reconnects ---------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class HangUp:
+    """A listener on `port` that accepts each connection and closes it at once (a shard that
+    hangs up before its challenge), noting when each came: a link's connection attempts,
+    seen from outside (refused ones are not)."""
+
+    def __init__(self, port: int):
+        self.sock = socket.create_server(("127.0.0.1", port))
+        self.sock.settimeout(0.05)
+        self.times: list[float] = []
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._accept_loop, daemon=True)
+        self.thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self.times.append(time.monotonic())
+            conn.close()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.thread.join(timeout=5)
+        self.sock.close()
 
 
 def test_a_link_keeps_retrying_within_its_backoff_cap_and_drops_sends_while_down(closing):
@@ -255,14 +280,49 @@ def test_a_link_keeps_retrying_within_its_backoff_cap_and_drops_sends_while_down
     closing(link)
     assert link.send(Hello("learner-0", 0)) == 0          # down: dropped, nothing queued
     assert link.unsent_bytes() == 0
-    time.sleep(3 * cap)                                   # let the backoff reach its cap (not an assertion)
+    time.sleep(5 * cap)                                   # refused: let the backoff grow (not an assertion)
     assert not link.up and link.stats.connects == 0
+    # a shard that hangs up at once: each attempt is seen, and the link stays down
+    hang_up = HangUp(port)
+    closing(hang_up)
+    attempts = 9
+    wait_until(lambda: len(hang_up.times) >= attempts, 30)  # a give-up timeout (~2 s needed), not the property
+    hang_up.close()
+    times = list(hang_up.times)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    # a doubling without the cap waits 255 x its first wait here over these attempts (~80 s
+    # after the refused phase above on an idle machine): it gives up short of them, or the
+    # upper bound below sees its gaps double
+    assert len(times) >= attempts, gaps
+    assert not link.up and link.stats.connects == 0
+    # each wait doubles from 10 ms, so from the 6th attempt here on every gap holds a wait of
+    # the full cap: a lower bound, pace-free (a busy machine only adds to it)
+    at_cap = gaps[5:]
+    assert min(at_cap) >= 0.9 * cap, gaps
+    # the upper bound is relative to this link's own retries at the cap, measured just now
+    # (a wait of the cap plus this machine's connect and hang-up): no gap, the first one after
+    # the refused phase included, is 3 x longer, so a slow machine moves the bound with it;
+    # a backoff that went on doubling past the cap, refused or hung up on, gives a gap of
+    # 0.64 s or more next to gaps of 0.2 s
+    per_retry = sorted(at_cap)[len(at_cap) // 2]
+    assert max(gaps) < 3 * per_retry, gaps
     t0 = time.monotonic()
     server = ShardServer("syncer-0", RUN, port=port, secret=SECRET)
     closing(server)
     got: list = []
-    assert wait_until(lambda: got.extend(server.poll(0.01)) or link.up, 5)
-    assert time.monotonic() - t0 < cap + 1.0              # one backoff, plus the connect and the proof, at most
+    assert wait_until(lambda: got.extend(server.poll(0.01)) or link.up, 10)  # give-up timeout
+    took = time.monotonic() - t0
+    # what a connect and the proof take on this machine now: a fresh link to the same shard
+    fresh = ShardLink("learner-1", "syncer-0", f"127.0.0.1:{port}", RUN, queue.Queue(), secret=SECRET,
+                      backoff_s=(0.01, cap))
+    t1 = time.monotonic()
+    closing(fresh.start())
+    assert wait_until(lambda: got.extend(server.poll(0.01)) or fresh.up, 10)  # give-up timeout
+    connect_s = time.monotonic() - t1
+    # one backoff, plus the connect and the proof, at most: relative to this machine's pace,
+    # a backoff wait being bounded by the link's own slowest retry above (a wait of the cap
+    # plus a connect) and the connect and proof by the fresh link's, each with 2 x slack
+    assert took < 2 * (max(gaps) + connect_s), (took, gaps, connect_s)
     assert inbox.get(timeout=1).kind == "connected"
     assert "learner-0" in [e.peer for e in got if e.kind == "connected"]  # adopted once it proved itself
     assert link.send(Hello("learner-0", 0)) > 0
