@@ -76,12 +76,14 @@ def test_a_run_over_two_engines(tmp_path, docker_engine, second_engine):
     run_id = log.header["topology"]["run_id"]
     on_a = _events(docker_engine, run_id, since, until)
     on_b = _events(client_b, run_id, since, until)
-    # a warm spare on each engine that runs learners (a spare takes only the identity of a
-    # unit on its own engine); on B the spare took learner-1's restart, and was replaced
+    # a pool of two warm spares on each engine that runs learners (a spare takes only the
+    # identity of a unit on its own engine); on B a spare took learner-1's restart, and was replaced
     assert {(u, i) for a, u, i in on_a if a == "start"} == {("learner-0", "0"), ("syncer-0", "0"),
-                                                            ("spare-learner-1", "spare")}, on_a
-    assert {(u, i) for a, u, i in on_b if a == "start"} == {("learner-1", "0"), ("spare-learner-2", "spare"),
-                                                            ("spare-learner-3", "spare")}, on_b
+                                                            ("spare-learner-1", "spare"),
+                                                            ("spare-learner-2", "spare")}, on_a
+    assert {(u, i) for a, u, i in on_b if a == "start"} == {("learner-1", "0"), ("spare-learner-3", "spare"),
+                                                            ("spare-learner-4", "spare"),
+                                                            ("spare-learner-5", "spare")}, on_b
     assert ("kill", "learner-1", "0") in on_b  # the fault, done by engine B
     assert [e["start"] for e in log.of("unit_up") if e.get("reason") == "restarted"] == ["spare"]
     # the restarted unit, on engine B, reached the shard on engine A through its proxy

@@ -47,6 +47,7 @@ def test_a_restart_takes_the_spare_container(tmp_path, docker_engine):
                for e in docker_engine.events(since=int(since), until=int(until) + 1, decode=True,
                                              filters={"type": "container", "label": f"{LABEL}={run_id}",
                                                       "event": "start"})}
-    # the units, the spare that became learner-1, and its replacement
-    assert started == {"learner-0", "learner-1", "syncer-0", "spare-learner-1", "spare-learner-2"}, started
+    # the units, the pool of two spares (the first became learner-1), and its replacement
+    assert started == {"learner-0", "learner-1", "syncer-0", "spare-learner-1", "spare-learner-2",
+                       "spare-learner-3"}, started
     assert not docker_engine.containers.list(all=True, filters={"label": f"{LABEL}={run_id}"})
