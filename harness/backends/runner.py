@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
 import time
 from dataclasses import dataclass
@@ -87,6 +88,7 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
         with cluster:
             header["topology"] = cluster.topology
             header["t_launch"] = time.time()
+            header["cpus"] = os.cpu_count()  # the run's pace: how many units start at once per core
             injector = Injector(cluster, shape, emit, dp_rollback=cfg.diloco.mode == "dp")
             injector.setup()
             watch = _Watch(cluster, injector, progress)

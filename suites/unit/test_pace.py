@@ -41,6 +41,20 @@ def test_pace_is_the_cold_start_against_the_reference_machines():
     assert pace(_run(3 * docker, backend="docker", own=False))["pace"] == pytest.approx(3.0)
 
 
+def test_units_starting_together_on_fewer_cores_are_not_a_slow_machine():
+    # two units on one core start in twice one unit's time on any machine: that is the run's
+    # shape, not the machine's pace (a 2-core machine: no correction; a first warm spare
+    # starting with them counts as a third)
+    ref = REFERENCE_START_S
+    log = _run(2 * ref)
+    log.header["cpus"] = 1
+    assert pace(log)["pace"] == 1.0 and pace(log)["start_raw_s"] == pytest.approx(2 * ref)
+    log.header["cpus"] = 2
+    assert pace(log)["pace"] == pytest.approx(2.0)
+    log.header["topology"]["backend"]["spares"] = ["learner"]
+    assert pace(log)["pace"] == pytest.approx(2.0 / 1.5) and pace(log)["start_s"] == pytest.approx(2 * ref / 1.5)
+
+
 def test_the_downtime_floor_scales_with_the_pace():
     # a 3 s gap: over the 2 s floor at the reference pace (a stall), under it at pace 2 (a
     # busy runner whose units took twice as long to start), and over it again at 4.5 s
