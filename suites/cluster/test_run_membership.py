@@ -61,6 +61,7 @@ def test_an_intruder_without_the_run_secret_is_refused_and_merges_nothing(tmp_pa
             assert not wrong.up and wrong.send(Hello("learner-1", INTRUDER_INCARNATION)) == 0
         finally:
             wrong.close()
+        # a give-up timeout (the units end at their step budget), not the property
         assert cluster.wait_exit(["learner-0", "learner-1"], timeout_s=240)
         secret = cluster.secret
     eventlog.merge(run_dir, {"seed": cfg.seed, "config": cfg.to_dict(), "topology": topo})

@@ -45,6 +45,7 @@ def test_kill_and_restart_learner_and_syncer_shard(tmp_path, broadcast):
         time.sleep(1.0)   # learners keep stepping with one shard gone
         cluster.spawn("syncer-1")
         cluster.spawn("learner-1")
+        # a give-up timeout (the units end at their step budget), not the property
         assert cluster.wait_exit(["learner-0", "learner-1", "learner-2"], timeout_s=240)
         run = json.loads((run_dir / "run.json").read_text())
     # every process and proxy is gone once the cluster is closed
