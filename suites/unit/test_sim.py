@@ -212,3 +212,20 @@ def test_a_stop_while_a_checkpoint_is_in_flight_keeps_the_newest_step_saved_once
         [("checkpoint_saved", 100), ("closing", last)] + ([("checkpoint_saved", 101)] if last == 101 else []) + \
         [("done", last)]
     assert run.world.learners["learner-0"].ckpt[2] == last
+
+
+def test_two_restarts_at_once_each_take_a_ready_spare_from_a_pool_of_two():
+    """The spare pool (`[cluster] spare_pool`), modelled as on processes: two learners killed
+    together find two ready spares; with a pool of one the second takes the replacement,
+    which is not ready yet (`spare_booting`)."""
+    kills = [{"kind": "kill_unit", "target": f"learner-{i}", "at": "8s", "down_for": "0.5s"} for i in (0, 1)]
+
+    def starts(pool):
+        s = scenario_from_dict({
+            "name": "sim-pool", "seed": 5, "cluster": {"learners": 3, "spare_pool": pool},
+            "train": {"task": "quadratic", "steps": 400, "duration": "20s"}, "faults": kills})
+        return sorted(e["start"] for e in simulate(s).events
+                      if e["kind"] == "unit_up" and e.get("reason") == "restarted")
+
+    assert starts(2) == ["spare", "spare"]
+    assert starts(1) == ["spare", "spare_booting"]
