@@ -38,11 +38,18 @@ class ShardLink:
         self._partial = 0  # bytes of the frame being written not yet handed to the kernel
         self._flow = Flow()  # the current connection's delivery window (a new one per connection)
         self._up = threading.Event()
+        self._go = threading.Event()  # set: a proven connection may count as up (`start(hold=...)`)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"link-{shard}", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name=f"write-{shard}", daemon=True)
 
-    def start(self) -> "ShardLink":
+    def start(self, hold: bool = False) -> "ShardLink":
+        """Connect (and prove run membership) in the background and keep the link up. With
+        `hold`, the first proven connection waits for `release()` before it counts as up:
+        a restarting unit connects while it restores its checkpoint, and its core sees
+        the link only once it is ready for it."""
+        if not hold:
+            self._go.set()
         self._thread.start()
         self._writer.start()
         return self
@@ -81,8 +88,12 @@ class ShardLink:
             return BufferState(self._unsent_locked(), self._outbox.frames, self.stats.superseded,
                                self._flow.unread() if self._sock is not None else 0)
 
+    def release(self) -> None:
+        self._go.set()
+
     def close(self) -> None:
         self._closed.set()
+        self._go.set()
         with self._cv:
             self._cv.notify_all()
             for sock in (self._sock, self._proving):
@@ -122,6 +133,10 @@ class ShardLink:
                 continue
             finally:
                 self._proving = None
+            self._go.wait()
+            if self._closed.is_set():
+                sock.close()
+                return
             sock.settimeout(None)
             with self._cv:
                 self._sock, self._flow = sock, Flow()

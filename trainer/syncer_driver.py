@@ -7,8 +7,11 @@ simulated network, a virtual clock, snapshots in memory). What the shard does wi
 message, a timer, a commit or a SIGTERM is therefore written once, and the simulator
 cannot drift from the processes there (issue 14: one driver per role).
 
-Checkpoints: a commit asks for a save (SaveCheckpoint). At most one save is in flight;
-commits during it coalesce into the next save, started when it lands. Only versions
+Checkpoints: a commit asks for a save (SaveCheckpoint). At most one save is in flight,
+and a save starts at most every SAVE_GAP_S; commits in between coalesce into the next
+save, started when the gap is over and the previous one landed. (Starting an orbax save
+holds the shard's loop for 20-250 ms on a busy machine; a save after every landing
+stalled every learner's fetch and merge four to five times a second.) Only versions
 that are on disk are reported to the core as durable (`core.durable`): a learner is told
 nothing a crash could take back. On SIGTERM the current state is saved and made
 durable before the process leaves.
@@ -32,12 +35,20 @@ class SyncerPort(Protocol):
     def save_now(self, number: int, snapshot: dict) -> None: ...    # synchronous (the final save)
 
 
+SAVE_GAP_S = 0.5    # the least time from one save's start to the next's (a crash loses at most this much more)
+SAVE_TIMER = "save"  # the driver's own timer key: the coalesced save, once the gap is over
+
+
 class SyncerDriver:
-    def __init__(self, core: SyncerCore, state: SyncerState, port: SyncerPort, saved: int = 0):
+    def __init__(self, core: SyncerCore, state: SyncerState, port: SyncerPort, saved: int = 0,
+                 save_gap_s: float = SAVE_GAP_S):
         self.core, self.state, self.port = core, state, port
         self.saved = saved                   # checkpoint numbers: one per save, across incarnations
         self.in_flight: dict | None = None   # versions of the save being written
         self.dirty = False                   # a commit since the last save started
+        self.save_gap_s = save_gap_s
+        self.next_save_at: float | None = None  # the earliest start of the next save
+        self.save_timer_set = False
 
     # --- what the host feeds in ------------------------------------------------------------
     def connected(self, peer: str) -> None:
@@ -59,7 +70,10 @@ class SyncerDriver:
         self.checkpoint()
 
     def timer(self, key: str) -> None:
-        self.do("timer", key)
+        if key == SAVE_TIMER:
+            self.save_timer_set = False
+        else:
+            self.do("timer", key)
         self.checkpoint()
 
     def saved_landed(self) -> None:
@@ -98,6 +112,13 @@ class SyncerDriver:
     def checkpoint(self) -> None:
         """Starts a save if the state moved on and none is in flight (coalescing)."""
         if self.dirty and self.in_flight is None:
+            now = self.port.now()
+            if self.next_save_at is not None and now < self.next_save_at:
+                if not self.save_timer_set:
+                    self.port.set_timer(SAVE_TIMER, self.next_save_at)
+                    self.save_timer_set = True
+                return
+            self.next_save_at = now + self.save_gap_s
             self.saved += 1
             self.in_flight = dict(self.state.version)
             self.dirty = False

@@ -126,8 +126,9 @@ class Processes:
     def spawn(self, cluster: "LocalCluster", m: Member) -> subprocess.Popen:
         spare = take_spare(self.spares.get(m.role), cluster)
         if spare is not None:
-            self.start_spares(cluster, SPARE_DELAY_S)  # its replacement
-            if self._hand_over(cluster, spare, m):
+            taken = self._hand_over(cluster, spare, m)
+            self.start_spares(cluster, SPARE_DELAY_S)  # its replacement (after the hand-over: not on its path)
+            if taken:
                 return spare.proc
         m.start = "cold"
         module = "trainer.learner" if m.role == "learner" else "trainer.syncer"
