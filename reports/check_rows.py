@@ -15,6 +15,9 @@ CHECKS = {
     "no_global_downtime": ("the global model advances whenever a quorum is reachable", "stall", "timeline"),
     "progress_merged_once": ("no inner step of a learner reaches the global model twice for one fragment",
                              "count", "timeline"),
+    "delta_bases_advance": ("every merged Δ of a learner was measured from a newer global fragment than its "
+                            "previous one, one the shard had sent it (read from the shards' lines alone)",
+                            "count", "timeline"),
     "global_loss_regression": ("the global model's held-out loss never rises far above its best so far, and ends "
                                "near it", "nats", "loss"),
     "staleness_bounded": ("every merge's staleness is within the bound", "int", "staleness"),

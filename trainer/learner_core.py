@@ -37,6 +37,9 @@ sent_step). Rules:
   contributes nothing to it until that fetch re-anchors it.
   Bug `cumulative_delta`: no gate (the behaviour before: a learner that hears nothing
   sends its whole drift since the last Θ[p] every turn, and each copy is merged).
+  Bug `resend_drift`: the same, with the bookkeeping of the correct code (its `contribute`
+  lines claim [previous to_step, step] as if each Δ held only the new steps): only
+  evidence the learner does not write can see it (`delta_bases_advance`).
 - closing (trainer/learner_close.py): after the last step `finish` sends what is in no Δ.
 - aligned rounds (decoupled, `align`; docs/PROTOCOL.md "Aligned rounds"): on a RoundOpen(p)
   from the shard, a learner whose turn for p is 1 to period / 2 steps away contributes p
@@ -320,7 +323,7 @@ class LearnerCore(LearnerDP, LearnerClose):
             state, more = self._starved(state, self.config.owners[p])
             return state, [Log("drop", {"what": "Contribution", "fragment": p, "reason": "awaiting_fetch"})] + more
         if (self.config.mode == "decoupled" and p in state.in_flight
-                and "cumulative_delta" not in self.config.bugs):
+                and not self.config.bugs & {"cumulative_delta", "resend_drift"}):
             # unanswered: a Δ now would be measured from the same base as the one in flight
             # and carry that one's progress again; p waits for its answer (or a fetch)
             state = replace(state, skipped=state.skipped | {p})
@@ -341,8 +344,9 @@ class LearnerCore(LearnerDP, LearnerClose):
                                    "from_step": state.anchor_step[p], "to_step": state.step,
                                    "steps": msg.c_steps, "tokens": msg.c_tokens}),
                 Send(self.config.owners[p], msg)]
-        if self.config.keep_local and "cumulative_delta" not in self.config.bugs:
-            # what follows this send is the next Δ's (the bug measures every Δ from base[p])
+        if (self.config.keep_local or "resend_drift" in self.config.bugs) and "cumulative_delta" not in self.config.bugs:
+            # what follows this send is the next Δ's (the bugs measure every Δ from base[p];
+            # resend_drift still says the next Δ starts here)
             state = replace(state, anchor_step=_put(state.anchor_step, p, state.step))
         return state, logs
 

@@ -35,7 +35,7 @@ DP_MODES = ("dp", "elastic_dp")
 SYNCER_BUGS = frozenset({"merge_twice", "stale_as_fresh", "ignore_quorum", "relative_discount",
                          "unbounded_outbox", "trust_payloads"})
 LEARNER_BUGS = frozenset({"rejoin_without_fetch", "rejoin_out_of_phase", "cumulative_delta", "unbounded_outbox",
-                          "count_discarded"})
+                          "count_discarded", "resend_drift"})
 BUGS = SYNCER_BUGS | LEARNER_BUGS
 
 

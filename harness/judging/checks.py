@@ -8,7 +8,7 @@ observed value, the bound it was held to and details (the first offending lines)
     results = safety_checks(log, metrics) + expect_checks({"goodput_min": 0.8}, metrics)
     compose(results).valid
 
-Safety checks: merged_at_most_once, progress_merged_once, versions_monotonic, no_nan,
+Safety checks: merged_at_most_once, progress_merged_once, delta_bases_advance, versions_monotonic, no_nan,
 durable_rounds_kept, no_global_downtime, global_loss_regression, link_buffers_bounded,
 tokens_conserved (harness/judging/ledger.py), staleness_bounded (the model's: harness/judging/model_checks.py).
 Exact definitions: docs/METRICS.md.
@@ -27,8 +27,8 @@ from harness.judging.history import clip, histories, intersect, learner_names, m
 from harness.judging.ledger import tokens_conserved
 from harness.judging.metrics import Metrics, commit_gaps
 from harness.judging.pace import pace
-from harness.judging.model_checks import (END_MAX, RISE_MAX, global_loss_regression, link_buffers_bounded,
-                                  progress_merged_once, staleness_bounded)
+from harness.judging.model_checks import (END_MAX, RISE_MAX, delta_bases_advance, global_loss_regression,
+                                          link_buffers_bounded, progress_merged_once, staleness_bounded)
 
 # --- safety ------------------------------------------------------------------------------------
 
@@ -185,7 +185,8 @@ def safety_checks(log: EventLog, metrics: Metrics | None = None, *, max_stalenes
                   end_max: float | None = None) -> list[Result]:
     """Every safety check; staleness_bounded only when a bound is given (it has no default).
     rise_max / end_max: global_loss_regression's bounds (None: RISE_MAX / END_MAX)."""
-    out = [merged_at_most_once(log), progress_merged_once(log), versions_monotonic(log), no_nan(log),
+    out = [merged_at_most_once(log), progress_merged_once(log), delta_bases_advance(log), versions_monotonic(log),
+           no_nan(log),
            durable_rounds_kept(log), no_global_downtime(log, downtime_bound_s),
            global_loss_regression(log, RISE_MAX if rise_max is None else rise_max,
                                   END_MAX if end_max is None else end_max),

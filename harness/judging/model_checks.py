@@ -1,5 +1,6 @@
 """Checks on what reached the model (docs/METRICS.md; docs/PROTOCOL.md "Bounded staleness"):
-each piece of a learner's progress at most once (`progress_merged_once`), the global
+each piece of a learner's progress at most once (`progress_merged_once`, from the learners'
+`contribute` lines; `delta_bases_advance`, from the shards' own lines alone), the global
 model's loss curve (`global_loss_regression`), merge staleness within a bound
 (`staleness_bounded`), what waits unsent on the links (`link_buffers_bounded`).
 Pure functions of the event log, as every check; `harness.judging.checks` re-exports them."""
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from harness.judging.check_base import SHOW, Result, _judge, _lost_merges
+from harness.judging.check_base import SHOW, Result, _judge, _lost_merges, _shards, shard_lives
 from harness.eventlog import EventLog
 from harness.judging.history import histories, window
 from trainer.protocol_base import DP_MODES
@@ -121,6 +122,51 @@ def progress_merged_once(log: EventLog) -> Result:
 RISE_MAX = 0.25   # nats above the best so far; fault-free runs rise ≤ 0.09 between snapshots
 END_MAX = 0.1     # nats: the final model's loss above the best the run reached
 WARMUP = 0.2      # share of the window [t_start, t_end] whose rises are not judged
+
+
+def delta_bases_advance(log: EventLog) -> Result:
+    """Every Δ a shard merged from a learner incarnation for fragment p was measured from a
+    newer Θ[p] than that incarnation's previous merged Δ of p, and from a version of Θ[p]
+    the shard had sent that learner (or Θ0, version 0).
+
+    Evidence: the shard's own lines only: its `merge` lines (the base_version in the
+    messages it received) and its `send` lines (the versions it sent). Nothing the learner
+    logged about itself is read, so a learner that re-sends its drift since one base while
+    its `contribute` lines look right (planted bug `resend_drift`) cannot hide: a Δ after
+    an earlier merged one holds new progress only if the learner took the answer (a newer
+    Θ[p]) in between; two Δs from one base carry the first one's progress twice. Per shard
+    incarnation (a restarted shard may hand out lower versions again). dp modes exchange
+    gradients: valid, not applicable."""
+    mode = log.config["diloco"]["mode"]
+    if mode in DP_MODES:
+        return Result("delta_bases_advance", True, 0, 0, {"why": f"{mode}: gradients, not progress; not applicable"})
+    bad, merges, unsent = [], 0, []
+    for shard in _shards(log):
+        # a log whose shard wrote no send lines (hand-made, or cut) cannot say what it sent
+        says_sends = any(e["kind"] == "send" for e in log.of("send", src=shard))
+        if not says_sends:
+            unsent.append(shard)
+        sent: dict[tuple, set] = {}  # (learner, fragment) -> versions this shard sent it, any incarnation so far
+        for life in shard_lives(log, shard):
+            last: dict[tuple, int] = {}  # (learner, incarnation, fragment) -> base of its last merged Δ
+            for e in life.events:
+                if e["kind"] == "send" and e.get("msg") in ("FragmentUpdate", "FragmentDelta"):
+                    sent.setdefault((e["peer"], int(e["fragment"])), set()).add(int(e["version"]))
+                elif e["kind"] == "merge" and e.get("base_version") is not None:
+                    merges += 1
+                    p, b = int(e["fragment"]), int(e["base_version"])
+                    key = (e["learner"], e["incarnation"], p)
+                    why = None
+                    if key in last and b <= last[key]:
+                        why = f"base {b} is not newer than its previous merged Δ's base {last[key]}"
+                    elif says_sends and b != 0 and b not in sent.get((e["learner"], p), ()):
+                        why = f"base {b}: a version of Θ[{p}] this shard never sent {e['learner']}"
+                    if why is not None:
+                        bad.append({"shard": shard, "learner": e["learner"], "incarnation": e["incarnation"],
+                                    "fragment": p, "seq": e.get("seq"), "base_version": b, "t": e["t"], "why": why})
+                    last[key] = max(b, last.get(key, b))
+    return _judge("delta_bases_advance", bad, merges=merges,
+                  **({"sends_not_logged": unsent} if unsent else {}))
 
 
 def global_curve(log: EventLog) -> list[tuple[float, float, bool]]:

@@ -13,7 +13,10 @@ The base case converges: the quadratic task for 300 inner steps (the fault-free 
 ends at 0.155, 2.3× its floor of 0.068, where 60 steps ended at 12×), ~32 s of
 simulated time, so a 24-cycle fault is ~15 s. Each planted bug that restores the
 behaviour before (cumulative_delta, relative_discount, unbounded_outbox) is caught on a
-schedule Hypothesis finds, by the check named, and that schedule passes without it.
+schedule Hypothesis finds, by the check named, and that schedule passes without it; so
+is `resend_drift` (the drift re-sent every turn while its `contribute` lines claim only
+the new steps), by `delta_bases_advance`, which reads the shards' lines alone, while
+the checks that read the learner's own account pass it.
 What waits on a link is bounded too (`link_buffers_bounded`), with the simulator's
 kernel-and-proxy share scaled to the quadratic's small frames (LINK_SIM).
 """
@@ -25,7 +28,7 @@ from functools import lru_cache
 import pytest
 from hypothesis import Phase, find, given, settings
 
-from faults.model import Wan
+from faults.model import Partition, Wan
 from faults.schedule import RunShape
 from faults.strategies import link_faults
 from harness.judging import checks, losses
@@ -65,6 +68,7 @@ def excess(case) -> float:
 
 def bounded_staleness(case) -> None:
     case.check(checks.progress_merged_once(case.log))
+    case.check(checks.delta_bases_advance(case.log))
     case.check(checks.staleness_bounded(case.log, case.scenario.run_config().diloco.max_staleness))
     case.check(checks.link_buffers_bounded(case.log))
     ref = excess(fault_free())
@@ -83,6 +87,7 @@ def test_a_single_link_fault_does_not_poison_the_global_model(schedule):
 
 BUGS = {  # planted bug -> (what its failure names, the link faults that reach it)
     "cumulative_delta": ("progress_merged_once", ("partition", "wan")),  # a one-way cut
+    "resend_drift": ("delta_bases_advance", ("partition",)),              # a downstream cut; its own lines look right
     "relative_discount": ("staleness_bounded", ("wan",)),                 # a link slow by several cycles
     "unbounded_outbox": ("link_buffers_bounded", ("wan",)),               # a starved link
 }
@@ -104,6 +109,20 @@ def test_a_planted_staleness_bug_is_caught(bug):
                  settings=settings(max_examples=40, database=None, derandomize=True, phases=[Phase.generate]))
     assert named in failure(link_case(found, bugs={bug}))
     assert failure(link_case(found)) is None
+
+
+def test_the_drift_re_sender_keeps_its_own_account_right_and_is_caught_by_the_shards_lines():
+    """resend_drift under a 10 s downstream cut of learner-1 (its answers lost): the checks
+    that read the learner's `contribute` lines and the token ledger pass it (15 Δs of one
+    base merged); only delta_bases_advance (the shards' merge and send lines) fails."""
+    cut = [Partition("link:learner-1", 5.0, duration_s=10.0, direction="downstream")]
+    bug = link_case(cut, bugs={"resend_drift"})
+    assert checks.progress_merged_once(bug.log).valid
+    assert checks.tokens_conserved(bug.log).valid
+    assert checks.merged_at_most_once(bug.log).valid
+    caught = checks.delta_bases_advance(bug.log)
+    assert caught.valid is False and caught.value >= 3, caught
+    assert checks.delta_bases_advance(link_case(cut).log).valid
 
 
 def test_compressed_broadcasts_on_a_starved_link_keep_what_waits_bounded():

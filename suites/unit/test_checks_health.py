@@ -212,10 +212,53 @@ def test_staleness_bounded():
     assert len(r.details["violations"]) == 1
 
 
+def _based(b, t, seq, base, fragment=0, inc=0, shard="syncer-0", learner="learner-0"):
+    """A merge of learner-0's Δ seq measured from `base` (a hand-made merge line)."""
+    v = b.version[(shard, fragment)] = b.version.get((shard, fragment), 0) + 1
+    b.add(t, shard, "merge", fragment=fragment, version=v, learner=learner, incarnation=inc, seq=seq,
+          base_version=base, staleness=v - 1 - base, weight=1.0, c_steps=2, c_tokens=200)
+    return b.commit(t, v, fragment, shard)
+
+
+def _sent(b, t, version, fragment=0, to="learner-0", shard="syncer-0"):
+    return b.add(t, shard, "send", peer=to, bytes=100, msg="FragmentUpdate", fragment=fragment, version=version)
+
+
+def test_delta_bases_advance():
+    # learner-0 takes version 1 and 2 of Θ[0]; its Δs from 0, 1, 2: each from a newer base
+    b = LogBuilder(learners=1).up(0, "syncer-0")
+    _based(b, 1, 1, 0)
+    _sent(b, 1.1, 1)
+    _based(b, 2, 2, 1)
+    _sent(b, 2.1, 2)
+    _based(b, 3, 3, 2)
+    assert checks.delta_bases_advance(b.log()).valid is True
+    # a fourth Δ from version 2 again: it carries the third one's progress twice
+    _based(b, 4, 4, 2)
+    r = checks.delta_bases_advance(b.log())
+    assert (r.valid, r.value) == (False, 1)
+    assert r.details["violations"][0]["seq"] == 4 and "not newer" in r.details["violations"][0]["why"]
+    # a base the shard never sent learner-0 (version 3 went to nobody)
+    b = LogBuilder(learners=1).up(0, "syncer-0")
+    _sent(b, 0.5, 1)
+    _based(b, 1, 1, 1)
+    _based(b, 2, 2, 3)
+    r = checks.delta_bases_advance(b.log())
+    assert (r.valid, r.value) == (False, 1) and "never sent" in r.details["violations"][0]["why"]
+    # a restarted learner (incarnation 1) or a restarted shard starts its own sequence
+    b = LogBuilder(learners=1).up(0, "syncer-0")
+    _sent(b, 0.5, 1)
+    _based(b, 1, 1, 1)
+    _based(b, 2, 1, 1, inc=1)
+    b.up(3, "syncer-0", inc=1)
+    _based(b, 4, 2, 1, inc=1)
+    assert checks.delta_bases_advance(b.log()).valid is True
+
+
 def test_safety_checks_list():
     log = rounds(LogBuilder(learners=1, t_end=4.0).up(0, "syncer-0"), (1, 2, 3)).log()
     names = [r.name for r in checks.safety_checks(log)]
-    assert names == ["merged_at_most_once", "progress_merged_once", "versions_monotonic", "no_nan",
+    assert names == ["merged_at_most_once", "progress_merged_once", "delta_bases_advance", "versions_monotonic", "no_nan",
                      "durable_rounds_kept", "no_global_downtime", "global_loss_regression", "link_buffers_bounded",
                      "tokens_conserved"]
     assert [r.name for r in checks.safety_checks(log, max_staleness=4)][-1] == "staleness_bounded"

@@ -126,5 +126,8 @@ def test_real_fault_free_sample():
         # recorded before contribute lines and snapshot global evals: the log cannot tell
         "progress_merged_once": None, "global_loss_regression": None,
         "link_buffers_bounded": None,  # and before the links counted what waits unsent
-        "tokens_conserved": None}      # and before they carried token counts
+        "tokens_conserved": None,      # and before they carried token counts
+        # and before the answer gate: the shard merged Δs of learner-1 from Θ0 twice (seq 1
+        # and 4 of fragment 1), each carrying its drift since Θ0; the shard's lines show it
+        "delta_bases_advance": False}
     assert m.badput_s["stale"] == 0
