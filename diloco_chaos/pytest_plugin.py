@@ -8,6 +8,11 @@
 `chaos.run` takes a scenario file, a built-in's name or a `Scenario`, runs it in the
 simulator (`tier="sim"`) or on real processes (`tier="cluster"`), under the test's
 tmp_path, and returns a `ChaosResult` (the summary: metrics, checks, verdict, run dir).
+When the scenario's [expect] asks for `loss_parity_max`, it first makes the fault-free
+reference run (same config, seed and tier; reused within the test), so parity is judged.
+`chaos.assert_held` fails on a failed check and on one that ended UNKNOWN (the run
+could not judge it: it did not test what it was asked to); `allow_unknown=("name", ...)`
+or `allow_unknown=True` is the explicit opt-out.
 Every run is recorded for `--chaos-report DIR` and the JUnit figures by
 reports/pytest_plugin.py, which this plugin loads. Installed with the package, both load
 through the `pytest11` entry point: no conftest in the user's repository.
@@ -51,7 +56,10 @@ class Chaos:
     def __init__(self, out_dir: Path):
         self.out_dir = out_dir
 
-    def run(self, scenario, *, seed: int | None = None, tier: str = "sim", reference: Path | None = None) -> ChaosResult:
+    def run(self, scenario, *, seed: int | None = None, tier: str = "sim", reference: Path | str | None = "auto"
+            ) -> ChaosResult:
+        """`reference`: "auto" (the fault-free run, made when [expect] asks for parity),
+        a run directory to compare with, or None (no reference: parity is not judged)."""
         from harness.scenarios.scenario import Scenario, load_scenario
 
         if tier not in TIERS:
@@ -59,6 +67,15 @@ class Chaos:
         s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
         if seed is not None:
             s = dataclasses.replace(s, seed=seed)
+        if reference == "auto":
+            from diloco_chaos.run_cmd import judged_expect, _reference
+
+            s = judged_expect(s, "auto")
+            reference = _reference(s, self.out_dir, False, tier) if s.expect.loss_parity_max is not None else None
+        elif reference is None:
+            from diloco_chaos.run_cmd import judged_expect
+
+            s = judged_expect(s, "none")
         if tier == "sim":
             from harness.sim.run import run_sim
 
@@ -69,16 +86,20 @@ class Chaos:
             result = run_scenario(s, self.out_dir, live=False, reference=reference)
         return ChaosResult(Path(result.run_dir), result.summary)
 
-    def assert_held(self, result: ChaosResult, *, strict: bool = False) -> None:
-        """Fails the test, with the check table, when a check failed (the verdict is not
-        valid). A check the run could not judge (UNKNOWN: e.g. too few global evals in a
-        short run) passes, as in Jepsen's :unknown; `strict=True` fails on it too."""
+    def assert_held(self, result: ChaosResult, *, allow_unknown=False) -> None:
+        """Fails the test, with the check table, when a check failed, or ended UNKNOWN (the
+        run could not judge it: e.g. a recovery bound in a run whose restart never came).
+        UNKNOWN is not a pass; `allow_unknown=True` (any) or a tuple of check names is the
+        explicit opt-out."""
+        from harness.judging.judge import held, unknown_checks
         from harness.judging.report_text import check_lines
 
-        unknown = [c for c in result.summary.get("checks", []) if c.get("valid") is None]
-        if result.summary.get("valid") is not False and not result.failed_checks and not (strict and unknown):
+        if held(result.summary, allow_unknown=allow_unknown):
             return
-        pytest.fail(f"the run did not hold ({result.run_dir}):\n" + "\n".join(check_lines(result.summary)),
+        unknown = unknown_checks(result.summary)
+        why = "" if result.failed_checks else (f" (UNKNOWN is not a pass: {', '.join(unknown)} could not be "
+                                               f"judged; allow_unknown=... accepts it)")
+        pytest.fail(f"the run did not hold{why} ({result.run_dir}):\n" + "\n".join(check_lines(result.summary)),
                     pytrace=False)
 
 

@@ -41,6 +41,43 @@ def _run_options(p) -> None:
     p.add_argument("--backend", choices=["local", "docker"], default=None,
                    help="override the scenario's cluster.backend (docs/DOCKER.md)")
     p.add_argument("--no-live", action="store_true", help="no live progress display")
+    _unknown_option(p)
+
+
+def _unknown_option(p) -> None:
+    p.add_argument("--allow-unknown", nargs="?", const=True, default=False, metavar="CHECK[,CHECK]",
+                   type=lambda v: tuple(x for x in v.split(",") if x),
+                   help="exit 0 although checks ended UNKNOWN (the run could not judge them); by default "
+                        "UNKNOWN is not a pass and the exit code is 1. Bare: any check; else only those named")
+
+
+def exit_code(summary: dict, allow_unknown=False) -> int:
+    """0: the run held; 1: a check failed, or ended UNKNOWN without --allow-unknown
+    (2, bad input, comes from UserError)."""
+    from harness.judging.judge import held, unknown_checks
+
+    unknown = unknown_checks(summary)
+    ok = held(summary, allow_unknown=allow_unknown)
+    if unknown and not any(c.get("valid") is False for c in summary.get("checks", [])):
+        accepted = allow_unknown is True or set(unknown) <= set(allow_unknown or ())
+        print(f"UNKNOWN (not judged: the run could not tell): {', '.join(unknown)}; "
+              + ("accepted by --allow-unknown" if accepted else
+                 "UNKNOWN is not a pass: exit 1 (--allow-unknown accepts it)"))
+    return 0 if ok else 1
+
+
+def judged_expect(s, reference: str):
+    """The scenario as it will be judged: `loss_parity_max` needs a fault-free reference;
+    with `--reference none`, or in a scenario without faults (its own reference), it is
+    not judged, and the run says so, rather than ending UNKNOWN."""
+    if s.expect.loss_parity_max is None:
+        return s
+    why = ("--reference none" if reference == "none" else
+           "a scenario without faults is its own reference" if not s.faults and s.failure_process is None else None)
+    if why is None:
+        return s
+    print(f"loss_parity_max not judged ({why})")
+    return dataclasses.replace(s, expect=dataclasses.replace(s.expect, loss_parity_max=None))
 
 
 def register_scenarios(sub, help_: str) -> None:
@@ -55,6 +92,7 @@ def register_replay(sub, help_: str) -> None:
     p.add_argument("--tier", choices=["cluster", "sim"], default=None,
                    help="where to replay (default: the tier the run was made on)")
     p.add_argument("--no-live", action="store_true")
+    _unknown_option(p)
     p.set_defaults(func=cmd_replay)
 
 
@@ -81,7 +119,8 @@ def cmd_run(args) -> int:
     if args.backend:
         s = dataclasses.replace(s, cluster=dataclasses.replace(s.cluster, backend=args.backend))
     return _on_backend(s, args.tier, lambda: _execute(s, args.out, compare=args.compare, reference=args.reference,
-                                                      live=not args.no_live, tier=args.tier))
+                                                      live=not args.no_live, tier=args.tier,
+                                                      allow_unknown=args.allow_unknown))
 
 
 def _on_backend(s, tier: str, go) -> int:
@@ -111,6 +150,8 @@ def cmd_replay(args) -> int:
     d.pop("failure_process", None)
     s = scenario_from_dict(d, source=str(args.run_dir / "events.jsonl"))
     tier = args.tier or header.get("tier", "cluster")
+    if args.allow_unknown is not True:  # a replay runs without a fault-free reference: parity is not judged
+        args.allow_unknown = tuple(args.allow_unknown or ()) + ("loss_parity_max",)
     if tier == "sim" and header.get("tier") == "sim":  # its sim parameters and planted bugs too
         from harness.judging.report_text import print_summary
         from harness.sim.run import replay_sim
@@ -119,11 +160,12 @@ def cmd_replay(args) -> int:
         render(result.run_dir)
         print_summary(result.summary)
         print(f"results: {result.run_dir}\nreport: {result.run_dir / 'report.html'}")
-        return 0 if result.summary["valid"] is not False else 1
+        return exit_code(result.summary, args.allow_unknown)
     if tier == "sim":  # a real run in the simulator: its parameters measured from the run's own log
         return _replay_calibrated(args, s)
     return _on_backend(s, tier, lambda: _execute(s, args.out, compare=None, reference="none", live=not args.no_live,
-                                                 label=f"{s.name}-replay", tier=tier))
+                                                 label=f"{s.name}-replay", tier=tier,
+                                                 allow_unknown=args.allow_unknown))
 
 
 def _replay_calibrated(args, s) -> int:
@@ -153,7 +195,7 @@ def _replay_calibrated(args, s) -> int:
     if row["sim_minus_real_points"] is not None:
         print(f"goodput: real {real_g:.1%}, sim {sim_g:.1%} ({row['sim_minus_real_points']:+.1f} points)")
     print(f"results: {result.run_dir} (calibrated.json)\nreport: {result.run_dir / 'report.html'}")
-    return 0 if result.summary["valid"] is not False else 1
+    return exit_code(result.summary, args.allow_unknown)
 
 
 def _runner(tier: str):
@@ -185,10 +227,11 @@ def _reference(s, out: Path, live: bool, tier: str = "cluster") -> Path | None:
     return ref_dir
 
 
-def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluster") -> int:
+def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluster", allow_unknown=False) -> int:
     from harness.judging.report_text import print_summary
     from harness.backends.runner import unique_dir, with_mode
 
+    s = judged_expect(s, reference)
     run_scenario = _runner(tier)
     ref = _reference(s, out, live, tier) if reference == "auto" else None
     run_dir = unique_dir(out, label or s.name)
@@ -208,7 +251,7 @@ def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluste
     print(f"results: {run_dir}  (events.jsonl, summary.json)")
     report = run_dir / "report.html"
     print(f"report: {report}" if report.exists() else f"report: not written, see {run_dir / 'report_error.txt'}")
-    return 0 if summary["valid"] is not False else 1
+    return exit_code(summary, allow_unknown)
 
 
 def render(run_dir: Path) -> Path | None:

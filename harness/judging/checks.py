@@ -210,11 +210,19 @@ def _at_most(name: str, value, bound) -> Result:
 def _parity(m: Metrics, bound: float) -> Result:
     """The final loss within `bound` of the fault-free reference's, judged on the paired
     interval of the parity: PASS when its upper end is ≤ bound, FAIL when its lower end is
-    over, UNKNOWN in between (the eval cannot tell). A log without batch losses (written
-    before they existed) is judged on the point value, and says so."""
+    over, UNKNOWN in between (the eval cannot tell). Two-sided: a faulted run whose whole
+    interval lies more than `bound` *below* its fault-free reference FAILs as suspect (a
+    run cannot gain that much from faults: a reference that broke, another eval, or a run
+    that trained on more than its budget). A log without batch losses (written before
+    they existed) is judged on the point value, and says so."""
     if m.loss_parity is None:
         return Result("loss_parity_max", None, None, bound)
     ci = m.loss_parity_ci
+    low, high = (m.loss_parity, m.loss_parity) if ci is None else ci
+    if high < -bound:
+        return Result("loss_parity_max", False, m.loss_parity, bound,
+                      {"ci": ci, "why": f"suspect: {-high:.1%} or more below its fault-free reference, "
+                                        f"more than the bound {bound:.1%}"})
     if ci is None:
         return Result("loss_parity_max", m.loss_parity <= bound, m.loss_parity, bound,
                       {"why": "no per-batch eval losses on both sides: judged on the point value"})

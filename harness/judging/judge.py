@@ -22,6 +22,24 @@ def judge(log: EventLog, reference: EventLog | None = None, expect: dict | None 
             "valid": checks.compose(results).valid, "mode": log.config["diloco"]["mode"]}
 
 
+def unknown_checks(summary: dict) -> list[str]:
+    """The checks of a summary that ended UNKNOWN (the run could not judge them)."""
+    return [c["name"] for c in summary.get("checks", []) if c.get("valid") is None]
+
+
+def held(summary: dict, *, allow_unknown=False) -> bool:
+    """The run held: no check failed, and none ended UNKNOWN. A check the run could not
+    judge is not a pass (a loss check without global evals, a recovery bound without a
+    restart): the run did not test what it was asked to. `allow_unknown`: True (any), or
+    the names of checks whose UNKNOWN is accepted, an explicit opt-out."""
+    if any(c.get("valid") is False for c in summary.get("checks", [])) or summary.get("valid") is False:
+        return False
+    unknown = unknown_checks(summary)
+    if allow_unknown is True:
+        return True
+    return not [n for n in unknown if n not in (allow_unknown or ())]
+
+
 def faults_seen(log: EventLog) -> dict:
     """How many of the scheduled faults happened. A run ends at its token budget, so on a
     fast machine faults due later are never applied; the summary and report say so."""

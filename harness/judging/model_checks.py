@@ -126,45 +126,61 @@ WARMUP = 0.2      # share of the window [t_start, t_end] whose rises are not jud
 
 def delta_bases_advance(log: EventLog) -> Result:
     """Every Δ a shard merged from a learner incarnation for fragment p was measured from a
-    newer Θ[p] than that incarnation's previous merged Δ of p, and from a version of Θ[p]
-    the shard had sent that learner (or Θ0, version 0).
+    Θ[p] the learner took after its previous merged Δ of p went out: a newer version, or
+    the same version sent to it again after the shard received that Δ (a fetch that
+    re-anchored it while the Δ waited in an open round); and its base is a version of Θ[p]
+    the shard sent that learner (or Θ0, version 0).
 
     Evidence: the shard's own lines only: its `merge` lines (the base_version in the
-    messages it received) and its `send` lines (the versions it sent). Nothing the learner
-    logged about itself is read, so a learner that re-sends its drift since one base while
-    its `contribute` lines look right (planted bug `resend_drift`) cannot hide: a Δ after
-    an earlier merged one holds new progress only if the learner took the answer (a newer
-    Θ[p]) in between; two Δs from one base carry the first one's progress twice. Per shard
-    incarnation (a restarted shard may hand out lower versions again). dp modes exchange
-    gradients: valid, not applicable."""
+    messages it received), its `recv` lines of them, and its `send` lines (which versions
+    of Θ[p] it sent whom, and when). Nothing the learner logged about itself is read, so
+    a learner that re-sends its drift since one base while its `contribute` lines look
+    right (planted bug `resend_drift`) cannot hide: a Δ after a merged one holds only new
+    progress if the learner was re-anchored in between; two Δs from one base with no
+    re-anchoring carry the first one's progress twice. Per shard incarnation (a
+    restarted shard may hand out lower versions again; what it sent counts across its
+    incarnations). dp modes exchange gradients: valid, not applicable."""
     mode = log.config["diloco"]["mode"]
     if mode in DP_MODES:
         return Result("delta_bases_advance", True, 0, 0, {"why": f"{mode}: gradients, not progress; not applicable"})
     bad, merges, unsent = [], 0, []
     for shard in _shards(log):
         # a log whose shard wrote no send lines (hand-made, or cut) cannot say what it sent
-        says_sends = any(e["kind"] == "send" for e in log.of("send", src=shard))
+        says_sends = bool(log.of("send", src=shard))
         if not says_sends:
             unsent.append(shard)
-        sent: dict[tuple, set] = {}  # (learner, fragment) -> versions this shard sent it, any incarnation so far
+        # positions in the shard's own lines (its order is exact where times tie)
+        sent: dict[tuple, dict] = {}  # (learner, fragment) -> {version: where this shard sent it}
         for life in shard_lives(log, shard):
-            last: dict[tuple, int] = {}  # (learner, incarnation, fragment) -> base of its last merged Δ
-            for e in life.events:
-                if e["kind"] == "send" and e.get("msg") in ("FragmentUpdate", "FragmentDelta"):
-                    sent.setdefault((e["peer"], int(e["fragment"])), set()).add(int(e["version"]))
-                elif e["kind"] == "merge" and e.get("base_version") is not None:
+            last: dict[tuple, tuple] = {}  # (learner, incarnation, fragment) -> (base, received at) of its last merged Δ
+            received: dict[tuple, int] = {}  # (learner, incarnation, seq, fragment) -> where this shard got it
+            for i, e in enumerate(life.events):
+                kind = e["kind"]
+                if kind == "send" and e.get("msg") in ("FragmentUpdate", "FragmentDelta"):
+                    sent.setdefault((e["peer"], int(e["fragment"])), {}).setdefault(int(e["version"]), []).append(
+                        (life.n, i))
+                elif kind == "recv" and e.get("msg") == "Contribution":
+                    received.setdefault((e.get("learner"), e.get("incarnation"), e.get("seq"), e.get("fragment")), i)
+                elif kind == "merge" and e.get("base_version") is not None:
                     merges += 1
                     p, b = int(e["fragment"]), int(e["base_version"])
-                    key = (e["learner"], e["incarnation"], p)
+                    key, times = (e["learner"], e["incarnation"], p), sent.get((e["learner"], p), {})
                     why = None
-                    if key in last and b <= last[key]:
-                        why = f"base {b} is not newer than its previous merged Δ's base {last[key]}"
-                    elif says_sends and b != 0 and b not in sent.get((e["learner"], p), ()):
+                    if key in last and b <= last[key][0]:
+                        b0, got0 = last[key]
+                        again = b == b0 and any(n == life.n and got0 < j < i for n, j in times.get(b, ()))
+                        if not again:
+                            why = (f"base {b}, the same as its previous merged Δ's, and Θ[{p}]@{b} was not sent "
+                                   f"to it again after that Δ arrived" if b == b0 else
+                                   f"base {b} is older than its previous merged Δ's base {b0}")
+                    elif says_sends and b != 0 and b not in times:
                         why = f"base {b}: a version of Θ[{p}] this shard never sent {e['learner']}"
                     if why is not None:
                         bad.append({"shard": shard, "learner": e["learner"], "incarnation": e["incarnation"],
                                     "fragment": p, "seq": e.get("seq"), "base_version": b, "t": e["t"], "why": why})
-                    last[key] = max(b, last.get(key, b))
+                    got = received.get((e["learner"], e["incarnation"], e.get("seq"), p), i)
+                    if key not in last or b >= last[key][0]:
+                        last[key] = (b, got)
     return _judge("delta_bases_advance", bad, merges=merges,
                   **({"sends_not_logged": unsent} if unsent else {}))
 

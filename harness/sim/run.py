@@ -162,8 +162,48 @@ def simulate(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), 
     n = len(world.topology["learners"])
     budget, clock = Budget(world.cfg, world, injector, lambda: world.tokens), _VirtualClock(world.clock)
     header["t_start"] = t0 = training_start(clock, lambda: len(world.first_step) == n)
+    along = _snapshot_evals(world, t0, s.train.duration_s)
     walk(s.schedule(), clock, injector, budget, t0, s.train)
+    along["on"] = False
     return finish(s, world, injector, header)
+
+
+def _snapshot_evals(world: World, t0: float, duration_s: float) -> dict:
+    """The global model along the run, as the process tier gets it (the shards keep a
+    checkpoint every KEEP_EVERY_S of clock time and the harness evaluates at most
+    MAX_POINTS of them: harness/judging/global_eval.py). Here the shards' durable
+    snapshots are evaluated every `duration / (MAX_POINTS - 1)` virtual seconds (at least
+    0.5 s: a short run ends long before its duration cap, and still gets its points): a
+    harness `eval` line with `global` and `snapshot`, which global_loss_regression reads.
+    dp modes: a live learner's model (every learner applies the same mean gradient, so
+    each holds the global model; the process tier keeps no such history yet, so there it
+    stays UNKNOWN). Returns the switch that ends them (the run's end: not during the
+    teardown)."""
+    from harness.judging.global_eval import MAX_POINTS
+
+    state = {"on": True}
+    every = max(0.5, duration_s / (MAX_POINTS - 1))
+
+    def tick() -> None:
+        if not state["on"]:
+            return
+        params, any_saved = world.model.params0, False
+        if world.dp:
+            live = [u.proc for u in world.learners.values() if u.proc is not None and u.proc.driver is not None]
+            if live:
+                any_saved, params = True, live[0].core.params(live[0].state)
+        for shard in ([] if world.dp else world.syncers.values()):
+            if shard.durable is not None:
+                any_saved = True
+                for p, f in shard.durable[0]["fragments"].items():
+                    params = world.model.frag.set(params, int(p), f["theta"])
+        if any_saved:
+            world.emit("eval", "harness", loss=world.model.evaluate(params), step=None,
+                       **{"global": True, "snapshot": True})
+        world.clock.at(world.now + every, tick)
+
+    world.clock.at(t0 + every, tick)
+    return state
 
 
 class _VirtualClock:

@@ -113,10 +113,13 @@ class Case:
         ref = self if faultless and not self.bugs else reference(self.scenario)
         return metrics.compute(self.log, ref.log)
 
-    def check(self, result: checks.Result) -> None:
-        """A harness check as an assertion."""
-        assert result.valid is not False, f"{result.name}: value {result.value}, bound {result.bound}, " \
-                                          f"{json.dumps(result.details, default=str)[:1500]}"
+    def check(self, result: checks.Result, *, unknown_ok: bool = False) -> None:
+        """A harness check as an assertion: it must hold. UNKNOWN (the run could not judge
+        it) fails too, unless the caller says `unknown_ok` (an explicit opt-out)."""
+        ok = result.valid is True or (unknown_ok and result.valid is None)
+        verdict = {False: "failed", None: "UNKNOWN (not judged; UNKNOWN is not a pass)"}.get(result.valid, "")
+        assert ok, f"{result.name} {verdict}: value {result.value}, bound {result.bound}, " \
+                   f"{json.dumps(result.details, default=str)[:1500]}"
 
 
 def simulate_case(s: Scenario, bugs=frozenset()) -> Case:

@@ -224,35 +224,40 @@ def _sent(b, t, version, fragment=0, to="learner-0", shard="syncer-0"):
     return b.add(t, shard, "send", peer=to, bytes=100, msg="FragmentUpdate", fragment=fragment, version=version)
 
 
+def _shard_log(*lines):
+    """syncer-0's lines, from ("sent", t, version) (Θ[0]@version to learner-0) and
+    ("merged", t, seq, base[, incarnation]) (learner-0's Δ seq from base, merged); ("up", t): a restart."""
+    b = LogBuilder(learners=1).up(0, "syncer-0")
+    for kind, t, *rest in lines:
+        if kind == "sent":
+            _sent(b, t, *rest)
+        elif kind == "merged":
+            _based(b, t, rest[0], rest[1], inc=rest[2] if len(rest) > 2 else 0)
+        else:
+            b.up(t, "syncer-0", inc=1)
+    return b.log()
+
+
 def test_delta_bases_advance():
     # learner-0 takes version 1 and 2 of Θ[0]; its Δs from 0, 1, 2: each from a newer base
-    b = LogBuilder(learners=1).up(0, "syncer-0")
-    _based(b, 1, 1, 0)
-    _sent(b, 1.1, 1)
-    _based(b, 2, 2, 1)
-    _sent(b, 2.1, 2)
-    _based(b, 3, 3, 2)
-    assert checks.delta_bases_advance(b.log()).valid is True
+    ok = [("merged", 1, 1, 0), ("sent", 1.1, 1), ("merged", 2, 2, 1), ("sent", 2.1, 2), ("merged", 3, 3, 2)]
+    assert checks.delta_bases_advance(_shard_log(*ok)).valid is True
     # a fourth Δ from version 2 again: it carries the third one's progress twice
-    _based(b, 4, 4, 2)
-    r = checks.delta_bases_advance(b.log())
+    r = checks.delta_bases_advance(_shard_log(*ok, ("merged", 4, 4, 2)))
     assert (r.valid, r.value) == (False, 1)
-    assert r.details["violations"][0]["seq"] == 4 and "not newer" in r.details["violations"][0]["why"]
+    assert r.details["violations"][0]["seq"] == 4 and "not sent to it again" in r.details["violations"][0]["why"]
+    # unless the shard sent it Θ[0]@2 again after the third Δ arrived (a fetch answered while
+    # that Δ waited in an open round re-anchors the learner: its next Δ holds new steps only)
+    again = [*ok, ("sent", 3.5, 2), ("merged", 4, 4, 2)]
+    assert checks.delta_bases_advance(_shard_log(*again)).valid is True
+    # and never from an older base than the previous one
+    assert checks.delta_bases_advance(_shard_log(*again, ("merged", 5, 5, 1))).value == 1
     # a base the shard never sent learner-0 (version 3 went to nobody)
-    b = LogBuilder(learners=1).up(0, "syncer-0")
-    _sent(b, 0.5, 1)
-    _based(b, 1, 1, 1)
-    _based(b, 2, 2, 3)
-    r = checks.delta_bases_advance(b.log())
+    r = checks.delta_bases_advance(_shard_log(("sent", 0.5, 1), ("merged", 1, 1, 1), ("merged", 2, 2, 3)))
     assert (r.valid, r.value) == (False, 1) and "never sent" in r.details["violations"][0]["why"]
     # a restarted learner (incarnation 1) or a restarted shard starts its own sequence
-    b = LogBuilder(learners=1).up(0, "syncer-0")
-    _sent(b, 0.5, 1)
-    _based(b, 1, 1, 1)
-    _based(b, 2, 1, 1, inc=1)
-    b.up(3, "syncer-0", inc=1)
-    _based(b, 4, 2, 1, inc=1)
-    assert checks.delta_bases_advance(b.log()).valid is True
+    log = _shard_log(("sent", 0.5, 1), ("merged", 1, 1, 1), ("merged", 2, 1, 1, 1), ("up", 3), ("merged", 4, 2, 1, 1))
+    assert checks.delta_bases_advance(log).valid is True
 
 
 def test_safety_checks_list():

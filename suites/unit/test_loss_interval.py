@@ -51,6 +51,8 @@ def _log(batch_losses):
 
 @pytest.mark.parametrize("shift, want", [(1.002, True),    # the interval [+0.2 %, +0.2 %] ≤ 1 %
                                          (1.03, False),    # wholly over the bound
+                                         (0.995, True),    # a little below the reference: fine
+                                         (0.97, False),    # wholly 3 % below: suspect (two-sided)
                                          (None, None)])    # straddles it: the eval cannot tell
 def test_loss_parity_max_is_judged_on_the_interval(shift, want):
     ref = HARD_EASY
@@ -62,6 +64,8 @@ def test_loss_parity_max_is_judged_on_the_interval(shift, want):
     assert m.final_loss == pytest.approx(run.mean(), abs=1e-5) and m.final_loss_ci[0] < m.final_loss < m.final_loss_ci[1]
     (r,) = checks.expect_checks({"loss_parity_max": 0.01}, m)
     assert r.valid is want and r.details["ci"] == m.loss_parity_ci
+    if shift == 0.97:
+        assert "suspect" in r.details["why"]
     if shift is None:
         # the point value alone would have said PASS or FAIL; the check a point-value
         # implementation gives (the planted mistake) is not what the interval allows
