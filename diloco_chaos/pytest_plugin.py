@@ -70,12 +70,12 @@ class Chaos:
         if reference == "auto":
             from diloco_chaos.run_cmd import judged_expect, _reference
 
-            s = judged_expect(s, "auto")
+            s, _ = judged_expect(s, "auto")
             reference = _reference(s, self.out_dir, False, tier) if s.expect.loss_parity_max is not None else None
         elif reference is None:
             from diloco_chaos.run_cmd import judged_expect
 
-            s = judged_expect(s, "none")
+            s, _ = judged_expect(s, "none")
         if tier == "sim":
             from harness.sim.run import run_sim
 

@@ -67,17 +67,17 @@ def exit_code(summary: dict, allow_unknown=False) -> int:
 
 
 def judged_expect(s, reference: str):
-    """The scenario as it will be judged: `loss_parity_max` needs a fault-free reference;
-    with `--reference none`, or in a scenario without faults (its own reference), it is
-    not judged, and the run says so, rather than ending UNKNOWN."""
+    """(the scenario as it will be judged, a note or None): `loss_parity_max` needs a
+    fault-free reference; with `--reference none`, or in a scenario without faults (its
+    own reference), it is not judged, and the note says so, rather than ending UNKNOWN."""
     if s.expect.loss_parity_max is None:
-        return s
+        return s, None
     why = ("--reference none" if reference == "none" else
            "a scenario without faults is its own reference" if not s.faults and s.failure_process is None else None)
     if why is None:
-        return s
-    print(f"loss_parity_max not judged ({why})")
-    return dataclasses.replace(s, expect=dataclasses.replace(s.expect, loss_parity_max=None))
+        return s, None
+    return (dataclasses.replace(s, expect=dataclasses.replace(s.expect, loss_parity_max=None)),
+            f"loss_parity_max not judged ({why})")
 
 
 def register_scenarios(sub, help_: str) -> None:
@@ -231,11 +231,13 @@ def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluste
     from harness.judging.report_text import print_summary
     from harness.backends.runner import unique_dir, with_mode
 
-    s = judged_expect(s, reference)
+    s, note = judged_expect(s, reference)
     run_scenario = _runner(tier)
     ref = _reference(s, out, live, tier) if reference == "auto" else None
     run_dir = unique_dir(out, label or s.name)
     print(f"running {s.name} (seed {s.seed}, {len(s.schedule().faults)} faults, tier {tier}) in {run_dir}")
+    if note:
+        print(note)
     result = run_scenario(s, out, run_dir=run_dir, live=live, reference=ref)
     summary = result.summary
     if compare == "dp":

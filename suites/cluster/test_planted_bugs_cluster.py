@@ -1,37 +1,90 @@
 """Planted bugs on real processes: the oracles that catch them in the simulator catch them
-on processes, Toxiproxy and real TCP too (the sim-tier proofs are in suites/properties).
+on processes, Toxiproxy and real TCP too (the sim-tier proofs are in suites/properties;
+the catalogue: harness/judging/planted.py, `diloco-chaos planted`).
 
-`resend_drift` (trainer/learner_core.py): a learner whose answers are lost re-sends its
-whole drift since the last Θ[p] every turn, while its `contribute` lines claim only the
-steps since its previous send, as the correct code's would. The run is `one-way-cut`,
-shortened (learner-2's downstream black-holed from 5 s for 7 s; ~30 s in all). The
-checks that read the learner's own account (`progress_merged_once`, `tokens_conserved`)
-pass it; `delta_bases_advance`, which reads only the shards' merge and send lines, fails.
-The same run without the bug passes every check: suites/cluster/test_staleness_cluster.py."""
+Each case is a built-in scenario, shortened (its fault from 5 s; ~30 s in all), run with
+`DILOCO_CHAOS_BUGS` set, and judged by the checks it must fail. The same runs without
+the bugs pass every check: suites/cluster/test_staleness_cluster.py (one-way-cut) and the
+built-in scenario runs.
+
+- `resend_drift`: a learner whose answers are lost re-sends its whole drift since the
+  last Θ[p] every turn, while its `contribute` lines claim only the steps since its
+  previous send, as the correct code's would. The checks that read the learner's own
+  account (`progress_merged_once`, `tokens_conserved`) pass it; `delta_bases_advance`,
+  which reads only the shards' lines, fails.
+- `cumulative_delta`: the same without the disguise: its own lines show the overlap.
+- `trust_payloads`: the shards merge learner-2's ×1000 Δs (no screen): the token-fate
+  ledger sees corrupt Δs merged.
+- `merge_twice`: data-parallel learners re-send unanswered gradients when their links
+  reset; the shard merges one twice.
+- `count_discarded`: a fetch after a reset does not reset the contribution counters:
+  the next Δ claims tokens the fetch threw away.
+- `relative_discount` and `unbounded_outbox` together (one run): on a starved link a
+  Δ staler than max_staleness is merged, and every queued frame waits on the link.
+- `ignore_quorum` and `stale_as_fresh` together (K = 2): rounds commit with one
+  contribution, and stale ones are weighed as fresh.
+- `rejoin_without_fetch`: a restarted learner contributes against a Θ[p] it never fetched.
+- `rejoin_out_of_phase`: streaming (every round needs every unit): a restarted learner
+  out of phase with the rest deadlocks the job; the global model stalls.
+"""
 from __future__ import annotations
 
 import dataclasses
+import sys
+from pathlib import Path
 
 import pytest
 
+from harness import eventlog
 from harness.backends import runner
+from harness.judging import checks
 from harness.scenarios.scenario import load_scenario
 from trainer.shell import BUGS_ENV
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
+CASES = {  # bugs -> (built-in scenario, its fault kept, that fault (at, for) s, [train] changes,
+    #            checks that must fail, checks that must pass)
+    "resend_drift": ("one-way-cut", 0, (5.0, 7.0), {}, ("delta_bases_advance",),
+                     ("progress_merged_once", "tokens_conserved")),
+    "cumulative_delta": ("one-way-cut", 0, (5.0, 7.0), {}, ("progress_merged_once", "delta_bases_advance"), ()),
+    "trust_payloads": ("sdc", 0, (5.0, 6.0), {}, ("tokens_conserved",), ()),
+    "merge_twice": ("flaky-links", 0, (5.0, 5.0), {"mode": "dp"}, ("merged_at_most_once",), ()),
+    "count_discarded": ("flaky-links", 0, (5.0, 5.0), {"keep_on_fetch": False}, ("tokens_conserved",), ()),
+    "relative_discount,unbounded_outbox": ("starved-link", 0, (5.0, 12.0), {},
+                                           ("staleness_bounded", "link_buffers_bounded"), ()),
+    "ignore_quorum,stale_as_fresh": ("one-way-cut", 0, (5.0, 7.0), {"quorum": 2},
+                                     ("quorum_respected", "weights_match_staleness"), ()),
+    "rejoin_without_fetch": ("unit-loss", 0, (5.0, 4.0), {"mixing": 0.5}, ("fetched_before_contributing",), ()),
+    "rejoin_out_of_phase": ("unit-loss", 0, (5.0, 4.0), {"mode": "streaming"}, ("no_global_downtime",), ()),
+}
+# checks of the property suites (suites/properties/sim_props.py), pure functions of any event log
+sys.path.insert(0, str(Path(__file__).parents[1] / "properties"))
+from sim_props import fetched_before_contributing, quorum_respected, weights_match_staleness  # noqa: E402
 
-def test_a_drift_re_sender_with_a_clean_log_is_caught_by_the_shards_lines(tmp_path, monkeypatch):
-    monkeypatch.setenv(BUGS_ENV, "resend_drift")
-    s = load_scenario("one-way-cut")
-    (cut,) = s.faults
-    s = dataclasses.replace(s, faults=(dataclasses.replace(cut, at_s=5.0, duration_s=7.0),),
-                            train=dataclasses.replace(s.train, steps=320, duration_s=40.0))
-    result = runner.run_scenario(s, tmp_path, live=False)
+
+def _shortened(name: str, keep: int, at_for: tuple, train: dict):
+    s = load_scenario(name)
+    fault = s.faults[keep]
+    length = {fault.length_field: at_for[1]}  # duration_s, or down_for_s of a kill
+    return dataclasses.replace(s, faults=(dataclasses.replace(fault, at_s=at_for[0], **length),),
+                               train=dataclasses.replace(s.train, steps=320, duration_s=40.0, **train))
+
+
+@pytest.mark.parametrize("bugs", sorted(CASES))
+def test_a_planted_bug_is_caught_on_real_processes(bugs, tmp_path, monkeypatch):
+    name, keep, at_for, train, must_fail, must_pass = CASES[bugs]
+    monkeypatch.setenv(BUGS_ENV, bugs)
+    result = runner.run_scenario(_shortened(name, keep, at_for, train), tmp_path, live=False)
     assert result.summary["faults_applied"] == 1, result.summary
     by = {c["name"]: c for c in result.summary["checks"]}
-    caught = by["delta_bases_advance"]
-    assert caught["valid"] is False, (caught, str(result.run_dir))
-    # the learner's own account looks right: what it claims holds no step twice
-    assert by["progress_merged_once"]["valid"] is True, by["progress_merged_once"]
-    assert by["tokens_conserved"]["valid"] is True, by["tokens_conserved"]
+    log = eventlog.read(result.run_dir)  # the bound is the run's own config (safety_checks takes none)
+    by["staleness_bounded"] = checks.staleness_bounded(log, log.config["diloco"]["max_staleness"]).to_dict()
+    by["quorum_respected"] = quorum_respected(log).to_dict()
+    by["weights_match_staleness"] = weights_match_staleness(log).to_dict()
+    unfetched = fetched_before_contributing(log)
+    by["fetched_before_contributing"] = {"valid": not unfetched, "violations": unfetched[:5]}
+    for check in must_fail:
+        assert by[check]["valid"] is False, (bugs, check, by[check], str(result.run_dir))
+    for check in must_pass:  # the bug's own account looks right: only independent evidence sees it
+        assert by[check]["valid"] is True, (bugs, check, by[check], str(result.run_dir))

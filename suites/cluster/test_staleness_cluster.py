@@ -28,7 +28,7 @@ def test_one_way_cut_is_starved_not_merged_twice(tmp_path):
     (cut,) = s.faults
     s = dataclasses.replace(s, faults=(dataclasses.replace(cut, at_s=5.0, duration_s=7.0),),
                             train=dataclasses.replace(s.train, steps=320, duration_s=40.0))
-    result = runner.run_scenario(judged_expect(s, "none"), tmp_path, live=False)  # parity: no reference here
+    result = runner.run_scenario(judged_expect(s, "none")[0], tmp_path, live=False)  # parity: no reference here
     log = eventlog.read(result.run_dir)
     by = {c["name"]: c for c in result.summary["checks"]}
     not_held = [c for c in result.summary["checks"] if c.get("valid") is not True]  # UNKNOWN is not a pass

@@ -30,7 +30,7 @@ SCENARIOS = {"unit-loss": "kill_unit", "hang": "pause_unit", "syncer-crash": "ki
 def test_builtin_scenario_on_docker(name, tmp_path, docker_engine):
     s = load_scenario(name)
     s = dataclasses.replace(s, cluster=dataclasses.replace(s.cluster, backend="docker"))
-    result = runner.run_scenario(judged_expect(s, "none"), tmp_path, live=False)
+    result = runner.run_scenario(judged_expect(s, "none")[0], tmp_path, live=False)
     log = eventlog.read(result.run_dir)
     not_held = [c for c in result.summary["checks"] if c.get("valid") is not True]  # UNKNOWN is not a pass
     assert verdict_held(result.summary), (not_held, log.header.get("crashes"), str(result.run_dir))

@@ -1,0 +1,73 @@
+"""The planted-bug catalogue: each bug the cores can run with (`DILOCO_CHAOS_BUGS`, or
+`bugs=` in the simulator; docs/PROTOCOL.md "Planted bugs"), the check that catches it,
+the evidence that check reads, and the tests in `make test` that show it caught on each
+tier. `diloco-chaos planted` prints it; suites/unit/test_planted_catalogue.py keeps it
+complete (every bug of trainer/protocol_base.py here, every test named here present).
+
+An oracle that no planted bug has failed is an oracle nobody has seen fail. Where a
+tier has no test yet, the catalogue says so: that is work left, not a pass."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SIM_BUGS = "suites/properties/test_planted_bugs.py::test_a_planted_bug_is_caught"
+SIM_STALENESS = "suites/properties/test_staleness.py::test_a_planted_staleness_bug_is_caught"
+PROCS = "suites/cluster/test_planted_bugs_cluster.py::test_a_planted_bug_is_caught_on_real_processes"
+
+
+@dataclass(frozen=True)
+class Planted:
+    owner: str          # the core it lives in
+    does: str           # the mistake, in a sentence
+    caught_by: str      # the check (or property) whose failure names it
+    evidence: str       # what that check reads: the system's own claim, or independent
+    sim: str            # the test that catches it in the simulator
+    processes: str | None = None  # the test that catches it on real processes (None: not yet)
+
+
+CATALOGUE: dict[str, Planted] = {
+    "merge_twice": Planted(
+        "syncer", "merges a contribution it already merged (dp: a re-sent gradient)", "merged_at_most_once",
+        "independent: the shard's merge lines", f"{SIM_BUGS}[merge_twice]", f"{PROCS}[merge_twice]"),
+    "stale_as_fresh": Planted(
+        "syncer", "weighs a stale contribution as a fresh one", "weights_match_staleness",
+        "independent: the shard's merge lines (weight, staleness)", f"{SIM_BUGS}[stale_as_fresh]", f"{PROCS}[ignore_quorum,stale_as_fresh]"),
+    "ignore_quorum": Planted(
+        "syncer", "commits a round with fewer than K contributions", "quorum_respected",
+        "independent: the shard's round_commit lines", f"{SIM_BUGS}[ignore_quorum]", f"{PROCS}[ignore_quorum,stale_as_fresh]"),
+    "relative_discount": Planted(
+        "syncer", "discounts staleness relative to the round instead of dropping past max_staleness",
+        "staleness_bounded", "independent: the shard's merge lines", f"{SIM_STALENESS}[relative_discount]", f"{PROCS}[relative_discount,unbounded_outbox]"),
+    "unbounded_outbox": Planted(
+        "learner and syncer", "queues every message on a slow link (a plain FIFO, no superseding)",
+        "link_buffers_bounded", "the units' own link_buffer counters (each end counts its own queue)",
+        f"{SIM_STALENESS}[unbounded_outbox]", f"{PROCS}[relative_discount,unbounded_outbox]"),
+    "trust_payloads": Planted(
+        "syncer", "merges a corrupt Δ (no SDC screen)", "tokens_conserved",
+        "the learners' contribute lines and the shard's merge and drop lines", f"{SIM_BUGS}[trust_payloads]", f"{PROCS}[trust_payloads]"),
+    "rejoin_without_fetch": Planted(
+        "learner", "a restarted learner contributes without fetching Θ first", "fetched_before_contributing",
+        "the learner's own recv and contribute lines (the simulator's property also probes the core)", f"{SIM_BUGS}[rejoin_without_fetch]", f"{PROCS}[rejoin_without_fetch]"),
+    "rejoin_out_of_phase": Planted(
+        "learner", "a restarted streaming learner keeps its fragment schedule out of phase (deadlock)",
+        "no_global_downtime", "independent: the shards' commit lines and the harness's fault lines",
+        f"{SIM_BUGS}[rejoin_out_of_phase]", f"{PROCS}[rejoin_out_of_phase]"),
+    "cumulative_delta": Planted(
+        "learner", "no answer gate: re-sends its drift every turn, and its contribute lines say so",
+        "progress_merged_once", "the learner's own contribute lines", f"{SIM_STALENESS}[cumulative_delta]", f"{PROCS}[cumulative_delta]"),
+    "count_discarded": Planted(
+        "learner", "a fetch does not reset the contribution counters: the next Δ claims discarded tokens",
+        "tokens_conserved", "the learners' contribute and discard lines (their own account)",
+        f"{SIM_BUGS}[count_discarded]", f"{PROCS}[count_discarded]"),
+    "resend_drift": Planted(
+        "learner", "no answer gate, bookkeeping kept: re-sends its drift while its contribute lines look right",
+        "delta_bases_advance", "independent: the shards' merge, recv and send lines only",
+        f"{SIM_STALENESS}[resend_drift]",
+        f"{PROCS}[resend_drift]"),
+}
+
+
+def rows() -> list[tuple[str, ...]]:
+    """(bug, owner, caught by, evidence, simulator test, processes test) per bug, sorted."""
+    return [(bug, p.owner, p.caught_by, p.evidence, p.sim, p.processes or "not yet")
+            for bug, p in sorted(CATALOGUE.items())]
