@@ -2,8 +2,13 @@
 
 Hypothesis profiles, chosen by HYPOTHESIS_PROFILE (default `dev`; CI sets `ci`):
   dev      fast feedback while editing
-  ci       derandomized (a failure replays on every machine), no deadline
-  nightly  many examples; also runs the tests marked `nightly` (skipped otherwise)
+  ci       new schedules every run from a seed .ci/run draws and prints
+           (`--hypothesis-seed`, replayed with HYPOTHESIS_SEED=N bash .ci/run); a failure
+           it finds is shrunk, and kept as an explicit @example in the test
+  nightly  many examples, an example database (.hypothesis/, failures replayed first);
+           also runs the tests marked `nightly` (skipped otherwise)
+The planted-bug searches fix their own settings (derandomized): they prove the oracles,
+whatever the seed.
 """
 from __future__ import annotations
 
@@ -16,11 +21,17 @@ from hypothesis import HealthCheck, settings
 pytest_plugins = ["diloco_chaos.pytest_plugin"]  # the `chaos` fixture, `pytest --chaos-report DIR`
 
 settings.register_profile("dev", max_examples=20, deadline=None)
-settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True,
+settings.register_profile("ci", max_examples=40, deadline=None, database=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("nightly", max_examples=1000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_report_header(config):
+    seed = config.getoption("hypothesis_seed", None)
+    return (f"hypothesis profile {os.environ.get('HYPOTHESIS_PROFILE', 'dev')}, seed "
+            + (f"{seed} (replay: --hypothesis-seed {seed})" if seed is not None else "random (none given)"))
 
 
 def pytest_collection_modifyitems(config, items):
