@@ -84,7 +84,10 @@ class Chaos:
             from harness.backends.runner import run_scenario
 
             result = run_scenario(s, self.out_dir, live=False, reference=reference)
-        return ChaosResult(Path(result.run_dir), result.summary)
+        from diloco_chaos.run_cmd import with_baseline
+
+        summary = with_baseline(result.summary, s, tier, Path(result.run_dir))  # where one is stored
+        return ChaosResult(Path(result.run_dir), summary)
 
     def assert_held(self, result: ChaosResult, *, allow_unknown=False) -> None:
         """Fails the test, with the check table, when a check failed, or ended UNKNOWN (the

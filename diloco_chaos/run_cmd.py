@@ -41,6 +41,12 @@ def _run_options(p) -> None:
     p.add_argument("--backend", choices=["local", "docker"], default=None,
                    help="override the scenario's cluster.backend (docs/DOCKER.md)")
     p.add_argument("--no-live", action="store_true", help="no live progress display")
+    p.add_argument("--baseline", choices=["stored", "none"], default="stored",
+                   help="also judge the final loss against the scenario's known-good baseline, where one is "
+                        "stored for its config and tier (baseline_parity_max; stored: harness/scenarios/baselines.json)")
+    p.add_argument("--record-baseline", action="store_true",
+                   help="store this config's fault-free final loss as its known-good baseline (on purpose only: "
+                        "from code you trust)")
     _unknown_option(p)
 
 
@@ -49,6 +55,33 @@ def _unknown_option(p) -> None:
                    type=lambda v: tuple(x for x in v.split(",") if x),
                    help="exit 0 although checks ended UNKNOWN (the run could not judge them); by default "
                         "UNKNOWN is not a pass and the exit code is 1. Bare: any check; else only those named")
+
+
+def with_baseline(summary: dict, s, tier: str, run_dir: Path | None = None) -> dict:
+    """The summary with `baseline_parity_max` added where a known-good baseline is stored
+    for the scenario's config and tier (harness/judging/baseline.py); summary.json rewritten."""
+    from harness.judging import baseline
+    from harness.judging.check_base import Result, compose
+
+    r = baseline.check(summary.get("final_loss"), baseline.stored(s, tier),
+                       s.expect.loss_parity_max or baseline.BOUND)
+    if r is None:
+        return summary
+    summary["checks"] = [*summary.get("checks", []), r.to_dict()]
+    summary["valid"] = compose([Result(c["name"], c.get("valid")) for c in summary["checks"]]).valid
+    if run_dir is not None:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    return summary
+
+
+def _record_baseline(s, tier: str, fault_free: Path) -> None:
+    from harness.judging import baseline
+
+    final = json.loads((fault_free / "summary.json").read_text()).get("final_loss")
+    if final is None:
+        raise UserError(f"--record-baseline: the fault-free run {fault_free} has no final loss")
+    entry = baseline.record(s, tier, final)
+    print(f"baseline recorded: {baseline.key(s, tier)} final loss {entry['final_loss']:.4f} in {baseline.STORE}")
 
 
 def exit_code(summary: dict, allow_unknown=False) -> int:
@@ -120,7 +153,9 @@ def cmd_run(args) -> int:
         s = dataclasses.replace(s, cluster=dataclasses.replace(s.cluster, backend=args.backend))
     return _on_backend(s, args.tier, lambda: _execute(s, args.out, compare=args.compare, reference=args.reference,
                                                       live=not args.no_live, tier=args.tier,
-                                                      allow_unknown=args.allow_unknown))
+                                                      allow_unknown=args.allow_unknown,
+                                                      baseline=getattr(args, "baseline", "stored"),
+                                                      record=getattr(args, "record_baseline", False)))
 
 
 def _on_backend(s, tier: str, go) -> int:
@@ -227,11 +262,14 @@ def _reference(s, out: Path, live: bool, tier: str = "cluster") -> Path | None:
     return ref_dir
 
 
-def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluster", allow_unknown=False) -> int:
+def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluster", allow_unknown=False,
+             baseline="none", record=False) -> int:
     from harness.judging.report_text import print_summary
     from harness.backends.runner import unique_dir, with_mode
 
     s, note = judged_expect(s, reference)
+    if record and reference == "none" and (s.faults or s.failure_process is not None):
+        raise UserError("--record-baseline records the fault-free reference run: leave --reference auto")
     run_scenario = _runner(tier)
     ref = _reference(s, out, live, tier) if reference == "auto" else None
     run_dir = unique_dir(out, label or s.name)
@@ -240,6 +278,10 @@ def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluste
         print(note)
     result = run_scenario(s, out, run_dir=run_dir, live=live, reference=ref)
     summary = result.summary
+    if record:
+        _record_baseline(s, tier, ref if ref is not None else run_dir)
+    if baseline == "stored":
+        summary = with_baseline(summary, s, tier, run_dir)
     if compare == "dp":
         dp_dir = run_dir / "dp"
         dp_dir.mkdir()

@@ -24,6 +24,8 @@ CHECKS = {
     "goodput_min": ("goodput is at least the bound", "pct", "goodput"),
     "uptime_min": ("uptime is at least the bound", "pct", "goodput"),
     "loss_parity_max": ("final loss is within the bound of the fault-free run's", "parity", "loss"),
+    "baseline_parity_max": ("final loss is within the bound of the known-good baseline's (a fault-free run of "
+                            "trusted code, stored)", "parity", "loss"),
     "recovery_max_s": ("every restarted unit is merged again within the bound", "s", "recovery"),
     "rejoin_cycles_max": ("every restarted unit's first merged contribution went out within the bound, "
                           "in fragment cycles of H inner steps from its first step", "cycles", "recovery"),

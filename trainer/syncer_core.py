@@ -278,7 +278,8 @@ class SyncerCore(SyncerDP):
         closing = self._closing(state, p)  # its Δs merge by their plain mean (no RDA stretch)
         theta, outer = self.math.merge_and_step(state.theta[p], state.outer[p],
                                                 [self.math.decode(pc.payload) for _, pc in merged], weights,
-                                                self._share(state, merged) * self._warm(state, p, closing), closing)
+                                                self._share(state, merged) * self._warm(state, p, closing)
+                                                * (0.5 if "damped_outer" in bugs else 1.0), closing)
         state, actions = self._close(replace(state, theta={**state.theta, p: list(theta)},
                                              outer={**state.outer, p: outer}), now, p, weights, stale)
         state, sends = self._answer(state, p, self._recipients(state, merged))

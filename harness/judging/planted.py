@@ -59,6 +59,10 @@ CATALOGUE: dict[str, Planted] = {
         "learner", "a fetch does not reset the contribution counters: the next Δ claims discarded tokens",
         "tokens_conserved", "the learners' contribute and discard lines (their own account)",
         f"{SIM_BUGS}[count_discarded]", f"{PROCS}[count_discarded]"),
+    "damped_outer": Planted(
+        "syncer", "the outer step moves Θ by half the merged pseudo-gradient (always on: in the reference too)",
+        "baseline_parity_max", "a stored known-good baseline (harness/scenarios/baselines.json), not this code's reference",
+        "suites/properties/test_baseline.py::test_an_always_on_bug_passes_parity_and_fails_the_baseline"),
     "resend_drift": Planted(
         "learner", "no answer gate, bookkeeping kept: re-sends its drift while its contribute lines look right",
         "delta_bases_advance", "independent: the shards' merge, recv and send lines only",

@@ -79,3 +79,22 @@ def test_a_property_check_fails_on_unknown():
         case.check(Result("global_loss_regression", None, None, 0.25, {"why": "1 global eval point(s)"}))
     case.check(Result("global_loss_regression", None), unknown_ok=True)
     case.check(Result("global_loss_regression", True, 0.0, 0.25))
+
+
+def test_a_recorded_baseline_is_judged_on_the_next_run(scenario, tmp_path, capsys, monkeypatch):
+    """`--record-baseline` stores the fault-free reference's final loss for this config and
+    tier; the next run is judged against it (baseline_parity_max), on purpose only."""
+    import json
+
+    from harness.judging import baseline
+
+    monkeypatch.setattr(baseline, "STORE", tmp_path / "baselines.json")
+    argv = ["run", str(scenario), "--tier", "sim", "--out", str(tmp_path / "runs"), "--no-live",
+            "--allow-unknown", "recovery_max_s"]
+    assert main(argv + ["--record-baseline"]) == 0
+    assert "baseline recorded: no-restart@sim:" in capsys.readouterr().out
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(sorted((tmp_path / "runs").glob("no-restart*/summary.json"))[-1].read_text())
+    (b,) = [c for c in summary["checks"] if c["name"] == "baseline_parity_max"]
+    assert b["valid"] is True and b["details"]["baseline"] == json.loads(baseline.STORE.read_text()).popitem()[1]["final_loss"], out
