@@ -28,7 +28,7 @@ class Planted:
 CATALOGUE: dict[str, Planted] = {
     "merge_twice": Planted(
         "syncer", "merges a contribution it already merged (dp: a re-sent gradient)", "merged_at_most_once",
-        "independent: the shard's merge lines", f"{SIM_BUGS}[merge_twice]", f"{PROCS}[merge_twice]"),
+        "independent: the shard's merge lines", f"{SIM_BUGS}[merge_twice]"),
     "stale_as_fresh": Planted(
         "syncer", "weighs a stale contribution as a fresh one", "weights_match_staleness",
         "independent: the shard's merge lines (weight, staleness)", f"{SIM_BUGS}[stale_as_fresh]", f"{PROCS}[ignore_quorum,stale_as_fresh]"),
@@ -51,7 +51,7 @@ CATALOGUE: dict[str, Planted] = {
     "rejoin_out_of_phase": Planted(
         "learner", "a restarted streaming learner keeps its fragment schedule out of phase (deadlock)",
         "no_global_downtime", "independent: the shards' commit lines and the harness's fault lines",
-        f"{SIM_BUGS}[rejoin_out_of_phase]", f"{PROCS}[rejoin_out_of_phase]"),
+        f"{SIM_BUGS}[rejoin_out_of_phase]"),
     "cumulative_delta": Planted(
         "learner", "no answer gate: re-sends its drift every turn, and its contribute lines say so",
         "progress_merged_once", "the learner's own contribute lines", f"{SIM_STALENESS}[cumulative_delta]", f"{PROCS}[cumulative_delta]"),

@@ -15,8 +15,6 @@ built-in scenario runs.
 - `cumulative_delta`: the same without the disguise: its own lines show the overlap.
 - `trust_payloads`: the shards merge learner-2's ×1000 Δs (no screen): the token-fate
   ledger sees corrupt Δs merged.
-- `merge_twice`: data-parallel learners re-send unanswered gradients when their links
-  reset; the shard merges one twice.
 - `count_discarded`: a fetch after a reset does not reset the contribution counters:
   the next Δ claims tokens the fetch threw away.
 - `relative_discount` and `unbounded_outbox` together (one run): on a starved link a
@@ -24,8 +22,14 @@ built-in scenario runs.
 - `ignore_quorum` and `stale_as_fresh` together (K = 2): rounds commit with one
   contribution, and stale ones are weighed as fresh.
 - `rejoin_without_fetch`: a restarted learner contributes against a Θ[p] it never fetched.
-- `rejoin_out_of_phase`: streaming (every round needs every unit): a restarted learner
-  out of phase with the rest deadlocks the job; the global model stalls.
+
+Not here: `merge_twice` (a dp gradient re-sent after its link reset, merged again) and
+`rejoin_out_of_phase` (a restarted streaming learner out of phase deadlocks the job) show
+on real processes only when the reset lands while a gradient waits for its answer, or
+the restored checkpoint's phase differs from the others': a fresh-state CI run caught
+neither (0 re-merges in 3,876; no stall), a run before caught both. The simulator finds
+a schedule that shows each (suites/properties/test_planted_bugs.py); a process case
+that shows them every time is work left.
 """
 from __future__ import annotations
 
@@ -49,14 +53,12 @@ CASES = {  # bugs -> (built-in scenario, its fault kept, that fault (at, for) s,
                      ("progress_merged_once", "tokens_conserved")),
     "cumulative_delta": ("one-way-cut", 0, (5.0, 7.0), {}, ("progress_merged_once", "delta_bases_advance"), ()),
     "trust_payloads": ("sdc", 0, (5.0, 6.0), {}, ("tokens_conserved",), ()),
-    "merge_twice": ("flaky-links", 0, (5.0, 5.0), {"mode": "dp"}, ("merged_at_most_once",), ()),
     "count_discarded": ("flaky-links", 0, (5.0, 5.0), {"keep_on_fetch": False}, ("tokens_conserved",), ()),
     "relative_discount,unbounded_outbox": ("starved-link", 0, (5.0, 12.0), {},
                                            ("staleness_bounded", "link_buffers_bounded"), ()),
     "ignore_quorum,stale_as_fresh": ("one-way-cut", 0, (5.0, 7.0), {"quorum": 2},
                                      ("quorum_respected", "weights_match_staleness"), ()),
     "rejoin_without_fetch": ("unit-loss", 0, (5.0, 4.0), {"mixing": 0.5}, ("fetched_before_contributing",), ()),
-    "rejoin_out_of_phase": ("unit-loss", 0, (5.0, 4.0), {"mode": "streaming"}, ("no_global_downtime",), ()),
 }
 # checks of the property suites (suites/properties/sim_props.py), pure functions of any event log
 sys.path.insert(0, str(Path(__file__).parents[1] / "properties"))
