@@ -3,6 +3,11 @@
 What a caller gets:
 - `save(step, tree)` returns at once; orbax writes in a background thread. The
   tree is copied to host numpy first, so the caller may keep mutating its arrays.
+  orbax's own start of a save (directories, metadata, its handlers: 18 ms at the
+  median, up to 0.5 s on two busy cores) runs on the caller's thread; with
+  `start_in_thread` it runs on one worker thread of the Checkpointer instead, so an
+  event loop (a syncer shard's, a learner's) is not held by it. Errors of a save
+  then surface at the next `wait()`, `save()` or `close()`.
 - `latest_step()` is the newest *finalized* step on disk, read from the directory
   (not orbax's in-memory list, which includes a save still in flight). A step is
   durable exactly when it shows up here: `wait()` then `latest_step()` to
@@ -24,6 +29,7 @@ state, made of NamedTuples, goes through `trainer.inner.opt_state_to_tree` first
 """
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +88,12 @@ class FirstPerInterval:
 class Checkpointer:
     """Numbered, asynchronous checkpoints of one tree in `directory`."""
 
-    def __init__(self, directory: str | Path, max_to_keep: int = 3, keep_every_s: int | None = None):
+    def __init__(self, directory: str | Path, max_to_keep: int = 3, keep_every_s: int | None = None,
+                 start_in_thread: bool = False):
         """Keeps the latest `max_to_keep` steps, and with `keep_every_s` also the first step
         saved in each `keep_every_s` of wall-clock time (`FirstPerInterval`): a history to
-        look back at, e.g. the global model along a run."""
+        look back at, e.g. the global model along a run. `start_in_thread`: orbax's start
+        of each save runs on a worker thread (the module's docstring)."""
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep = {max_to_keep} must be >= 1")
         if keep_every_s is not None and (not isinstance(keep_every_s, int) or keep_every_s < 1):
@@ -100,6 +108,8 @@ class Checkpointer:
                 preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(keep),
                 enable_async_checkpointing=True, cleanup_tmp_directories=True, create=True))
         self._last_saved: int | None = self.latest_step()
+        self._starter = ThreadPoolExecutor(1, thread_name_prefix="ckpt-start") if start_in_thread else None
+        self._starting: Future | None = None  # the worker's start of the newest save
 
     def save(self, step: int, tree: dict) -> None:
         """Start saving `tree` as `step` and return; steps must increase. If the
@@ -112,8 +122,19 @@ class Checkpointer:
         if not isinstance(tree, dict):
             raise ValueError(f"checkpoint tree must be a dict, got {type(tree).__name__}")
         host_tree = to_host_tree(tree)
-        self._mngr.save(step, args=ocp.args.StandardSave(host_tree), force=True)
+        if self._starter is None:
+            self._mngr.save(step, args=ocp.args.StandardSave(host_tree), force=True)
+        else:
+            self._started()  # the previous start's error, if any, before a new one
+            self._starting = self._starter.submit(self._mngr.save, step,
+                                                  args=ocp.args.StandardSave(host_tree), force=True)
         self._last_saved = step
+
+    def _started(self) -> None:
+        """Wait for the worker's start of the newest save (if any); raises its error."""
+        if self._starting is not None:
+            starting, self._starting = self._starting, None
+            starting.result()
 
     @property
     def last_saved(self) -> int | None:
@@ -123,10 +144,13 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is finalized on disk."""
+        self._started()
         self._mngr.wait_until_finished()
         self._mngr.check_for_errors()
 
     def saving(self) -> bool:
+        if self._starting is not None and not self._starting.done():
+            return True
         return self._mngr.is_saving_in_progress()
 
     def steps(self) -> list[int]:
@@ -137,11 +161,13 @@ class Checkpointer:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def restore(self, step: int | None = None, listed: list[int] | None = None) -> dict | None:
+    def restore(self, step: int | None = None, listed: list[int] | None = None, like: dict | None = None) -> dict | None:
         """The tree saved at `step` (default: the latest finalized one), or None if
         there is none. Never a partially written checkpoint. `listed`: the caller's own
         `steps()` to check `step` against (restoring every kept step, one listing of the
-        folder instead of one per restore: 36 ms each)."""
+        folder instead of one per restore: 36 ms each). `like`: a tree of the saved one's
+        structure, shapes and dtypes (its values unused): orbax then builds the restore from
+        it instead of reading the checkpoint's metadata (a restart's restore: 57 → 20 ms)."""
         if step is None:
             step = self.latest_step()
             if step is None:
@@ -149,13 +175,19 @@ class Checkpointer:
         elif step not in (finalized := self.steps() if listed is None else listed):
             raise ValueError(f"no finalized checkpoint for step {step} in "
                              f"{self.directory}; finalized steps: {finalized}")
-        restored = self._mngr.restore(step, args=ocp.args.StandardRestore())
+        template = None if like is None else jax.tree.map(np.asarray, to_host_tree(like))
+        restored = self._mngr.restore(step, args=ocp.args.StandardRestore(template))
         return _to_numpy(restored)
 
     def close(self) -> None:
         """Finish any save in flight and release orbax's threads."""
-        self._mngr.wait_until_finished()
-        self._mngr.close()
+        try:
+            self._started()
+            self._mngr.wait_until_finished()
+        finally:
+            self._mngr.close()
+            if self._starter is not None:
+                self._starter.shutdown(wait=True)
 
     def __enter__(self) -> "Checkpointer":
         return self

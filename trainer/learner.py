@@ -55,12 +55,13 @@ class Learner(LearnerHost):
         self.task, self.eval_batches, params, self.inner = shared(self.cfg)  # params: Θ0
         self.opt_state = self.inner.init(params)
         self.frag = fragmenter_for(self.cfg, params)
-        self.ckpt = Checkpointer(self.run_dir / "ckpt" / self.name)
+        self.ckpt = Checkpointer(self.run_dir / "ckpt" / self.name, start_in_thread=True)
         self.step, self.pending_step = 0, None
         # The harness ends the run (SIGTERM) once the job's token budget is spent,
         # whoever trained it; the step cap only bounds a learner run on its own.
         self.max_steps = int(self.run_info.get("max_steps_factor", 1.0) * self.cfg.steps)
-        restored = self.ckpt.restore()
+        restored = self.ckpt.restore(like={"params": params, "opt": opt_state_to_tree(self.opt_state),
+                                           "step": np.int64(0)})
         if restored is not None:
             params = restored["params"]
             self.opt_state = self.inner.opt_state_from_tree(params, restored["opt"])
@@ -258,11 +259,11 @@ def warm_up(run_dir) -> None:
     (Path(run_dir) / "spares").mkdir(exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="warm-", dir=Path(run_dir) / "spares"))
     try:
-        with Checkpointer(scratch) as ckpt:
-            ckpt.save(0, {"params": jax.tree.map(np.asarray, params), "opt": opt_state_to_tree(opt),
-                          "step": np.int64(0)})
+        with Checkpointer(scratch, start_in_thread=True) as ckpt:
+            tree = {"params": jax.tree.map(np.asarray, params), "opt": opt_state_to_tree(opt), "step": np.int64(0)}
+            ckpt.save(0, tree)
             ckpt.wait()
-            ckpt.restore(0)
+            ckpt.restore(0, like=tree)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

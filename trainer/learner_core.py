@@ -50,6 +50,8 @@ sent_step). Rules:
   needs every unit (K = M), so a unit out of phase with the rest deadlocks the job: it
   waits on a round the others have not reached while they wait on one it has not
   (found by the sim tier: streaming + kill_unit, no commit for 42 s).
+  decoupled, a restarted unit: once its first fetch is in, the fragment due soonest goes
+  out after its next inner step (`phase`), so it contributes again one step after the fetch.
 """
 from __future__ import annotations
 
@@ -260,9 +262,12 @@ class LearnerCore(LearnerDP, LearnerClose):
                                                "why": "fetch" if fetch else "overwritten"})]
             state = replace(state, skipped=state.skipped - {p})
             state = replace(state, c_steps=_put(state.c_steps, p, 0), c_tokens=_put(state.c_tokens, p, 0))
-        if (fetch and not state.awaiting and not state.phased and self.config.incarnation >= 1
-                and self.config.mode in ("streaming", "sync_diloco") and "rejoin_out_of_phase" not in self.config.bugs):
-            state, more = self._rephase(state)
+        if fetch and not state.awaiting and not state.phased and self.config.incarnation >= 1:
+            more = []
+            if self.config.mode in ("streaming", "sync_diloco") and "rejoin_out_of_phase" not in self.config.bugs:
+                state, more = self._rephase(state)
+            elif self.config.mode == "decoupled":
+                state, more = self._rejoin_next_step(state)
             logs = logs + more  # (it replaced `sent`: a deferred contribution's Send was lost)
         if state.closing:  # an answer came: its fragment's closing Δ can go (trainer/learner_close.py)
             state, more = self.close_ready(state, now)
@@ -288,6 +293,17 @@ class LearnerCore(LearnerDP, LearnerClose):
         phase = (self._offsets[nxt] - (state.step + 1)) % self._period
         return replace(state, phase=phase, phased=True), [
             Log("phase", {"phase": phase, "next_fragment": nxt, "step": state.step,
+                          "versions": list(state.base_version)})]
+
+    def _rejoin_next_step(self, state: LearnerState):
+        """Decoupled, a restarted unit once its first fetch is in: the schedule moves (by less
+        than one fragment's turn) so that the fragment due soonest goes out after the next
+        inner step. The unit contributes one step after its fetch instead of up to a turn
+        later (nothing waits on it: a decoupled round does not need every unit)."""
+        soonest = min(self._offsets, key=lambda q: ((self._offsets[q] - (state.step + state.phase + 1)) % self._period, q))
+        phase = (self._offsets[soonest] - (state.step + 1)) % self._period
+        return replace(state, phase=phase, phased=True), [
+            Log("phase", {"phase": phase, "next_fragment": soonest, "step": state.step,
                           "versions": list(state.base_version)})]
 
     def _on_round_open(self, state: LearnerState, now: float, sender: str, msg: RoundOpen):

@@ -81,8 +81,11 @@ class Injector:
 
     def _up(self, unit: str) -> None:
         self.down.discard(unit)
+        # stamped as the respawn is issued, before it (as fault_end is): a warm spare restores
+        # and logs within ~50 ms, and none of its lines may precede its restart in the log
+        t = round(time.time(), 6)
         start = self.cluster.spawn(unit)  # "cold", or "spare": a warm spare took the identity
-        self.emit("unit_up", unit, reason="restarted", pid=self.cluster.pid(unit), start=start)
+        self.emit("unit_up", unit, reason="restarted", pid=self.cluster.pid(unit), start=start, t=t)
 
     def _start_kill_unit(self, n, f) -> None:
         if self.dp_rollback:  # a synchronous job cannot go on without one of its members

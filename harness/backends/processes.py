@@ -126,11 +126,12 @@ class Processes:
     def spawn(self, cluster: "LocalCluster", m: Member) -> subprocess.Popen:
         spare = take_spare(self.spares.get(m.role), cluster)
         if spare is not None:
-            # its replacement first: started after the hand-over, the taken spare's first lines
-            # (a restore takes ~60 ms) could precede the harness's restart line, which the
-            # histories read as the restart (measured: one restart in three runs read as cold)
+            handed = self._hand_over(cluster, spare, m)
+            # its replacement after the hand-over: its start (a fork of the harness, 10-90 ms on
+            # two busy cores) is off the restart's path (the restart line is stamped before
+            # the hand-over: harness/backends/injector.py `_up`)
             self.start_spares(cluster, SPARE_DELAY_S)
-            if self._hand_over(cluster, spare, m):
+            if handed:
                 return spare.proc
         m.start = "cold"
         module = "trainer.learner" if m.role == "learner" else "trainer.syncer"

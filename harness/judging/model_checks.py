@@ -127,19 +127,21 @@ WARMUP = 0.2      # share of the window [t_start, t_end] whose rises are not jud
 def delta_bases_advance(log: EventLog) -> Result:
     """Every Δ a shard merged from a learner incarnation for fragment p was measured from a
     Θ[p] the learner took after its previous merged Δ of p went out: a newer version, or
-    the same version sent to it again after the shard received that Δ (a fetch that
-    re-anchored it while the Δ waited in an open round); and its base is a version of Θ[p]
-    the shard sent that learner (or Θ0, version 0).
+    the same version taken again (the k-th merged Δ from one base needs k takes of it:
+    sends of that version to the learner, since its incarnation's link came up, logged
+    before the Δ arrived: a fetch that re-anchored it, possibly crossing the previous Δ on
+    the wire; the first take may predate this shard life, or be Θ0); and its base is a
+    version of Θ[p] the shard sent that learner (or Θ0, version 0).
 
     Evidence: the shard's own lines only: its `merge` lines (the base_version in the
-    messages it received), its `recv` lines of them, and its `send` lines (which versions
-    of Θ[p] it sent whom, and when). Nothing the learner logged about itself is read, so
-    a learner that re-sends its drift since one base while its `contribute` lines look
-    right (planted bug `resend_drift`) cannot hide: a Δ after a merged one holds only new
-    progress if the learner was re-anchored in between; two Δs from one base with no
-    re-anchoring carry the first one's progress twice. Per shard incarnation (a
-    restarted shard may hand out lower versions again; what it sent counts across its
-    incarnations). dp modes exchange gradients: valid, not applicable."""
+    messages it received), its `recv` and `link_up` lines, and its `send` lines (which
+    versions of Θ[p] it sent whom, and when). Nothing the learner logged about itself is
+    read, so a learner that re-sends its drift since one base while its `contribute` lines
+    look right (planted bug `resend_drift`) cannot hide: a Δ after a merged one holds only
+    new progress if the learner was re-anchored in between; two Δs from one base with no
+    re-anchoring carry the first one's progress twice. Per shard incarnation (a restarted
+    shard may hand out lower versions again; what it sent counts across its incarnations
+    for the base's origin). dp modes exchange gradients: valid, not applicable."""
     mode = log.config["diloco"]["mode"]
     if mode in DP_MODES:
         return Result("delta_bases_advance", True, 0, 0, {"why": f"{mode}: gradients, not progress; not applicable"})
@@ -150,37 +152,47 @@ def delta_bases_advance(log: EventLog) -> Result:
         if not says_sends:
             unsent.append(shard)
         # positions in the shard's own lines (its order is exact where times tie)
-        sent: dict[tuple, dict] = {}  # (learner, fragment) -> {version: where this shard sent it}
+        sent: dict[tuple, dict] = {}  # (learner, fragment) -> {version: [(life, where this shard sent it)]}
         for life in shard_lives(log, shard):
-            last: dict[tuple, tuple] = {}  # (learner, incarnation, fragment) -> (base, received at) of its last merged Δ
+            last: dict[tuple, list] = {}  # (learner, incarnation, fragment) -> [base, Δs merged from it, free takes]
             received: dict[tuple, int] = {}  # (learner, incarnation, seq, fragment) -> where this shard got it
+            link_up: dict[str, int] = {}  # learner -> where its link last came up
+            heard: dict[tuple, int] = {}  # (learner, incarnation) -> its link's start, as this shard first heard it
             for i, e in enumerate(life.events):
                 kind = e["kind"]
                 if kind == "send" and e.get("msg") in ("FragmentUpdate", "FragmentDelta"):
                     sent.setdefault((e["peer"], int(e["fragment"])), {}).setdefault(int(e["version"]), []).append(
                         (life.n, i))
-                elif kind == "recv" and e.get("msg") == "Contribution":
-                    received.setdefault((e.get("learner"), e.get("incarnation"), e.get("seq"), e.get("fragment")), i)
+                elif kind == "link_up":
+                    link_up[e.get("peer")] = i
+                elif kind == "recv":
+                    who = (e.get("learner", e.get("peer")), e.get("incarnation"))
+                    heard.setdefault(who, link_up.get(who[0], i))
+                    if e.get("msg") == "Contribution":
+                        received.setdefault((e.get("learner"), e.get("incarnation"), e.get("seq"), e.get("fragment")), i)
                 elif kind == "merge" and e.get("base_version") is not None:
                     merges += 1
                     p, b = int(e["fragment"]), int(e["base_version"])
                     key, times = (e["learner"], e["incarnation"], p), sent.get((e["learner"], p), {})
+                    got = received.get((e["learner"], e["incarnation"], e.get("seq"), p), i)
+                    since = heard.get((e["learner"], e["incarnation"]), -1)
+                    takes = sum(1 for n, j in times.get(b, ()) if n == life.n and since <= j < got)
                     why = None
-                    if key in last and b <= last[key][0]:
-                        b0, got0 = last[key]
-                        again = b == b0 and any(n == life.n and got0 < j < i for n, j in times.get(b, ()))
-                        if not again:
-                            why = (f"base {b}, the same as its previous merged Δ's, and Θ[{p}]@{b} was not sent "
-                                   f"to it again after that Δ arrived" if b == b0 else
-                                   f"base {b} is older than its previous merged Δ's base {b0}")
-                    elif says_sends and b != 0 and b not in times:
-                        why = f"base {b}: a version of Θ[{p}] this shard never sent {e['learner']}"
+                    if key in last and b < last[key][0]:
+                        why = f"base {b} is older than its previous merged Δ's base {last[key][0]}"
+                    elif key in last and b == last[key][0]:
+                        last[key][1] += 1
+                        if last[key][1] > takes + last[key][2]:
+                            why = (f"base {b}, the same as its previous merged Δ's: Δ {last[key][1]} from Θ[{p}]@{b}, "
+                                   f"which this shard sent it {takes} time(s) before it arrived")
+                    else:
+                        if says_sends and b != 0 and b not in times:
+                            why = f"base {b}: a version of Θ[{p}] this shard never sent {e['learner']}"
+                        # its first take of b: a send of this life, else one from before it (or Θ0)
+                        last[key] = [b, 1, 0 if takes else 1]
                     if why is not None:
                         bad.append({"shard": shard, "learner": e["learner"], "incarnation": e["incarnation"],
                                     "fragment": p, "seq": e.get("seq"), "base_version": b, "t": e["t"], "why": why})
-                    got = received.get((e["learner"], e["incarnation"], e.get("seq"), p), i)
-                    if key not in last or b >= last[key][0]:
-                        last[key] = (b, got)
     return _judge("delta_bases_advance", bad, merges=merges,
                   **({"sends_not_logged": unsent} if unsent else {}))
 

@@ -245,11 +245,18 @@ def test_delta_bases_advance():
     # a fourth Δ from version 2 again: it carries the third one's progress twice
     r = checks.delta_bases_advance(_shard_log(*ok, ("merged", 4, 4, 2)))
     assert (r.valid, r.value) == (False, 1)
-    assert r.details["violations"][0]["seq"] == 4 and "not sent to it again" in r.details["violations"][0]["why"]
+    assert r.details["violations"][0]["seq"] == 4 and "sent it 1 time(s)" in r.details["violations"][0]["why"]
     # unless the shard sent it Θ[0]@2 again after the third Δ arrived (a fetch answered while
     # that Δ waited in an open round re-anchors the learner: its next Δ holds new steps only)
     again = [*ok, ("sent", 3.5, 2), ("merged", 4, 4, 2)]
     assert checks.delta_bases_advance(_shard_log(*again)).valid is True
+    # or before it arrived: a fetch's answer that crossed the third Δ on the wire (found by
+    # the sim tier: a reset's reconnect answered at 7.42 s, the Δ sent at 7.50 s, got at 7.52 s)
+    crossed = [*ok[:4], ("sent", 2.5, 2), ("merged", 3, 3, 2), ("merged", 4, 4, 2)]
+    assert checks.delta_bases_advance(_shard_log(*crossed)).valid is True
+    # one take re-anchors one Δ: a third Δ from version 2 needs a third send of it
+    r = checks.delta_bases_advance(_shard_log(*again, ("merged", 5, 5, 2)))
+    assert (r.value, r.details["violations"][0]["seq"]) == (1, 5)
     # and never from an older base than the previous one
     assert checks.delta_bases_advance(_shard_log(*again, ("merged", 5, 5, 1))).value == 1
     # a base the shard never sent learner-0 (version 3 went to nobody)

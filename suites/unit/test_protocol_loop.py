@@ -152,9 +152,12 @@ def test_rejoin_fetch_overwrites_and_contributions_resume_within_a_cycle():
         {"what": "FragmentUpdate", "fragment": 0, "version": b.base_version[0], "reason": "old_version"}]
     net.run(40)
     mine = [(t, m) for t, s, _, m in net.sent if s == "B" and isinstance(m, Contribution) and m.incarnation == 1]
-    assert mine[0][0] == pytest.approx(25.8) and mine[0][1].base_version == b.base_version[1]  # step 6: fragment 1 again
+    # the fetch was in at 24.3: fragment 1, due soonest (at step 6), goes out after the next
+    # step instead (step 5, 24.8; `phase` 1): a restarted unit contributes one step after its fetch
+    assert mine[0][0] == pytest.approx(24.8) and mine[0][1].base_version == b.base_version[1]
+    assert [f["phase"] for t, src, k, f in net.logs if src == "B" and k == "phase"] == [1]
     first_merge = min(t for t, _, k, f in net.logs if k == "merge" and f["learner"] == "B" and f["incarnation"] == 1)
-    assert first_merge == pytest.approx(27.8)  # restart + fetch + one fragment cycle + the trip
+    assert first_merge == pytest.approx(26.8)  # restart + fetch + one step + the trip
 
 
 def test_planted_bug_rejoin_without_fetch_contributes_first_and_never_overwrites():
