@@ -28,7 +28,8 @@ class Planted:
 CATALOGUE: dict[str, Planted] = {
     "merge_twice": Planted(
         "syncer", "merges a contribution it already merged (dp: a re-sent gradient)", "merged_at_most_once",
-        "independent: the shard's merge lines", f"{SIM_BUGS}[merge_twice]"),
+        "independent: the shard's merge lines", f"{SIM_BUGS}[merge_twice]",
+        "suites/cluster/test_planted_bugs_cluster.py::test_a_regradient_is_merged_once_on_real_processes[merge_twice]"),
     "stale_as_fresh": Planted(
         "syncer", "weighs a stale contribution as a fresh one", "weights_match_staleness",
         "independent: the shard's merge lines (weight, staleness)", f"{SIM_BUGS}[stale_as_fresh]", f"{PROCS}[ignore_quorum,stale_as_fresh]"),

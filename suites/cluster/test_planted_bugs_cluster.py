@@ -23,13 +23,19 @@ built-in scenario runs.
   contribution, and stale ones are weighed as fresh.
 - `rejoin_without_fetch`: a restarted learner contributes against a Θ[p] it never fetched.
 
-Not here: `merge_twice` (a dp gradient re-sent after its link reset, merged again) and
-`rejoin_out_of_phase` (a restarted streaming learner out of phase deadlocks the job) show
-on real processes only when the reset lands while a gradient waits for its answer, or
-the restored checkpoint's phase differs from the others': a fresh-state CI run caught
-neither (0 re-merges in 3,876; no stall), a run before caught both. The simulator finds
-a schedule that shows each (suites/properties/test_planted_bugs.py); a process case
-that shows them every time is work left.
+- `merge_twice` (`test_a_regradient_is_merged_once_on_real_processes`): data-parallel,
+  learner-1 paused 5-9 s, so learner-0's gradients of that step wait at the shard,
+  merged and unanswered; learner-0's link carries a reset toxic from 8.5 to 9.5 s, which
+  cuts the connection when the answer flows at learner-1's resume. On the reconnect
+  learner-0 re-sends its unanswered gradients; the shard that merged them must drop the
+  copies (`merged_at_most_once`: the same run without the bug passes it, with it 3
+  re-merges). The pause makes the gradient wait every time: no luck in the timing.
+
+Not here: `rejoin_out_of_phase` (a restarted streaming learner out of phase deadlocks
+the job) shows on real processes only when the restored checkpoint's phase differs from
+the others': a fresh-state CI run showed no stall, a run before did. The simulator
+finds a schedule that shows it (suites/properties/test_planted_bugs.py); a process case
+that shows it every time is work left.
 """
 from __future__ import annotations
 
@@ -42,7 +48,7 @@ import pytest
 from harness import eventlog
 from harness.backends import runner
 from harness.judging import checks
-from harness.scenarios.scenario import load_scenario
+from harness.scenarios.scenario import load_scenario, scenario_from_dict
 from trainer.shell import BUGS_ENV
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -90,3 +96,26 @@ def test_a_planted_bug_is_caught_on_real_processes(bugs, tmp_path, monkeypatch):
         assert by[check]["valid"] is False, (bugs, check, by[check], str(result.run_dir))
     for check in must_pass:  # the bug's own account looks right: only independent evidence sees it
         assert by[check]["valid"] is True, (bugs, check, by[check], str(result.run_dir))
+
+
+REGRADIENT = {  # learner-0's gradients wait at the shard while learner-1 is paused; the reset
+    # toxic cuts learner-0's link when the answer flows at the resume (9 s)
+    "name": "dp-reset-while-waiting", "seed": 5,
+    "cluster": {"learners": 2, "slices": 1},
+    "train": {"task": "markov", "mode": "dp", "steps": 320, "duration": "40s"},
+    "faults": [{"kind": "pause_unit", "target": "learner-1", "at": "5s", "duration": "4s"},
+               {"kind": "reset", "target": "link:learner-0", "at": "8.5s", "duration": "1s"}],
+}
+
+
+@pytest.mark.parametrize("bugs", ["", "merge_twice"])
+def test_a_regradient_is_merged_once_on_real_processes(bugs, tmp_path, monkeypatch):
+    monkeypatch.setenv(BUGS_ENV, bugs)
+    result = runner.run_scenario(scenario_from_dict(REGRADIENT), tmp_path, live=False)
+    assert result.summary["faults_applied"] == 2, result.summary
+    log = eventlog.read(result.run_dir)
+    resent = [e for e in log.of("recv", src="syncer-0") if e.get("msg") == "GradStep" and e.get("learner") == "learner-0"]
+    seqs = [e["seq"] for e in resent]
+    assert len(seqs) > len(set(seqs)), ("learner-0 re-sent no gradient: the reset missed the wait", str(result.run_dir))
+    r = checks.merged_at_most_once(log)
+    assert r.valid is (not bugs), (bugs, r.to_dict(), str(result.run_dir))
