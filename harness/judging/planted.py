@@ -63,7 +63,9 @@ CATALOGUE: dict[str, Planted] = {
     "damped_outer": Planted(
         "syncer", "the outer step moves Θ by half the merged pseudo-gradient (always on: in the reference too)",
         "baseline_parity_max", "a stored known-good baseline (harness/scenarios/baselines.json), not this code's reference",
-        "suites/properties/test_baseline.py::test_an_always_on_bug_passes_parity_and_fails_the_baseline"),
+        "suites/properties/test_baseline.py::test_an_always_on_bug_passes_parity_and_fails_the_baseline",
+        "suites/cluster/test_planted_bugs_cluster.py::"
+        "test_an_always_on_bug_misses_the_known_good_baseline_on_real_processes[damped_outer]"),
     "resend_drift": Planted(
         "learner", "no answer gate, bookkeeping kept: re-sends its drift while its contribute lines look right",
         "delta_bases_advance", "independent: the shards' merge, recv and send lines only",

@@ -31,6 +31,13 @@ built-in scenario runs.
   copies (`merged_at_most_once`: the same run without the bug passes it, with it 3
   re-merges). The pause makes the gradient wait every time: no luck in the timing.
 
+- `damped_outer` (`test_an_always_on_bug_misses_the_known_good_baseline_on_real_processes`):
+  the shard's outer step moves Θ by half the merged pseudo-gradient, in every run, the
+  fault-free reference included: loss parity cannot see it. The property base (quadratic,
+  300 steps) on processes, fault-free, against its known-good baseline for the cluster
+  tier (harness/scenarios/baselines.json: 0.430; three known-good runs 0.424-0.431): with
+  the bug 0.633 (+47 %), so `baseline_parity_max` fails; without it, it holds.
+
 Not here: `rejoin_out_of_phase` (a restarted streaming learner out of phase deadlocks
 the job) shows on real processes only when the restored checkpoint's phase differs from
 the others': a fresh-state CI run showed no stall, a run before did. The simulator
@@ -47,7 +54,8 @@ import pytest
 
 from harness import eventlog
 from harness.backends import runner
-from harness.judging import checks
+from harness.bench.sim import PROPERTY_BASE
+from harness.judging import baseline, checks, losses
 from harness.scenarios.scenario import load_scenario, scenario_from_dict
 from trainer.shell import BUGS_ENV
 
@@ -119,3 +127,22 @@ def test_a_regradient_is_merged_once_on_real_processes(bugs, tmp_path, monkeypat
     assert len(seqs) > len(set(seqs)), ("learner-0 re-sent no gradient: the reset missed the wait", str(result.run_dir))
     r = checks.merged_at_most_once(log)
     assert r.valid is (not bugs), (bugs, r.to_dict(), str(result.run_dir))
+
+
+# the property suites' base (suites/properties/test_staleness.py LINK_BASE), on processes
+PROP_LINKS = {**PROPERTY_BASE, "name": "prop-links", "train": {**PROPERTY_BASE["train"], "steps": 300, "duration": "120s"}}
+
+
+@pytest.mark.parametrize("bugs", ["", "damped_outer"])
+def test_an_always_on_bug_misses_the_known_good_baseline_on_real_processes(bugs, tmp_path, monkeypatch):
+    s = scenario_from_dict(PROP_LINKS)
+    known_good = baseline.stored(s, "cluster")
+    assert known_good is not None, f"no baseline for {baseline.key(s, 'cluster')}: record one from trusted code"
+    monkeypatch.setenv(BUGS_ENV, bugs)
+    result = runner.run_scenario(s, tmp_path, live=False)
+    final, _ = losses.final_loss(eventlog.read(result.run_dir))
+    r = baseline.check(final, known_good)
+    if bugs:  # +47 % measured; the bound is 5 %
+        assert r.valid is False and r.value > 0.25, (r.to_dict(), str(result.run_dir))
+    else:
+        assert r.valid is True, (r.to_dict(), str(result.run_dir))
