@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from hypothesis import given
+from hypothesis import assume, given
 
-from faults.strategies import failure_processes, schedules
+from faults.model import Corrupt
+from faults.strategies import failure_processes, schedules, weak_spots
+from harness.judging.ledger import tokens_conserved
 from sim_cases import WINDOW, examples, reported, scenario, simulate_case
 from sim_props import safety
 
@@ -42,6 +44,18 @@ def test_decoupled_with_aligned_rounds_is_safe_under_any_schedule(schedule):
 
 
 @examples(20)
+@given(weak_spots(WINDOW))
+def test_decoupled_is_safe_at_the_weak_spots(schedule):
+    """Schedules built around a storm on every link (latency, bandwidth, partition), a long
+    one-way cut with a kill or a shard crash inside it, or a long shard outage, where the
+    uniform draws above rarely go (suites/unit/test_fault_space.py counts how often a CI
+    run meets each)."""
+    case = simulate_case(scenario(schedule, quorum=2))
+    with reported(case, "safety"):
+        safety(case)
+
+
+@examples(20)
 @given(schedules(WINDOW, ("partition", "reset", "truncate", "kill_syncer", "kill_unit"), max_faults=4))
 def test_data_parallel_is_safe_under_link_and_process_faults(schedule):
     case = simulate_case(scenario(schedule, mode="dp"))
@@ -60,14 +74,43 @@ def test_decoupled_is_safe_under_a_random_failure_process(process):
         safety(case)
 
 
-@examples(20)
+REWARMUP_S = 2.0  # a learner restarted from no checkpoint (or an early one) warms its inner lr up again
+
+
+def _rewarming(schedule) -> bool:
+    """A corruption that reaches a learner's first REWARMUP_S after its restart."""
+    return any(c.kind == "corrupt" and k.kind == "kill_unit" and k.target == c.target and k.end_s is not None
+               and c.at_s < k.end_s + REWARMUP_S and c.end_s > k.end_s for c in schedule.faults for k in schedule.faults)
+
+
+@examples(60)
 @given(schedules(WINDOW, ("corrupt", "kill_unit", "partition", "slow_unit"), max_faults=4, min_at_s=3.0))
 def test_the_guard_keeps_every_corrupt_contribution_out(schedule):
     """Silent data corruption (scale, bit flips, non-finite values) on any learner, with kills
     and partitions: the shards drop every corrupt Δ (tokens_conserved names any that got in),
     and the model never sees a NaN. From 3 s: the learners start at 2 s, and a shard's first
     GUARD_WARMUP contributions are judged by the Θ[p] bound alone, which a 1000× Δ of the
-    inner lr's first warm-up steps passes (found here, corrupting from 0.5 s; docs/PROTOCOL.md)."""
+    inner lr's first warm-up steps passes (found here, corrupting from 0.5 s; docs/PROTOCOL.md).
+    The same gap after a restart: a learner restarted with no checkpoint yet warms its
+    inner lr up from 0 again, and a ×1000 of its first Δs is a size an honest Δ has (found
+    here: killed at 5.1 s for 0.5 s, corrupted from 6.3 s, its first Δ merged): such
+    schedules are rejected (`assume`), the gap is in docs/PROTOCOL.md."""
+    assume(not _rewarming(schedule))
     case = simulate_case(scenario(schedule, quorum=1))
     with reported(case, "safety"):
         safety(case)
+
+
+def test_sdc_inside_the_guards_bound_gets_in_and_the_ledger_names_it():
+    """The defence's known gap, and the verdict that is not fooled by it: the shards' guard
+    bounds a Δ's norm (30× the learner's recent ones), so a corruption that keeps the norm
+    (a plain sign flip, ×−1) or stays inside the bound (×10) is merged; the token-fate
+    ledger, which knows which Δs the harness corrupted, names each (tokens_conserved:
+    9 corrupt merges each, measured), so the run does not pass. docs/PROTOCOL.md "Corrupt
+    contributions". ×1000, either sign, is kept out (the property above); ×100 is kept out
+    here but got in on one CI draw (learner-0, 6.2 s, 0.5 s long, a slow_unit after it)."""
+    for factor in (10.0, -1.0):
+        case = simulate_case(scenario([Corrupt("learner-1", 3.0, duration_s=2.0, factor=factor)], quorum=1))
+        r = tokens_conserved(case.log)
+        kinds = {v["kind"] for v in r.details.get("violations", ())}
+        assert r.valid is False and "corrupt_merged" in kinds, (factor, r.to_dict())
