@@ -43,7 +43,11 @@ def test_built_in_loads_small_and_round_trips(name):
 # 4 learners on this project's 2-core machine, idle: ~15 inner steps/s each (rolling-kills'
 # 400 steps took 27 s). A built-in whose token budget is spent before its last fault is
 # over (plus time to recover) ends before it tests what it says; at the time of writing
-# unit-loss ended 27 s in, before its killed unit came back at 35 s.
+# unit-loss ended 27 s in, before its killed unit came back at 35 s. Again on Docker in a
+# fresh-state CI run (2026-11-28): 24.6 steps/s per learner, its 750 steps spent at 34.2 s,
+# 0.8 s before the restart (recovery UNKNOWN); it has 900 now. The bound below is not yet
+# raised to that pace: 12 built-ins would need more steps at 26 steps/s (work left; the
+# deeper fix is a run that does not end before its schedule has played out).
 FAST_STEPS_PER_S, SETTLE_S = 16.0, 10.0
 
 
