@@ -52,7 +52,9 @@ CATALOGUE: dict[str, Planted] = {
     "rejoin_out_of_phase": Planted(
         "learner", "a restarted streaming learner keeps its fragment schedule out of phase (deadlock)",
         "no_global_downtime", "independent: the shards' commit lines and the harness's fault lines",
-        f"{SIM_BUGS}[rejoin_out_of_phase]"),
+        f"{SIM_BUGS}[rejoin_out_of_phase]",
+        "suites/cluster/test_planted_bugs_cluster.py::"
+        "test_a_restart_out_of_phase_deadlocks_on_real_processes[rejoin_out_of_phase]"),
     "cumulative_delta": Planted(
         "learner", "no answer gate: re-sends its drift every turn, and its contribute lines say so",
         "progress_merged_once", "the learner's own contribute lines", f"{SIM_STALENESS}[cumulative_delta]", f"{PROCS}[cumulative_delta]"),
