@@ -34,6 +34,11 @@ from trainer.flow import BufferLog
 from trainer.shard_link import ShardLink
 from trainer.wiring import fragmenter_for, learner_config, learner_math, logged_combiner
 
+# Leaving, how long the unit waits for its shards to have read what it sent last (its
+# closing Δs): inside the harness's grace before SIGKILL (STOP_CLOSE_S + 5 s), after the
+# wait of up to STOP_CLOSE_S for their answers.
+LEAVE_DRAIN_S = 2.0
+
 
 
 class Learner(LearnerHost):
@@ -217,6 +222,9 @@ class Learner(LearnerHost):
         self.ev.emit("checkpoint_saved", step=self.step, durable=durable)
 
     def close(self, finished: bool) -> None:
+        deadline = time.monotonic() + LEAVE_DRAIN_S  # what was sent reaches the shards first
+        for link in self.links.values():
+            link.drain(deadline)
         for link in self.links.values():
             link.close()
         stats = {s: vars(link.stats) for s, link in self.links.items()}

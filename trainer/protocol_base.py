@@ -33,7 +33,7 @@ DP_MODES = ("dp", "elastic_dp")
 # round, at full weight in a round of one); unbounded_outbox (no newest-supersedes on
 # the links: every queued frame goes out, however stale).
 SYNCER_BUGS = frozenset({"merge_twice", "stale_as_fresh", "ignore_quorum", "relative_discount",
-                         "unbounded_outbox", "trust_payloads", "damped_outer"})
+                         "unbounded_outbox", "trust_payloads", "damped_outer", "restore_oldest"})
 LEARNER_BUGS = frozenset({"rejoin_without_fetch", "rejoin_out_of_phase", "cumulative_delta", "unbounded_outbox",
                           "count_discarded", "resend_drift"})
 BUGS = SYNCER_BUGS | LEARNER_BUGS

@@ -42,8 +42,12 @@ class Syncer:
         core = SyncerCore(syncer_config(self.cfg, topo, self.name, self.bugs), syncer_math(self.cfg, frag))
         self.ckpt = Checkpointer(self.run_dir / "ckpt" / self.name, keep_every_s=KEEP_EVERY_S,
                                  start_in_thread=True)  # the loop is not held by a save's start
-        restored = self.ckpt.restore()
         saved = self.ckpt.latest_step() or 0  # checkpoint step numbers: one per save
+        if "restore_oldest" in self.bugs:  # planted: an index off, the oldest kept save, logged as the latest
+            kept = self.ckpt.steps()
+            restored = self.ckpt.restore(kept[0], listed=kept) if kept else None
+        else:
+            restored = self.ckpt.restore()
         if restored is not None:
             self.driver = SyncerDriver(core, core.restore(shell.from_ckpt(restored)), self, saved)
             self.ev.emit("checkpoint_restored", step=saved, versions=self.driver.versions())

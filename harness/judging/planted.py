@@ -68,6 +68,12 @@ CATALOGUE: dict[str, Planted] = {
         "suites/properties/test_baseline.py::test_an_always_on_bug_passes_parity_and_fails_the_baseline",
         "suites/cluster/test_planted_bugs_cluster.py::"
         "test_an_always_on_bug_misses_the_known_good_baseline_on_real_processes[damped_outer]"),
+    "restore_oldest": Planted(
+        "syncer host (trainer/syncer.py, harness/sim/syncer.py)",
+        "a restarted shard restores its oldest kept checkpoint (an index off), its restored line naming the latest",
+        "durable_rounds_kept", "the shard's own lines: the versions its checkpoint_saved lines made durable against "
+        "the versions its core holds after the restore (its checkpoint_restored line's versions)",
+        f"{SIM_BUGS}[restore_oldest]", f"{PROCS}[restore_oldest]"),
     "resend_drift": Planted(
         "learner", "no answer gate, bookkeeping kept: re-sends its drift while its contribute lines look right",
         "delta_bases_advance", "independent: the shards' merge, recv and send lines only",

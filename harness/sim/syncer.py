@@ -37,6 +37,8 @@ class SyncerProc:
         core = SyncerCore(syncer_config(w.cfg, w.topology, unit.name, w.syncer_bugs), w.model.smath)
         if unit.durable is not None:
             snap, step = unit.durable
+            if "restore_oldest" in w.syncer_bugs:  # planted: the oldest save, the line naming the latest
+                snap = unit.oldest[0]
             self.driver = SyncerDriver(core, core.restore(snap), self, unit.saved)
             self.emit("checkpoint_restored", step=step, versions=self.driver.versions())
         else:
@@ -69,6 +71,7 @@ class SyncerProc:
         if not self.alive:
             return  # the save died with the process
         self.unit.durable = snap
+        self.unit.oldest = self.unit.oldest or snap  # the first save: what a real shard keeps longest
         self.driver.saved_landed()
 
     # --- the SyncerPort --------------------------------------------------------------------
@@ -95,6 +98,7 @@ class SyncerProc:
     def save_now(self, number: int, snapshot: dict) -> None:
         self.unit.saved = number
         self.unit.durable = (snapshot, number)
+        self.unit.oldest = self.unit.oldest or self.unit.durable
 
     def emit(self, kind: str, **fields) -> None:
         self.world.emit(kind, self.unit.name, **fields)
@@ -127,6 +131,7 @@ class SimSyncer:
         self.incarnation = -1
         self.proc: SyncerProc | None = None
         self.durable = None
+        self.oldest = None  # the first durable snapshot (planted restore_oldest restores it)
         self.saved = 0
 
     def spawn(self, startup_s: float | None = None) -> None:

@@ -22,6 +22,12 @@ built-in scenario runs.
 - `ignore_quorum` and `stale_as_fresh` together (K = 2): rounds commit with one
   contribution, and stale ones are weighed as fresh.
 - `rejoin_without_fetch`: a restarted learner contributes against a Θ[p] it never fetched.
+- `restore_oldest`: syncer-0, killed at 8 s, restarts from its oldest kept checkpoint
+  (an index off) while its `checkpoint_restored` line names the latest: the versions it
+  restored (0 and 1) fall below the rounds it had made durable. (The global model falls
+  back near Θ0 for two fragments of three, but the Markov task relearns that within the
+  3 s between the shards' kept checkpoints: `global_loss_regression` measured a rise of
+  0.013 nats; its sampling is too coarse to see this bug on processes.)
 
 - `merge_twice` (`test_a_regradient_is_merged_once_on_real_processes`): data-parallel,
   learner-1 paused 5-9 s, so learner-0's gradients of that step wait at the shard,
@@ -81,6 +87,7 @@ CASES = {  # bugs -> (built-in scenario, its fault kept, that fault (at, for) s,
     "ignore_quorum,stale_as_fresh": ("one-way-cut", 0, (5.0, 7.0), {"quorum": 2},
                                      ("quorum_respected", "weights_match_staleness"), ()),
     "rejoin_without_fetch": ("unit-loss", 0, (5.0, 4.0), {"mixing": 0.5}, ("fetched_before_contributing",), ()),
+    "restore_oldest": ("syncer-crash", 0, (8.0, 3.0), {}, ("durable_rounds_kept",), ()),
 }
 # checks of the property suites (suites/properties/sim_props.py), pure functions of any event log
 sys.path.insert(0, str(Path(__file__).parents[1] / "properties"))

@@ -11,6 +11,7 @@ finds; and the same schedule passes without the bug, so it is the bug that is ca
 | rejoin_out_of_phase  | zero downtime: no_global_downtime                   | streaming (K = M)    |
 | count_discarded      | safety: tokens_conserved                            | decoupled, no keep_on_fetch |
 | trust_payloads       | tokens_conserved (a corrupt Δ merged; no_nan too)   | decoupled, corrupt   |
+| restore_oldest       | safety: durable_rounds_kept                         | decoupled, kill_syncer |
 
 merge_twice needs a contribution delivered twice. Decoupled learners never send one
 twice; data-parallel learners re-send their unanswered gradients whenever a link
@@ -44,6 +45,7 @@ BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure na
     "rejoin_out_of_phase": (zero_downtime, {"mode": "streaming"}, ("kill_unit",), "no_global_downtime"),
     "count_discarded": (safety, {"keep_on_fetch": False}, ("partition", "reset"), "tokens_conserved"),
     "trust_payloads": (conserved, {}, ("corrupt",), "tokens_conserved"),
+    "restore_oldest": (safety, {}, ("kill_syncer",), "durable_rounds_kept"),
 }
 
 

@@ -10,6 +10,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from harness.backends.toxiproxy_server import free_port  # below the ephemeral range: no bind(0) race
 from trainer import auth, transport
@@ -356,3 +357,40 @@ def test_frames_waiting_when_a_link_drops_are_not_sent_on_the_next_connection(cl
     got.extend(server.poll(0.2))  # anything else the new connection carried would be in by now
     got.extend(server.poll(0.05))
     assert [e.msg.version for e in got if e.kind == "message"] == [999]
+
+
+# --- (d) leaving ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("drained", [True, False])
+def test_a_link_that_leaves_delivers_what_it_sent_last_when_drained(closing, drained):
+    """A unit leaves right after its last sends (its closing Δs). `drain` waits for the shard
+    to have read every frame queued (the outbox empty, the delivery window acknowledged),
+    then `close` cuts the connection: all 20 frames arrive. Closed at once, the frames still
+    in the outbox are lost: 640 KB through a 400 KB/s relay is more than the kernel's send
+    queue holds (its bound: SO_SNDBUF + 64 KiB), so fewer arrive; the control shows the test
+    can fail. No bound in seconds: the drain's deadline (30 s) is only a guard."""
+    server, relay, link, inbox = connect_pair(closing, {"up": 400_000})
+    sndbuf = link._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    got: list = []
+    polling = threading.Event()
+
+    def poll():  # the shard reads (and acknowledges what it read) while the learner leaves
+        while not polling.is_set():
+            got.extend(server.poll(0.01))
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    frames = [link.send(update(v)) for v in range(1, 21)]
+    assert all(frames) and sum(frames) > kernel_bound(sndbuf), (frames[0], sndbuf)
+    if drained:
+        assert link.drain(time.monotonic() + 30)
+    link.close()
+    versions = lambda: [e.msg.version for e in got if e.kind == "message" and hasattr(e.msg, "version")]  # noqa: E731
+    if drained:
+        assert versions() == list(range(1, 21))
+    else:
+        wait_until(lambda: any(e.kind == "disconnected" for e in got), 10)
+        time.sleep(0.2)
+        assert len(versions()) < 20, versions()
+    polling.set()
+    poller.join(timeout=5)
