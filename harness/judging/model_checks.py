@@ -223,16 +223,25 @@ def global_loss_regression(log: EventLog, rise_max: float = RISE_MAX, end_max: f
     included; rises are judged at points at or after t_start + warmup × (t_end − t_start),
     and always at the final one. A non-finite loss is an infinite rise. value = the worst
     judged rise (0 if the curve only fell); unknown with fewer than 3 points (dp modes:
-    the harness evaluates only the final model)."""
+    the harness evaluates only the final model).
+
+    A data-parallel rollback (the harness's `unit_down` lines with reason `rollback`: the
+    job restarts from its last checkpoint, by design) starts the best so far afresh at
+    the first point after it: what dp loses there is progress, judged by goodput, not a
+    regression of the model. (So a dp bug that rolls back further than it should is not
+    seen here.)"""
     curve = global_curve(log)
     t0, t1 = window(log)
+    rollbacks = sorted({float(e["t"]) for e in log.of("unit_down") if e.get("reason") == "rollback"})
     if len(curve) < 3:
         return Result("global_loss_regression", None, None, rise_max,
                       {"why": f"{len(curve)} global eval point(s), 3 needed", "points": len(curve)})
     judged_from = t0 + warmup * (t1 - t0)
     best, worst, at, bad = math.inf, -math.inf, None, []
     for i, (t, loss, fin) in enumerate(curve):
-        if i and (fin or t >= judged_from):
+        if i and any(curve[i - 1][0] < r <= t for r in rollbacks):
+            best = math.inf  # rolled back since the previous point: judged from here on
+        if i and best < math.inf and (fin or t >= judged_from):
             rise = loss - best
             if rise > worst:
                 worst, at = rise, {"at_s": t - t0, "loss": loss, "best_so_far": best, "rise": rise, "final": fin}

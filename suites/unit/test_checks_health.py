@@ -47,6 +47,26 @@ def test_global_loss_regression_healthy_model_passes():
     assert (bump.valid, bump.value, bump.details["end_excess"]) == (True, pytest.approx(0.09), pytest.approx(0.03))
 
 
+def test_a_data_parallel_rollback_starts_the_best_so_far_afresh():
+    # dp: a learner killed at 60 s rolls the job back to its last checkpoint (every unit
+    # down, reason "rollback"): the model at 70 s is back at 3.0 from 1.75, by design; what
+    # follows is judged from there (it falls to 1.8, then ends at 1.78). Without the
+    # rollback lines the same curve is a regression of 1.25.
+    losses = [4.0, 2.5, 1.75, 3.0, 1.8, 1.78]
+    b = _curve(losses)
+    for unit, reason in (("learner-0", "killed"), ("syncer-0", "rollback")):
+        b.add(60.0, unit, "unit_down", reason=reason)
+    r = checks.global_loss_regression(b.log())
+    assert (r.valid, r.value, r.details["best"]) == (True, 0.0, 1.78), r
+    plain = checks.global_loss_regression(_curve(losses).log())
+    assert (plain.valid, plain.value) == (False, pytest.approx(1.25))
+    # after the rollback a real rise is still seen: 3.0, 1.8, then 2.5
+    worse = _curve([4.0, 2.5, 1.75, 3.0, 1.8, 2.5])
+    worse.add(60.0, "syncer-0", "unit_down", reason="rollback")
+    w = checks.global_loss_regression(worse.log())
+    assert (w.valid, w.value) == (False, pytest.approx(0.7))
+
+
 def test_global_loss_regression_warmup_end_and_bounds():
     # 4.0 at 5 s, 4.5 at 15 s: a rise of 0.5 inside the first 20 % of the 100 s window, not
     # judged; then 2.0 and a final 1.9: nothing judged rose
