@@ -68,7 +68,7 @@ import pytest
 
 from harness import eventlog
 from harness.backends import runner
-from harness.bench.sim import PROPERTY_BASE
+from harness.bench.sim import LEARNING_BASE
 from harness.judging import baseline, checks, losses
 from harness.scenarios.scenario import load_scenario, scenario_from_dict
 from trainer.shell import BUGS_ENV
@@ -144,8 +144,8 @@ def test_a_regradient_is_merged_once_on_real_processes(bugs, tmp_path, monkeypat
     assert r.valid is (not bugs), (bugs, r.to_dict(), str(result.run_dir))
 
 
-# the property suites' base (suites/properties/test_staleness.py LINK_BASE), on processes
-PROP_LINKS = {**PROPERTY_BASE, "name": "prop-links", "train": {**PROPERTY_BASE["train"], "steps": 300, "duration": "120s"}}
+# the base that is still learning at its end (harness/bench/sim.py LEARNING_BASE), on processes
+PROP_LINKS = LEARNING_BASE
 
 
 @pytest.mark.parametrize("bugs", ["", "damped_outer"])
@@ -187,3 +187,4 @@ def test_a_restart_out_of_phase_deadlocks_on_real_processes(bugs, tmp_path, monk
     assert restored and all(s % 10 == 0 for s in restored), restored  # the restored schedule names fragment 1 first
     r = checks.no_global_downtime(log)
     assert r.valid is (not bugs), (bugs, r.to_dict(), str(result.run_dir))
+

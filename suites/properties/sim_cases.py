@@ -4,7 +4,10 @@ and the failure report (the shrunk schedule as TOML plus the commands that repla
 The base scenario is small on purpose, so that an example costs a fraction of a
 second: the quadratic task, 3 learner units of 2 slices, 2 syncer shards, 60 inner
 steps each, a 25 ms WAN (a WAN is what DiLoCo is for: with it, data-parallel pays
-a round trip per step). Faults are drawn in WINDOW.
+a round trip per step). Faults are drawn in WINDOW. It is still learning at its end
+(0.828, 12× the floor); the staleness suite and the model-damage cases run it near its
+floor (harness/bench/sim.py CONVERGED_LR), and docs/SIMULATOR.md "Base cases near their
+floor" says why this base is not (yet) one of them.
 """
 from __future__ import annotations
 

@@ -23,8 +23,11 @@ import pytest
 from hypothesis import Phase, find, given, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from faults.model import KillSyncer
 from faults.strategies import KINDS, schedules
 from harness import eventlog
+from harness.bench.sim import CONVERGED_LR
+from harness.judging import checks
 from harness.judging.ledger import tokens_conserved
 from harness.sim.run import replay_sim
 from sim_cases import WINDOW, reported, scenario, simulate_case
@@ -98,3 +101,18 @@ def test_the_state_machine_catches_a_planted_bug(tmp_path):
     with pytest.raises(AssertionError, match="weights_match_staleness"):
         run_state_machine_as_test(Buggy, settings=settings(max_examples=10, stateful_step_count=6, database=None,
                                                            derandomize=True, phases=[Phase.generate]))
+
+
+def test_a_shard_restored_from_its_oldest_checkpoint_is_seen_by_the_model_checks():
+    """restore_oldest on the base near its floor (the inner lr 0.1: 1.11× fault-free), syncer-0
+    killed 4-5 s: its versions go back (durable_rounds_kept), and the model with them: the
+    final global loss rises 0.52 nats over its best (global_loss_regression, bound 0.25).
+    The same schedule passes both without the bug. (On the base still learning at its end,
+    12× the floor, the rise was 0.03 nats.)"""
+    crash = (KillSyncer(target="syncer-0", at_s=4.0, down_for_s=1.0),)
+    near_floor = scenario(crash, lr=CONVERGED_LR)
+    bug, good = simulate_case(near_floor, bugs={"restore_oldest"}), simulate_case(near_floor)
+    for check in (checks.durable_rounds_kept, checks.global_loss_regression):
+        assert check(bug.log).valid is False, check(bug.log)
+        assert check(good.log).valid is True, check(good.log)
+
