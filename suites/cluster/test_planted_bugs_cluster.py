@@ -53,10 +53,10 @@ built-in scenario runs.
   multiple of 50 steps, hence of H: a schedule left as restored sends fragment 1 first
   (5 steps on), while the job waits for its fragment 0. The correct code rephases to the
   fragment with the lowest version (fragment 0) and the job goes on; with the bug the job
-  deadlocks and `no_global_downtime` fails (measured: 7.9 s of downtime with a quorum
-  reachable over the last 8 s of an 18 s run, against 0.07 s for the correct code; the
-  run is 20 s so that the deadlock outlasts the bound of 2 s scaled by a busy machine's
-  pace up to 4×). The cut fixes which round the job waits on,
+  deadlocks and `no_global_downtime` fails (measured: 9.9 s without a commit while a
+  quorum was reachable, the restart at 10 s to the end of the 20 s run, against 0.08 s
+  for the correct code; so the deadlock outlasts the bound of 2 s scaled by a busy
+  machine's pace up to 4×). The cut fixes which round the job waits on,
   and the checkpoint cadence which fragment the restored schedule names first: no luck in
   the timing (before, a kill alone showed the deadlock only when the restored step's phase
   happened to differ, one run in three).
