@@ -301,6 +301,9 @@ class LearnerCore(LearnerDP, LearnerClose):
         inner step. The unit contributes one step after its fetch instead of up to a turn
         later (nothing waits on it: a decoupled round does not need every unit)."""
         soonest = min(self._offsets, key=lambda q: ((self._offsets[q] - (state.step + state.phase + 1)) % self._period, q))
+        if "rejoin_reads_in_flight" in self.config.bugs:  # planted: "re-send what was in flight when it
+            # died", read from state the checkpoint never keeps: a KeyError, and the process dies
+            state = replace(state, last_sync_s=state.in_flight[soonest].sent_at)
         phase = (self._offsets[soonest] - (state.step + 1)) % self._period
         return replace(state, phase=phase, phased=True), [
             Log("phase", {"phase": phase, "next_fragment": soonest, "step": state.step,

@@ -82,6 +82,9 @@ def merge(deltas: Sequence[Sequence[Any]], weights: Sequence[float],
             norms over the whole fragment; normalize(0) = 0, so a zero Δ adds length 0
             and no direction, and directions that cancel exactly give a zero update.
     Zero-weight entries are ignored; all weights zero is an error (nothing to merge).
+    A non-finite Δ (NaN, ±inf) makes the result non-finite in both kinds: keeping it out
+    is the SDC screen's job (trainer/guard.py), and a merge that quietly turned it into a
+    zero update would hide from the checks that a corrupt Δ got in.
     """
     if kind not in ("rda", "mean"):
         raise ValueError(f"merge kind {kind!r} is not valid; valid: 'rda', 'mean'")
@@ -109,7 +112,7 @@ def merge(deltas: Sequence[Sequence[Any]], weights: Sequence[float],
     norms = [fragment_norm(d) for _, d in pairs]
     radius = sum(w * n for (w, _), n in zip(pairs, norms))
     units = [(w, [x / np.float32(n) for x in d]) for (w, d), n in zip(pairs, norms)
-             if n > EPS]
+             if not n <= EPS]  # (a NaN norm is not "zero": a non-finite Δ makes the merge non-finite)
     if not units:
         return [np.zeros(s, np.float32) for s in shapes]
     direction = weighted_sum(units)

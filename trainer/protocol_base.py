@@ -33,9 +33,10 @@ DP_MODES = ("dp", "elastic_dp")
 # round, at full weight in a round of one); unbounded_outbox (no newest-supersedes on
 # the links: every queued frame goes out, however stale).
 SYNCER_BUGS = frozenset({"merge_twice", "stale_as_fresh", "ignore_quorum", "relative_discount",
-                         "unbounded_outbox", "trust_payloads", "damped_outer", "restore_oldest"})
+                         "unbounded_outbox", "trust_payloads", "damped_outer", "restore_oldest",
+                         "shared_version"})
 LEARNER_BUGS = frozenset({"rejoin_without_fetch", "rejoin_out_of_phase", "cumulative_delta", "unbounded_outbox",
-                          "count_discarded", "resend_drift"})
+                          "count_discarded", "resend_drift", "rejoin_reads_in_flight"})
 BUGS = SYNCER_BUGS | LEARNER_BUGS
 
 

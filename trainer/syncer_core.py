@@ -351,6 +351,8 @@ class SyncerCore(SyncerDP):
     def _close(self, state: SyncerState, now: float, p: int, weights: list, stale: list):
         """Bookkeeping of every commit: version + 1, who was merged, merge/round_commit lines."""
         rnd, v = state.rounds[p], state.version[p] + 1
+        if "shared_version" in self.config.bugs:  # planted: one counter for the shard, not one per fragment
+            v = max(state.version.values()) + 1
         merged = sorted(rnd.pending.items())
         logs = [Log("merge", {"fragment": p, "version": v, "learner": learner, "incarnation": pc.incarnation,
                               "seq": pc.seq, "base_version": pc.base_version, "staleness": s, "weight": w,

@@ -233,14 +233,16 @@ def _parity(m: Metrics, bound: float) -> Result:
 def _recovery(m: Metrics, bound_raw: float) -> Result:
     """Each restart's recovery_s ≤ bound, the bound × the run's measured pace (a restart's
     boot is CPU-bound work: harness/judging/pace.py). A restart that never recovered fails
-    when the run went on ≥ bound after it; closer to the end it is unknown (censored)."""
+    when the run went on ≥ bound after it, or when it crashed (it never will); closer to
+    the end it is unknown (censored)."""
     bound = bound_raw * m.pace
     if not m.recovery:
         return Result("recovery_max_s", None, None, bound,
                       {"why": "no restart in this run", "pace": m.pace, "bound_raw_s": bound_raw})
     late = [asdict(r) for r in m.recovery if r.recovery_s is not None and r.recovery_s > bound]
-    never = [asdict(r) for r in m.recovery if r.recovery_s is None and m.duration_s - r.t_s >= bound]
-    censored = [asdict(r) for r in m.recovery if r.recovery_s is None and m.duration_s - r.t_s < bound]
+    never = [asdict(r) for r in m.recovery if r.recovery_s is None and (r.crashed or m.duration_s - r.t_s >= bound)]
+    censored = [asdict(r) for r in m.recovery
+                if r.recovery_s is None and not r.crashed and m.duration_s - r.t_s < bound]
     valid = False if late or never else (None if censored else True)
     return Result("recovery_max_s", valid, m.recovery_max_s, bound,
                   {"late": late, "never": never, "censored": censored, "pace": m.pace, "bound_raw_s": bound_raw})
@@ -258,13 +260,15 @@ def _rejoin(m: Metrics, bound: float) -> Result:
     """Each restart's first merged contribution went out within `bound` fragment cycles
     (H inner steps each) of its first step: the design's rejoin claim, in steps, so the
     machine's speed does not enter. A restart never merged fails once it ran a cycle past
-    the bound (time for the commit to land); before that it is unknown (censored)."""
+    the bound (time for the commit to land), or once it crashed; before that it is unknown
+    (censored)."""
     if not m.recovery:
         return Result("rejoin_cycles_max", None, None, bound, {"why": "no restart in this run"})
     late = [asdict(r) for r in m.recovery if r.rejoin_cycles is not None and r.rejoin_cycles > bound]
     unmerged = [r for r in m.recovery if r.rejoin_steps is None]
-    never = [asdict(r) for r in unmerged if r.sync_every and r.steps_run > (bound + 1) * r.sync_every]
-    censored = [asdict(r) for r in unmerged if not (r.sync_every and r.steps_run > (bound + 1) * r.sync_every)]
+    ran_out = [r.crashed or bool(r.sync_every and r.steps_run > (bound + 1) * r.sync_every) for r in unmerged]
+    never = [asdict(r) for r, out in zip(unmerged, ran_out) if out]
+    censored = [asdict(r) for r, out in zip(unmerged, ran_out) if not out]
     valid = False if late or never else (None if censored else True)
     return Result("rejoin_cycles_max", valid, m.rejoin_cycles_max, bound,
                   {"late": late, "never": never, "censored": censored})
@@ -303,10 +307,20 @@ def verdict(log: EventLog, metrics: Metrics, expect: dict | None, *, lenient: bo
         except ValueError:
             if not lenient:
                 raise
-    crashes = log.header.get("crashes")
-    if crashes is not None:
-        results.append(Result("no_crash", not crashes, len(crashes), 0, {"crashes": crashes}))
+    crash = no_crash(log)
+    if crash is not None:
+        results.append(crash)
     return results
+
+
+def no_crash(log: EventLog) -> Result | None:
+    """No unit died of its own error: the harness's record of the processes that exited
+    non-zero without a fault (the simulator's of incarnations an exception ended). None for
+    a log whose header keeps no such record (a hand-made one)."""
+    crashes = log.header.get("crashes")
+    if crashes is None:
+        return None
+    return Result("no_crash", not crashes, len(crashes), 0, {"crashes": crashes})
 
 
 def faults_note(summary: dict) -> str | None:

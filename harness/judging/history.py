@@ -33,6 +33,7 @@ class Incarnation:
     blocked: list = field(default_factory=list)  # (on, off) spans
     events: list = field(default_factory=list)   # every line the process wrote
     start: str = "cold"  # how the harness started it: "cold", "spare" (warm), "spare_booting"
+    crashed: bool = False  # it ended by dying of its own error (the harness's unit_down reason "crashed")
 
 
 @dataclass
@@ -62,6 +63,8 @@ class UnitHistory:
         if kind in ("unit_down", "unit_up") and not is_process_up(e):  # the harness, about this unit
             reason = e.get("reason")
             if kind == "unit_down":
+                if reason == "crashed" and self.incs and self._live:
+                    self.incs[-1].crashed = True
                 if reason != "paused":
                     self._end(t)
                 o.setdefault("pause" if reason == "paused" else "down", t)

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 SIM_BUGS = "suites/properties/test_planted_bugs.py::test_a_planted_bug_is_caught"
 SIM_STALENESS = "suites/properties/test_staleness.py::test_a_planted_staleness_bug_is_caught"
 PROCS = "suites/cluster/test_planted_bugs_cluster.py::test_a_planted_bug_is_caught_on_real_processes"
+CLUSTER = "suites/cluster/test_planted_bugs_cluster.py::"
+RESTART_DIES = f"{CLUSTER}test_a_restart_that_dies_is_seen_on_real_processes"
+SIM_FILE = "suites/properties/test_planted_bugs.py::"
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ CATALOGUE: dict[str, Planted] = {
         "the learners' contribute lines and the shard's merge and drop lines", f"{SIM_BUGS}[trust_payloads]", f"{PROCS}[trust_payloads]"),
     "rejoin_without_fetch": Planted(
         "learner", "a restarted learner contributes without fetching Θ first", "fetched_before_contributing",
-        "the learner's own recv and contribute lines (the simulator's property also probes the core)", f"{SIM_BUGS}[rejoin_without_fetch]", f"{PROCS}[rejoin_without_fetch]"),
+        "the learner's own recv and contribute lines (the simulator's property also probes the core)", f"{SIM_BUGS}[rejoin_without_fetch]", f"{PROCS}[rejoin_without_fetch,shared_version]"),
     "rejoin_out_of_phase": Planted(
         "learner", "a restarted streaming learner keeps its fragment schedule out of phase (deadlock)",
         "no_global_downtime", "independent: the shards' commit lines and the harness's fault lines",
@@ -74,6 +77,15 @@ CATALOGUE: dict[str, Planted] = {
         "durable_rounds_kept", "the shard's own lines: the versions its checkpoint_saved lines made durable against "
         "the versions its core holds after the restore (its checkpoint_restored line's versions)",
         f"{SIM_BUGS}[restore_oldest]", f"{PROCS}[restore_oldest]"),
+    "shared_version": Planted(
+        "syncer", "one version counter for the shard, not one per fragment: a fragment's versions skip",
+        "versions_monotonic", "the shard's own merge and round_commit lines", f"{SIM_BUGS}[shared_version]",
+        f"{PROCS}[rejoin_without_fetch,shared_version]"),
+    "rejoin_reads_in_flight": Planted(
+        "learner", "a restarted learner reads the Δ its checkpoint had in flight (none is kept): a KeyError "
+        "at its first fetch, and the process dies", "no_crash",
+        "independent: the harness's record of process exits (the simulator's of incarnations an exception ended)",
+        f"{SIM_BUGS}[rejoin_reads_in_flight]", f"{RESTART_DIES}[rejoin_reads_in_flight,trust_payloads]"),
     "resend_drift": Planted(
         "learner", "no answer gate, bookkeeping kept: re-sends its drift while its contribute lines look right",
         "delta_bases_advance", "independent: the shards' merge, recv and send lines only",
@@ -86,3 +98,56 @@ def rows() -> list[tuple[str, ...]]:
     """(bug, owner, caught by, evidence, simulator test, processes test) per bug, sorted."""
     return [(bug, p.owner, p.caught_by, p.evidence, p.sim, p.processes or "not yet")
             for bug, p in sorted(CATALOGUE.items())]
+
+
+@dataclass(frozen=True)
+class Proof:
+    """A check seen to fail: the planted bug that fails it and the test on each tier."""
+    bug: str
+    sim: str
+    processes: str
+
+
+def _main(check_bug: str) -> Proof:
+    p = CATALOGUE[check_bug]
+    return Proof(check_bug, p.sim, p.processes or "not yet")
+
+
+# Every check a run, a scenario's [expect] or a property suite judges, and the planted bug
+# that proves it can fail on each tier (a bug's own check first; the others are the checks
+# a bug's run fails besides it). docs/METRICS.md's table "What each check reads" says the same.
+PROOFS: dict[str, tuple[Proof, ...]] = {
+    "merged_at_most_once": (_main("merge_twice"),),
+    "progress_merged_once": (_main("cumulative_delta"),),
+    "delta_bases_advance": (_main("resend_drift"),),
+    "versions_monotonic": (_main("shared_version"),),
+    "no_nan": (Proof("trust_payloads", f"{SIM_FILE}test_a_merged_nan_is_seen_by_no_nan",
+                     f"{RESTART_DIES}[rejoin_reads_in_flight,trust_payloads]"),),
+    "durable_rounds_kept": (_main("restore_oldest"),),
+    "no_global_downtime": (_main("rejoin_out_of_phase"),),
+    "global_loss_regression": (
+        Proof("trust_payloads", f"{SIM_FILE}test_a_merged_corruption_is_seen_by_loss_parity_and_global_loss_regression",
+              f"{PROCS}[trust_payloads]"),
+        Proof("restore_oldest", f"{SIM_FILE}test_a_shard_restored_from_its_oldest_checkpoint_is_seen_by_the_model_checks",
+              "not yet (the Markov task relearns the lost rounds between two kept checkpoints)")),
+    "link_buffers_bounded": (_main("unbounded_outbox"),),
+    "tokens_conserved": (_main("count_discarded"), _main("trust_payloads")),
+    "staleness_bounded": (_main("relative_discount"),),
+    "no_crash": (_main("rejoin_reads_in_flight"),),
+    "goodput_min": (Proof("rejoin_reads_in_flight", f"{SIM_BUGS}[rejoin_reads_in_flight]",
+                          f"{RESTART_DIES}[rejoin_reads_in_flight,trust_payloads]"),),
+    "recovery_max_s": (Proof("rejoin_reads_in_flight", f"{SIM_BUGS}[rejoin_reads_in_flight]",
+                             f"{RESTART_DIES}[rejoin_reads_in_flight,trust_payloads]"),),
+    "rejoin_cycles_max": (Proof("rejoin_reads_in_flight", f"{SIM_BUGS}[rejoin_reads_in_flight]",
+                                f"{RESTART_DIES}[rejoin_reads_in_flight,trust_payloads]"),),
+    "uptime_min": (Proof("rejoin_out_of_phase", f"{SIM_BUGS}[rejoin_out_of_phase]",
+                         f"{CLUSTER}test_a_restart_out_of_phase_deadlocks_on_real_processes[rejoin_out_of_phase]"),),
+    "participation_min": (Proof("ignore_quorum", f"{SIM_BUGS}[ignore_quorum]", f"{PROCS}[ignore_quorum,stale_as_fresh]"),),
+    "loss_parity_max": (Proof("trust_payloads",
+                              f"{SIM_FILE}test_a_merged_corruption_is_seen_by_loss_parity_and_global_loss_regression",
+                              f"{CLUSTER}test_a_merged_corruption_fails_loss_parity_on_real_processes"),),
+    "baseline_parity_max": (_main("damped_outer"),),
+    "quorum_respected": (_main("ignore_quorum"),),
+    "weights_match_staleness": (_main("stale_as_fresh"),),
+    "fetched_before_contributing": (_main("rejoin_without_fetch"),),
+}

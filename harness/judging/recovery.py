@@ -31,6 +31,7 @@ class Recovery:
     start: str = "cold"                    # the restart's path: "cold", "spare" (warm), "spare_booting"
     cycle_s: float | None = None           # a fragment cycle of wall time: H × the unit's median step interval
     recovery_cycles: float | None = None   # recovery_s / cycle_s (the design: ≤ 2 with spares)
+    crashed: bool = False                  # the incarnation died of its own error (never censored)
 
 
 
@@ -78,5 +79,5 @@ def recoveries(log: EventLog, hs: dict[str, UnitHistory], lag: int, t0: float, f
                 rejoin_s=None if first_merge is None or first_step is None else max(0.0, first_merge - first_step),
                 rejoin_steps=steps, rejoin_cycles=None if steps is None or not H else steps / H,
                 steps_run=len(inc.steps), sync_every=H, start=inc.start, cycle_s=cycle,
-                recovery_cycles=None if rec is None or not cycle else rec / cycle))
+                recovery_cycles=None if rec is None or not cycle else rec / cycle, crashed=inc.crashed))
     return tuple(out)

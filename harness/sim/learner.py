@@ -13,9 +13,15 @@ the process does with threads and wall time is done here with the world's clock:
   fetch, a streaming/dp block, the final drain) it is fed as it arrives;
 - checkpoints: every CKPT_EVERY steps a snapshot (θ, inner state, step) becomes
   durable `ckpt_save_s` later, unless the process dies first (one that exits by
-  itself waits for it, as orbax's close does); a restart restores the latest durable one.
+  itself waits for it, as orbax's close does); a restart restores the latest durable one;
+- a crash: an exception out of the core, the driver or the loop kills the incarnation as
+  the traceback kills the process (`unit_down` reason `crashed`, the world's `crashes`,
+  which the run's header carries for `no_crash`), and no one restarts it.
 """
 from __future__ import annotations
+
+import functools
+import traceback
 
 import jax
 import numpy as np
@@ -26,6 +32,18 @@ from trainer.messages import SliceControl
 from trainer.protocol import LearnerCore
 from trainer.sdc import Corrupter
 from trainer.wiring import learner_config, logged_combiner
+
+
+def _dies_on_error(method):
+    """Every way into the process's own code (its loop, its inbox, its start) ends the
+    incarnation on an exception, as an uncaught one ends the process (trainer/learner.py)."""
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001: the process's traceback, made a crash
+            self.crash(exc)
+    return guarded
 
 
 class LearnerProc(LearnerHost):
@@ -87,6 +105,7 @@ class LearnerProc(LearnerHost):
         self.inbox.append(item)
         self.inbox_arrived()
 
+    @_dies_on_error
     def inbox_arrived(self) -> None:
         """What the process does when something lands while it is blocked on its inbox."""
         if self.paused or not self.inbox or not self.alive:
@@ -104,7 +123,20 @@ class LearnerProc(LearnerHost):
         self.cancel_wait()
         self.world.net.learner_stopped(self.unit.name)
 
+    def crash(self, exc: Exception) -> None:
+        """Died of its own exception: what the harness's watch records of a process that exits
+        non-zero (harness/backends/runner.py), with the traceback's tail."""
+        if not self.alive:
+            return
+        self.kill()
+        tail = "".join(traceback.format_exception(exc)[-3:])
+        self.world.crashes.append({"unit": self.unit.name, "incarnation": self.incarnation, "rc": 1,
+                                   "stdout_tail": tail})
+        self.world.emit("unit_down", self.unit.name, reason="crashed", rc=1)
+        self.unit.exited()
+
     # --- the process: trainer/learner_loop.py in virtual time --------------------------------
+    @_dies_on_error
     def started(self) -> None:
         unit, w = self.unit, self.world
         m = w.model
@@ -120,6 +152,7 @@ class LearnerProc(LearnerHost):
         self.phase, self.loop = "running", learner_loop(self)
         self.resume()
 
+    @_dies_on_error
     def resume(self, value=None) -> None:
         """Runs the loop up to its next wait that takes time, and sets that wait up."""
         self.waiting = None

@@ -225,7 +225,7 @@ def finish(s: Scenario, world: World, injector: SimInjector, header: dict) -> Si
     injector.teardown()
     world.close()
     header.setdefault("t_start", 0.0)
-    header["crashes"], header["stop_kills"] = [], world.stop_kills
+    header["crashes"], header["stop_kills"] = world.crashes, world.stop_kills
     final = _global_eval(world)
     if final is not None:
         e = final_eval_event(world.now, world.cfg.steps, final)

@@ -114,6 +114,7 @@ class World:
         self.first_step: dict[str, float] = {}  # learner -> time of its first step line
         self.clock = Clock()
         self.events: list[dict] = []
+        self.crashes: list[dict] = []  # learner incarnations that died of their own exception
         self.rng = np.random.default_rng([seed, 0x51])  # link jitter
         names = topology["learners"]
         self._step_rng = [np.random.default_rng([seed, 0x52, i]) for i in range(len(names))]

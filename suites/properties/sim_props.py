@@ -100,12 +100,13 @@ def loss_parity(case: Case) -> None:
 def safety(case: Case) -> None:
     """Each contribution merged at most once, versions never go back, no NaN, no durable
     round lost across a syncer restart, staleness bounded, no round under quorum, each
-    merge weighted by its true staleness."""
+    merge weighted by its true staleness, no learner dead of its own exception."""
     for r in checks.safety_checks(case.log, max_staleness=staleness_bound(case)):
         if r.name != "no_global_downtime":  # a liveness property: zero_downtime judges it
             case.check(r)
     case.check(quorum_respected(case.log))
     case.check(weights_match_staleness(case.log))
+    case.check(checks.no_crash(case.log))  # an exception out of a learner's own code
 
 
 # --- checks harness/judging/checks.py does not have (yet) ----------------------------------------------

@@ -12,12 +12,23 @@ finds; and the same schedule passes without the bug, so it is the bug that is ca
 | count_discarded      | safety: tokens_conserved                            | decoupled, no keep_on_fetch |
 | trust_payloads       | tokens_conserved (a corrupt Δ merged; no_nan too)   | decoupled, corrupt   |
 | restore_oldest       | safety: durable_rounds_kept                         | decoupled, kill_syncer |
+| shared_version       | safety: versions_monotonic                          | decoupled (always on) |
+| rejoin_reads_in_flight | safety: no_crash (and recovery, goodput below)    | decoupled, kill_unit |
+
+Where a bug also proves an `[expect]` check, the same found schedule is judged by it
+(EXPECT_TOO): it fails with the bug and holds without. uptime_min by the out-of-phase
+deadlock (commits stop), participation_min by rounds under quorum (K = 2: a correct
+round merges ≥ 2), goodput_min, recovery_max_s and rejoin_cycles_max by a restarted
+learner that dies at its first fetch. The model checks that need a fixed schedule have
+their own tests below (no_nan, loss parity, global_loss_regression).
 
 merge_twice needs a contribution delivered twice. Decoupled learners never send one
 twice; data-parallel learners re-send their unanswered gradients whenever a link
 (re)connects, which the shard must drop when it merged them already.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from hypothesis import Phase, find, given, settings
@@ -26,7 +37,9 @@ from hypothesis.stateful import run_state_machine_as_test
 from faults.model import KillSyncer
 from faults.strategies import KINDS, schedules
 from harness import eventlog
-from harness.bench.sim import CONVERGED_LR
+from faults.model import Corrupt
+from harness.bench.sim import CONVERGED_LR, LEARNING_BASE
+from harness.scenarios.scenario import scenario_from_dict
 from harness.judging import checks
 from harness.judging.ledger import tokens_conserved
 from harness.sim.run import replay_sim
@@ -49,6 +62,17 @@ BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure na
     "count_discarded": (safety, {"keep_on_fetch": False}, ("partition", "reset"), "tokens_conserved"),
     "trust_payloads": (conserved, {}, ("corrupt",), "tokens_conserved"),
     "restore_oldest": (safety, {}, ("kill_syncer",), "durable_rounds_kept"),
+    "shared_version": (safety, {}, KINDS, "versions_monotonic"),
+    "rejoin_reads_in_flight": (safety, {}, ("kill_unit",), "no_crash"),
+}
+# [expect] checks the same found schedule proves (bound: fails with the bug, holds without;
+# measured: uptime 0.08 vs 0.56 (streaming stops while a unit is down, by design; on
+# processes 0.23 vs 0.77);
+# participation 1.20 vs 2.06; goodput 0.63 vs 0.80)
+EXPECT_TOO = {
+    "rejoin_out_of_phase": {"uptime_min": 0.4},
+    "ignore_quorum": {"participation_min": 2.0},
+    "rejoin_reads_in_flight": {"goodput_min": 0.72, "recovery_max_s": 5.0, "rejoin_cycles_max": 1.0},
 }
 
 
@@ -66,9 +90,13 @@ def test_a_planted_bug_is_caught(bug):
     found = find(schedules(WINDOW, kinds, max_faults=3),
                  lambda sch: failure(prop, simulate_case(scenario(sch, **train), bugs={bug})) is not None,
                  settings=settings(max_examples=40, database=None, derandomize=True, phases=[Phase.generate]))
-    message = failure(prop, simulate_case(scenario(found, **train), bugs={bug}))
+    buggy, good = simulate_case(scenario(found, **train), bugs={bug}), simulate_case(scenario(found, **train))
+    message = failure(prop, buggy)
     assert named in message
-    assert failure(prop, simulate_case(scenario(found, **train))) is None
+    assert failure(prop, good) is None
+    for r_bug, r_good in zip(*(checks.expect_checks(EXPECT_TOO.get(bug, {}), c.metrics) for c in (buggy, good))):
+        assert r_bug.valid is False, r_bug
+        assert r_good.valid is True, r_good
 
 
 def test_a_failing_property_reports_the_shrunk_schedule_and_how_to_replay_it(tmp_path):
@@ -116,3 +144,28 @@ def test_a_shard_restored_from_its_oldest_checkpoint_is_seen_by_the_model_checks
         assert check(bug.log).valid is False, check(bug.log)
         assert check(good.log).valid is True, check(good.log)
 
+
+
+def test_a_merged_nan_is_seen_by_no_nan():
+    """trust_payloads (no SDC screen) with learner-2's Δs made non-finite for 2 s: the shard
+    merges a NaN into Θ and every learner's loss follows (no_nan; 152 non-finite losses
+    measured). Without the bug the screen drops them and every loss stays finite. (Before
+    the merge propagated non-finite norms, a round of one NaN Δ merged as a zero update:
+    its merge line said merged while Θ did not move.)"""
+    nan = scenario((Corrupt(target="learner-2", at_s=1.0, duration_s=2.0, mode="nonfinite"),))
+    assert checks.no_nan(simulate_case(nan, bugs={"trust_payloads"}).log).valid is False
+    assert checks.no_nan(simulate_case(nan).log).valid is True
+
+
+def test_a_merged_corruption_is_seen_by_loss_parity_and_global_loss_regression():
+    """trust_payloads on the base still learning at its end (LEARNING_BASE), learner-2's Δs
+    ×1000 for 1 s: the merged ones throw Θ far off. Loss parity against the fault-free
+    reference measured +3,512 % (bound 5 %), and the global loss rose 16 nats over its best
+    (bound 0.25); the same schedule without the bug: +2.0 % and no rise."""
+    s = dataclasses.replace(scenario_from_dict(LEARNING_BASE),
+                            faults=(Corrupt(target="learner-2", at_s=3.0, duration_s=1.0),))
+    for bugs, held in (({"trust_payloads"}, False), (set(), True)):
+        case = simulate_case(s, bugs=bugs)
+        parity, = checks.expect_checks({"loss_parity_max": 0.05}, case.metrics)
+        assert parity.valid is held, (bugs, parity)
+        assert checks.global_loss_regression(case.log).valid is held, (bugs, checks.global_loss_regression(case.log))
