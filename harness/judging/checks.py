@@ -118,18 +118,27 @@ def quorum_k(log: EventLog) -> int:
     return {"decoupled": int(d.get("quorum", 1)), "elastic_dp": 1}.get(d["mode"], m)
 
 
+# A learner slowed below this speed is not counted ready by no_global_downtime: its own
+# clock runs at `speed`, so its fragment cycle is 1/speed longer (0.15: a 0.6 s cycle takes
+# 4 s), and the bound is set for units at speed. At 0.5 a cycle is at most twice as long,
+# inside the bound (found by a CI draw: the one reachable unit slowed to 0.15, K = 1).
+SLOW_READY = 0.5
+
+
 def reachable(log: EventLog, settle_s: float) -> list[tuple[float, float]]:
     """When ≥ K learners could contribute and a shard could merge: a learner counts from
     settle_s after its incarnation's first step line to its end (killed, or still running
     at t_end; one that finished its steps: its last step line), not while
-    paused, nor while a partition / reset / truncate fault is on one of its links (and
-    settle_s after); a shard from settle_s after its unit_up to its unit_down."""
+    paused, nor while a partition / reset / truncate fault is on one of its links, nor
+    while it is slowed below SLOW_READY (a slow_unit fault; settle_s after each); a shard
+    from settle_s after its unit_up to its unit_down."""
     t0, t1 = window(log)
     hs = histories(log, t1)
     faults: dict = {}  # fault id -> [start, end, fault]
     for e in log.of("fault_start", "fault_end", src="harness"):
         f = e.get("fault") or {}
-        if f.get("kind") in LINK_FAULTS and e["kind"] == "fault_start":
+        slowed = f.get("kind") == "slow_unit" and float(f.get("speed", 1.0)) < SLOW_READY
+        if (f.get("kind") in LINK_FAULTS or slowed) and e["kind"] == "fault_start":
             faults[e["id"]] = [e["t"], t1, f]
         elif e.get("id") in faults:
             faults[e["id"]][1] = e["t"]
@@ -141,7 +150,8 @@ def reachable(log: EventLog, settle_s: float) -> list[tuple[float, float]]:
             continue
         up = [(i.steps[0]["t"] + settle_s, i.steps[-1]["t"] if i.done else i.end_t) for i in h.incs if i.steps]
         cut = [(a, b + settle_s) for a, b, f in faults.values()
-               if LinkTarget.parse(f.get("target", "")).reaches(name)]
+               if (f.get("target") == name if f.get("kind") == "slow_unit"
+                   else LinkTarget.parse(f.get("target", "")).reaches(name))]
         ready.append(minus(up, norm(h.dead + h.paused + cut)))
     lives = [i for s in _shards(log) if s in hs for i in hs[s].incs]
     shards = norm((i.up_t + settle_s, i.end_t) for i in lives) if lives else [(t0, t1)]  # no lines: up

@@ -173,6 +173,21 @@ def test_no_global_downtime_excuses_dead_and_partitioned_learners():
     assert _stall(partition_one).valid is False
 
 
+def test_a_unit_slowed_below_half_speed_is_not_counted_ready():
+    """Both learners slowed for the rest of the run from 4 s: at speed 0.15 their fragment
+    cycles are 6.7 times as long, so the 6 s without a commit is not judged; at 0.6 it is
+    (SLOW_READY = 0.5)."""
+    def slow_both(speed):
+        def add(b):
+            for i, u in enumerate(("learner-0", "learner-1")):
+                f = {"kind": "slow_unit", "target": u, "at_s": 4.0, "duration_s": 6.0, "speed": speed}
+                b.add(4.0, "harness", "fault_start", id=i, fault=f)
+        return add
+
+    assert _stall(slow_both(0.15)).valid is True
+    assert _stall(slow_both(0.6)).valid is False
+
+
 def test_no_global_downtime_quorum_depends_on_mode():
     # learner-1 paused from 4 on. Decoupled (K = 1): learner-0 alone is a quorum, the stall
     # fails. Streaming (K = M = 2): no quorum without learner-1, the stall is excused.
