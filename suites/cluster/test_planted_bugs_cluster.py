@@ -239,7 +239,9 @@ RESTART_DIES = {  # two learners, so that a restart that dies costs half the fle
 }
 
 
-@pytest.mark.parametrize("bugs", ["", "rejoin_reads_in_flight,trust_payloads"])
+# the control (the same run without the bugs holds all five: goodput 0.83 measured) runs in
+# `make nightly`; its simulator twin's control runs in `make test` (test_planted_bugs.py)
+@pytest.mark.parametrize("bugs", [pytest.param("", marks=pytest.mark.nightly), "rejoin_reads_in_flight,trust_payloads"])
 def test_a_restart_that_dies_is_seen_on_real_processes(bugs, tmp_path, monkeypatch):
     """rejoin_reads_in_flight: the restarted learner-1 dies of a KeyError at its first fetch
     (its process exits 1): no_crash (the harness's record of process exits), recovery_max_s
@@ -247,7 +249,8 @@ def test_a_restart_that_dies_is_seen_on_real_processes(bugs, tmp_path, monkeypat
     goodput_min (learner-1's half of the fleet is lost for the rest of the run) fail.
     trust_payloads, in the same run: learner-0's NaN / inf Δs from 1 s are merged, Θ and
     every loss after it go non-finite (no_nan); the goodput and recovery figures do not
-    read losses. The same run without the bugs holds all five."""
+    read losses. The same run without the bugs holds all five (goodput 0.83 against the
+    bug's 0.55, bound 0.70; recovery 0.10 s)."""
     monkeypatch.setenv(BUGS_ENV, bugs)
     result = runner.run_scenario(scenario_from_dict(RESTART_DIES), tmp_path, live=False)
     assert result.summary["faults_applied"] == 2, result.summary
