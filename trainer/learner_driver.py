@@ -53,6 +53,7 @@ class LearnerDriver:
             self.do("shard_connected", peer)
         elif kind == "disconnected":
             self.port.emit("link_down", peer=peer, **when)
+            self.do("shard_disconnected", peer)
         else:
             self.port.emit("recv", peer=peer, bytes=nbytes, **describe(msg), **when)
             try:

@@ -24,6 +24,7 @@ class LearnerConfig:
     keep_local: bool = False    # DiLoCo modes: an update keeps the local progress not yet contributed
     keep_on_fetch: bool = False  # keep_local: so does a fetch, when its version is ≤ keep_gap ahead
     keep_gap: int = 0           # versions (0: any)
+    keep_discount: bool = False  # a fetch gap versions ahead weighs kept progress gap^-0.5 (gap ≥ 2)
     align: bool = False         # decoupled: join a round a RoundOpen announces (docs/PROTOCOL.md "Aligned rounds")
     bugs: frozenset = frozenset()
 

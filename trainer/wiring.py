@@ -137,7 +137,7 @@ def learner_config(cfg: RunConfig, topology: dict, learner: str, incarnation: in
                          owners=[own[p] for p in range(cfg.n_fragments)],
                          mode=d.mode, tau=d.overlap, alpha=d.mixing, starve_cycles=d.starve_cycles,
                          keep_local=d.keep_local and d.mode in DILOCO_MODES, keep_on_fetch=d.keep_on_fetch,
-                         keep_gap=d.max_staleness, align=d.align and d.mode == "decoupled", bugs=bugs)
+                         keep_gap=d.max_staleness, keep_discount=d.staleness_discount, align=d.align and d.mode == "decoupled", bugs=bugs)
 
 
 def syncer_config(cfg: RunConfig, topology: dict, shard: str, bugs: frozenset = frozenset()) -> SyncerConfig:

@@ -22,22 +22,24 @@ from pathlib import Path
 
 from faults.schedule import RunShape
 
+# The inner lr that brings the quadratic near its floor inside a short run, so that damage
+# to the model shows in the loss: a shard restored from its oldest checkpoint lifts the
+# final loss 0.52 nats, where at the default lr 3e-3 it moved it 0.03 (docs/SIMULATOR.md
+# "Base cases near their floor").
+CONVERGED_LR = 0.1
 # The property suites' base scenario (suites/properties/sim_cases.py builds on it): small,
-# so that an example costs a fraction of a second. At the default inner lr it is still
-# learning at its end (60 steps: 0.828, 12× the quadratic's floor of 0.0681).
+# so that an example costs a fraction of a second, and near its floor at its end:
+# fault-free, 60 steps end at 0.0758, 1.11× the quadratic's floor of 0.0681 (300 steps,
+# the staleness suite's base: 0.0778, 1.14×). At the default lr the same 60 steps end at
+# 0.828, 12× the floor, where a damaged model looks like an undamaged one.
 PROPERTY_BASE = {
     "name": "prop", "seed": 1, "description": "the property suites' base scenario",
     "cluster": {"learners": 3, "slices": 2, "shards": 2},
-    "train": {"task": "quadratic", "steps": 60, "duration": "30s"},
+    "train": {"task": "quadratic", "steps": 60, "duration": "30s", "lr": CONVERGED_LR},
     "wan": {"latency_ms": 25},
 }
-# The inner lr that brings it near its floor, so that damage to the model shows in the
-# loss: 60 steps end at 0.0758 (1.11× the floor), 300 steps at 0.0778 (1.14×); a shard
-# restored from its oldest checkpoint then lifts the final loss 0.52 nats, where at the
-# default lr it moved it 0.03 (docs/SIMULATOR.md "Base cases near their floor").
-CONVERGED_LR = 0.1
 # A base that is still learning at its end (the default lr: 300 steps end at 0.406, 6× the
-# floor): a bug that slows learning moves its final loss, where a converged base forgives
+# floor; no lr key): a bug that slows learning moves its final loss, where a converged base forgives
 # it (`damped_outer`: +53 % here, within 1.3 % on a converged base). The known-good
 # baselines are kept for it (harness/scenarios/baselines.json, "prop-links").
 LEARNING_BASE = {

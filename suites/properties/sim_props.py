@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 
 from faults.schedule import Schedule
-from faults.strategies import fault_load
+from faults.model import Reset
+from faults.strategies import fault_load, unit_seconds
 from harness.judging import checks
 from sim_cases import H, SIM, WINDOW, Case, reference
 from trainer.outer import contribution_weight
@@ -22,8 +23,16 @@ RECOVERY_S = SIM.learner_startup_s + 1.0
 GOODPUT_SLACK = 0.05      # the fault-free run's own noise and the end-of-run tail
 DP_SLACK = 0.02           # decoupled vs dp: the end-of-run tail and the fault-free runs' noise
 REJOIN_BOUND_S = SIM.learner_startup_s + 2.0   # restart → first merged contribution
-PARITY_EPS = 0.08         # (L_run − L_ref) / L_ref for schedules with fault_load ≤ PARITY_LOAD
-PARITY_LOAD = 0.25
+PARITY_EPS = 0.08         # how far *below* the fault-free final loss a run may end: (L_ref − L_run) / L_ref
+PARITY_LOAD = 0.25        # the schedules loss parity is judged on: fault_load ≤ this
+# What a fault costs the model's progress beyond its own span, by kind (see
+# progress_budget): a restarted learner the goodput's RECOVERY_S (start-up, reconnect, its
+# first cycle); a link fault the reconnect backoff (≤ 1 s) and one fragment cycle of Δs in
+# flight it loses (0.64 s); anything else 1 s. Measured over 750 draws near the floor
+# (3 seeds): at most 0.019 of the run lost beyond that budget.
+LINK_RECOVERY_S = 1.6
+OTHER_RECOVERY_S = 1.0
+PARITY_SLACK = 0.05
 
 
 def goodput_bound(case: Case) -> None:
@@ -86,15 +95,63 @@ def recovery(case: Case) -> None:
     assert not case.probe.mismatches, f"θ[p] ≠ fetched Θ[p] right after a fetch: {case.probe.mismatches[:5]}"
 
 
+def progress_lost(case: Case) -> float:
+    """The share of the run's progress the faults cost, read off the fault-free run's
+    learning curve (the global model's loss, evaluated along the run): 1 − t*/T, where t*
+    is when the fault-free run first reached the faulted run's final loss (linear between
+    its evals) and T its end. 0 when the faulted run ends at or below the fault-free final
+    loss. Near the floor a loss ratio is the wrong scale (the last share of the descent is
+    a small, exponentially shrinking excess: a learner paused for a quarter of the run ends
+    +21 % there, +0.016 nats); the time the fleet would need to make up is the right one."""
+    t0 = case.log.header["t_start"]
+    curve = [(e["t"] - t0, e["loss"]) for e in reference(case.scenario).log.of("eval") if e["src"] == "harness"]
+    final, end = case.metrics.final_loss, curve[-1][0]
+    if final <= curve[-1][1]:
+        return 0.0
+    before = None
+    for t, loss in curve:
+        if loss <= final:
+            if before is None:
+                return 1.0 - t / end
+            (ta, la) = before
+            return 1.0 - (ta + (t - ta) * (la - final) / (la - loss)) / end
+        before = (t, loss)
+    return 1.0
+
+
+def progress_budget(faults) -> float:
+    """The share of the run's progress a schedule may cost the model: fault_load's
+    learner-seconds, each fault with its kind's recovery (RECOVERY_S for a killed learner,
+    LINK_RECOVERY_S for a link fault, OTHER_RECOVERY_S else), and a slowed link (wan,
+    latency_spike) priced as a cut of the same span: fault_load counts it 0, as it takes
+    no learner time, but at worst it holds every Δ past its round (a storm on every link
+    for 2.3 s cost 13 % of the run's progress)."""
+    total = 0.0
+    for f in faults:
+        slowed = f.kind in ("wan", "latency_spike")
+        recovery = (RECOVERY_S if f.kind == "kill_unit" else
+                    LINK_RECOVERY_S if slowed or getattr(f, "cuts_link", False) else OTHER_RECOVERY_S)
+        priced = Reset(f.target, f.at_s, duration_s=f.duration_s) if slowed else f
+        total += unit_seconds(priced, WINDOW, recovery_s=recovery)
+    return total / (WINDOW.learners * WINDOW.run_s)
+
+
 def loss_parity(case: Case) -> None:
-    """With fault_load ≤ PARITY_LOAD, the final global loss is within PARITY_EPS of the
-    fault-free run's, both ways: a loss far *below* the fault-free run's at the same token
-    budget is as suspect as one above it (progress applied twice acts as a larger outer
-    step; the old one-sided bound let a −41 % pass)."""
+    """With fault_load ≤ PARITY_LOAD, the faults cost the model no more than their own share
+    of the run (the paper's claim: a unit that fails costs only its own share): the final
+    global loss is no higher than the fault-free run's was `progress_lost` earlier, with
+    progress_lost ≤ progress_budget + PARITY_SLACK. Two-sided:
+    a final loss more than PARITY_EPS *below* the fault-free run's at the same token budget
+    is as suspect as one above it (progress applied twice acts as a larger outer step)."""
     parity = case.metrics.loss_parity
     assert parity is not None, "no final loss in the log (the harness's global eval is missing)"
-    assert abs(parity) <= PARITY_EPS, (f"final loss {case.metrics.final_loss:.5f} is {parity:+.2%} off the "
-                                       f"fault-free {case.metrics.reference_loss:.5f} (bound ±{PARITY_EPS:.0%})")
+    assert parity >= -PARITY_EPS, (f"final loss {case.metrics.final_loss:.5f} is {parity:+.2%} off the "
+                                   f"fault-free {case.metrics.reference_loss:.5f} (bound −{PARITY_EPS:.0%})")
+    lost, budget = progress_lost(case), progress_budget(case.scenario.faults)
+    assert lost <= budget + PARITY_SLACK, (
+        f"final loss {case.metrics.final_loss:.5f} ({parity:+.2%} off the fault-free "
+        f"{case.metrics.reference_loss:.5f}) is where the fault-free run was {lost:.1%} of the run "
+        f"earlier; the faults' share is {budget:.1%} (progress_budget) + {PARITY_SLACK:.0%}")
 
 
 def safety(case: Case) -> None:

