@@ -265,7 +265,7 @@ def _reference(s, out: Path, live: bool, tier: str = "cluster") -> Path | None:
 def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluster", allow_unknown=False,
              baseline="none", record=False) -> int:
     from harness.judging.report_text import print_summary
-    from harness.backends.runner import unique_dir, with_mode
+    from harness.run.result import unique_dir, with_mode
 
     s, note = judged_expect(s, reference)
     if record and reference == "none" and (s.faults or s.failure_process is not None):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -21,8 +21,13 @@ class EventLogError(ValueError):
 
 @dataclass(frozen=True)
 class EventLog:
+    """A run's log: the header (seed, config, scenario, ...) and its events in time order.
+    `views` holds what readers derive from it once and share (harness/judging/history.py
+    `histories`): a log is read, never changed."""
+
     header: dict
     events: list[dict]
+    views: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def config(self) -> dict:

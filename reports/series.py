@@ -20,7 +20,7 @@ def loss_rows(log: EventLog, who: str) -> tuple[list[dict], list[dict]]:
     A learner's eval line is its own model on held-out data; the harness's eval with
     `global: true` is the assembled global model: the runner evaluates it after the run,
     along it (from the syncer shards' kept checkpoints, at the times they were taken) and
-    at the end (harness/judging/global_eval.py)."""
+    at the end (harness/run/global_eval.py)."""
     t0, t1 = history.window(log)
     learners = set(history.learner_names(log))
     points = [{"who": who, "learner": e["src"], "t": round(e["t"] - t0, 3), "step": e.get("step"),

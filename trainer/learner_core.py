@@ -12,15 +12,15 @@ sent_step). Rules:
 - after each inner step, if `due_fragment(step)` names p: send Δ = base[p] − θ[p]
   (compressed by `pseudo_grad_payload`), reset p's counters, record p in flight;
 - on FragmentUpdate(p): θ[p] ← mix(θ[p], Θ[p], α), base[p] ← Θ[p]; if p was awaiting its
-  fetch, θ[p] ← Θ[p] (overwrite) and p's counters restart, or, keep_on_fetch, the progress
-  no Δ holds moves onto Θ[p], weighed gap^-0.5 when the fetch is gap ≥ 2 versions ahead
-  (`_kept_weight`); last_sync_s = now − sent_at;
+  fetch, θ[p] ← Θ[p] (overwrite) and p's counters restart, or, keep_on_fetch and the fetch
+  at most keep_gap versions ahead, the progress no Δ holds moves onto Θ[p]; last_sync_s = now − sent_at;
 - on FragmentDelta(p) (compressed broadcasts): Θ[p] = base[p] + decode(payload) when base[p]
   is at the delta's base_version, then as FragmentUpdate; while p awaits its fetch the
   delta is dropped (the whole fragment is on its way); a delta against another version
   (an update lost with a link) is dropped and the shard's fragments are fetched afresh;
 - decoupled, when the link to a shard breaks (`shard_disconnected`): its fragments await
-  the fetch the reconnect brings, so no Δ is sent into the dead link;
+  the fetch the reconnect brings (no Δ into the dead link) and stay `cut` until next
+  contributed: a Θ[p] newer than the progress's base taken meanwhile overwrites it;
 - after `start` and after every reconnect to a shard, the shard's fragments await a fetch
   (the Hello's rejoin reply, or any newer update) and are not contributed until it comes;
   streaming / sync_diloco send their in-flight contributions to it again (dp its
@@ -155,18 +155,22 @@ class LearnerCore(LearnerDP, LearnerClose):
         """The link to `shard` broke (the shard died, its connections were reset). Decoupled:
         its fragments await the fetch the reconnect will bring, so a turn that comes while
         the link is down is skipped with its counters running (`drop reason=awaiting_fetch`)
-        instead of sent into a dead link, its progress lost with the message; the fetch
-        then moves that progress onto Θ[p] (keep_on_fetch). Measured in the simulator: a
-        shard killed for 0.5 s cost the 60-step run at the inner lr 0.1 +120 % final loss
-        with the Δs sent into it lost, +41 % with them kept (docs/PROTOCOL.md). The modes
-        whose rounds need every unit already send their in-flight Δs again on the reconnect."""
+        instead of sent into a dead link, its progress lost with the message. They stay
+        `cut` until next contributed: a Θ[p] taken meanwhile that is newer than the
+        progress's base means a round committed without it, with other learners' like
+        progress made over the same outage, so it is thrown away rather than added again
+        (`_take`); no newer (every learner cut off, or a shard restored behind it), it is
+        kept. Measured in the simulator (60 steps, inner lr 0.1): a shard killed for 0.5 s
+        ended the run at 0.140 (0.167 with the Δs sent into the dead link; fault-free
+        0.076). The modes whose rounds need every unit send their in-flight Δs again on
+        the reconnect instead (docs/PROTOCOL.md "keep_local")."""
         self._started(state)
         if shard not in self.config.owners:
             raise UnknownPeer(f"{shard!r} owns no fragment; shards: {list(self.config.shards)}")
         if self.config.mode != "decoupled":
             return state, []
-        mine = [p for p, owner in enumerate(self.config.owners) if owner == shard]
-        return replace(state, awaiting=state.awaiting | self._to_fetch(mine)), []
+        mine = self._to_fetch(p for p, owner in enumerate(self.config.owners) if owner == shard)
+        return replace(state, awaiting=state.awaiting | mine, cut=state.cut | mine), []
 
     def after_inner_step(self, state: LearnerState, now: float, params, tokens: int, step_time_s: float):
         """An inner step finished: `params` are the new local ones."""
@@ -251,21 +255,23 @@ class LearnerCore(LearnerDP, LearnerClose):
             # the fetch replaces it (stale by version − base_version, which the shard weighs)
             state = replace(state, deferred=state.deferred - {p}, awaiting=state.awaiting - {p})
             state, sent = self._contribute(state, now, p)
-        kept = fetch and self._keeps_on_fetch(state, p, version)
-        if self.config.keep_local and (not fetch or kept):
+        # progress made while p's link was down, taken onto a Θ[p] that moved on without it:
+        # thrown away, not moved onto Θ[p] (its next Δ would go out fresh and add it again
+        # on top of the other learners' like progress, merged meanwhile)
+        stale_cut = p in state.cut and version > state.base_version[p]
+        kept = fetch and not stale_cut and self._keeps_on_fetch(state, p, version)
+        overwrite = (fetch and not kept) or stale_cut
+        if self.config.keep_local and not overwrite:
             # the progress made since p was last contributed (or last taken) is in no Δ yet:
             # it moves onto the new Θ[p] instead of being overwritten
             ref = state.base[p] if state.sent_from[p] is None else state.sent_from[p]
-            w = self._kept_weight(state, p, version) if kept else 1.0
-            if w < 1.0:  # ref moved towards θ[p], so that θ[p] − ref = w·(θ[p] − r)
-                ref = [x - w * (x - r) for x, r in zip(self.math.get_fragment(state.params, p), ref)]
             if self.math.rebase is not None:
                 params = self.math.rebase(state.params, p, glob, ref)
             else:
                 mine = self.math.get_fragment(state.params, p)
                 params = self.math.set_fragment(state.params, p, [g + (x - r) for g, x, r in zip(glob, mine, ref)])
         else:  # α = 0 overwrites: the local fragment is not read (reading it waits for the device)
-            local = glob if fetch or self.config.alpha == 0 else self.math.mix(
+            local = glob if overwrite or self.config.alpha == 0 else self.math.mix(
                 self.math.get_fragment(state.params, p), glob, self.config.alpha)
             params = self.math.set_fragment(state.params, p, local)
         if self.config.keep_local:  # what goes out next is measured from this take
@@ -273,12 +279,12 @@ class LearnerCore(LearnerDP, LearnerClose):
         state = replace(state, params=params,
                         base=_put(state.base, p, glob), base_version=_put(state.base_version, p, version),
                         awaiting=state.awaiting - {p})
-        if (fetch and not kept) or not self.config.keep_local:  # kept progress still counts from the last send
+        if overwrite or not self.config.keep_local:  # kept progress still counts from the last send
             state = replace(state, anchor_step=_put(state.anchor_step, p, state.step))
         if fetch:
             state = replace(state, skipped=state.skipped - {p})
         logs = sent
-        reset = fetch and not kept and "count_discarded" not in self.config.bugs  # the bug: the next Δ claims them
+        reset = overwrite and "count_discarded" not in self.config.bugs  # the bug: the next Δ claims them
         if reset or (p in state.skipped and not self.config.keep_local):  # local progress overwritten: count afresh
             if state.c_tokens[p]:  # the token-fate ledger's "superseded" (harness/judging/ledger.py)
                 logs = logs + [Log("discard", {"fragment": p, "step": state.step, "steps": state.c_steps[p],
@@ -301,26 +307,16 @@ class LearnerCore(LearnerDP, LearnerClose):
     def _keeps_on_fetch(self, state: LearnerState, p: int, version: int) -> bool:
         """A fetch (a reconnect, a starved shard answering, a restart's first) keeps the local
         progress not yet contributed, moved onto the fetched Θ[p] as an answer's is, when
-        `keep_on_fetch` and the fetched version is at most `keep_gap` (the run's
-        max_staleness; 0: any) ahead of the one the progress was made on: a shard that
-        crashed and came back, a short cut. Further ahead (a long one-way cut) the progress
-        is too stale to merge and is thrown away (docs/PROTOCOL.md "Bounded staleness")."""
+        `keep_on_fetch` and the fetched version is at most `keep_gap` (trainer/wiring.py
+        KEEP_GAP, 1; 0: any) ahead of the one the progress was made on, or behind it: a
+        re-anchoring fetch, a shard that crashed and came back, a cut while no round
+        committed. Further ahead the progress is stale, and merged fresh it would bypass the
+        shard's staleness discount: it is thrown away (`discard`; docs/PROTOCOL.md
+        "keep_local")."""
         if not (self.config.keep_on_fetch and self.config.keep_local and state.c_steps[p] > 0):
             return False
         gap = version - state.base_version[p]
         return not self.config.keep_gap or gap <= self.config.keep_gap
-
-    def _kept_weight(self, state: LearnerState, p: int, version: int) -> float:
-        """What kept progress weighs when a fetch moves it onto a Θ[p] `gap` versions ahead.
-        One version ahead is where an answer would have put it (the round its Δ would have
-        joined): it counts whole, as an answer's does. Further ahead it is that much staler
-        than a Δ answered in turn, and the shard would weigh such a Δ (1 + staleness)^-0.5;
-        moved onto Θ[p] whole, its next Δ would go out fresh and bypass that discount, so it
-        is weighed here: gap^-0.5 (staleness gap − 1). A learner back from a cut of a few
-        rounds (gap 4–5) keeps ~45 % of its solo progress; routine re-anchoring (a starved
-        re-fetch, gap ≤ 1 on real processes) keeps all of it (docs/PROTOCOL.md "Rejoin rule")."""
-        gap = version - state.base_version[p]
-        return gap ** -0.5 if self.config.keep_discount and gap >= 2 else 1.0
 
     def _rephase(self, state: LearnerState):
         """Due next: the fragment with the lowest version, earliest in the cycle (in lockstep
@@ -385,6 +381,7 @@ class LearnerCore(LearnerDP, LearnerClose):
             state, more = self._starved(state, self.config.owners[p])
             return state, [Log("drop", {"what": "Contribution", "fragment": p, "reason": "unanswered",
                                         "seq": state.in_flight[p].seq})] + more
+        state = replace(state, cut=state.cut - {p})  # what goes out now was made on Θ[p] it holds
         seq = state.seq + 1
         mine = self.math.get_fragment(state.params, p)
         payload = self.math.pseudo_grad_payload(state.base[p], mine)

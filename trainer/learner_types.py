@@ -24,7 +24,6 @@ class LearnerConfig:
     keep_local: bool = False    # DiLoCo modes: an update keeps the local progress not yet contributed
     keep_on_fetch: bool = False  # keep_local: so does a fetch, when its version is ≤ keep_gap ahead
     keep_gap: int = 0           # versions (0: any)
-    keep_discount: bool = False  # a fetch gap versions ahead weighs kept progress gap^-0.5 (gap ≥ 2)
     align: bool = False         # decoupled: join a round a RoundOpen announces (docs/PROTOCOL.md "Aligned rounds")
     bugs: frozenset = frozenset()
 
@@ -102,6 +101,7 @@ class LearnerState:
     phased: bool = False                            # a restarted streaming unit's phase is set
     anchor_step: tuple = ()                         # per p: the step at which base[p] was taken
     skipped: frozenset = frozenset()                # decoupled: p's turn came while p was unanswered
+    cut: frozenset = frozenset()                    # decoupled: p's link broke; its fetch keeps nothing
     heard: dict = field(default_factory=dict)       # shard -> step of the last message from it
     sent_from: tuple = ()                           # keep_local, per p: θ[p] as last contributed (None: base[p])
     asked: dict = field(default_factory=dict)       # shard -> (step of the last Hello, Hellos unheard)

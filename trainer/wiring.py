@@ -17,6 +17,13 @@ from trainer.fragments import Fragmenter, due_fragment
 from trainer.protocol import LearnerConfig, LearnerMath, SyncerConfig, SyncerMath
 from trainer.protocol_base import DILOCO_MODES
 
+# A fetch keeps the local progress no Δ holds when it is at most this many versions ahead
+# of the progress's base (LearnerCore._keeps_on_fetch): one is where an answer would have
+# put it, the round its Δ would have joined (or behind: a shard restored from its
+# checkpoint). Further ahead it is stale, and moved onto Θ[p] its next Δ would go out
+# fresh, past the shard's staleness discount (docs/PROTOCOL.md "keep_local").
+KEEP_GAP = 1
+
 
 def fragmenter_for(cfg: RunConfig, params: dict) -> Fragmenter:
     return Fragmenter(params, cfg.n_fragments, cfg.diloco.fragmentation)
@@ -137,7 +144,7 @@ def learner_config(cfg: RunConfig, topology: dict, learner: str, incarnation: in
                          owners=[own[p] for p in range(cfg.n_fragments)],
                          mode=d.mode, tau=d.overlap, alpha=d.mixing, starve_cycles=d.starve_cycles,
                          keep_local=d.keep_local and d.mode in DILOCO_MODES, keep_on_fetch=d.keep_on_fetch,
-                         keep_gap=d.max_staleness, keep_discount=d.staleness_discount, align=d.align and d.mode == "decoupled", bugs=bugs)
+                         keep_gap=KEEP_GAP, align=d.align and d.mode == "decoupled", bugs=bugs)
 
 
 def syncer_config(cfg: RunConfig, topology: dict, shard: str, bugs: frozenset = frozenset()) -> SyncerConfig:

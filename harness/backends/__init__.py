@@ -1,5 +1,5 @@
-"""Real units under faults: the `Cluster` protocol and its local implementation with
-processes or docker containers as units (`cluster.py`, `docker_cluster.py`,
-`docker_engine.py`, `procs.py`), the real Toxiproxy server and its client, the injector
-(Jepsen's nemesis: it targets only the `Cluster` protocol), the run loop both tiers share
-(`run_loop.py`) and the process tier's runner (`runner.py`)."""
+"""Real units under faults: `LocalCluster`, the `Control` protocol's host (harness/run/control.py)
+with processes or docker containers as units (`cluster.py`, `docker_cluster.py`,
+`docker_engine.py`, `procs.py`), the real Toxiproxy server and its client, and the process
+tier's runner (`runner.py`), which drives the run loop and the injector of harness/run/.
+Never imports the simulator tier (sim/), nor it this one."""

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from faults.model import FAULT_KINDS
 from trainer.auth import SECRET_ENV, new_secret
 from harness.backends.toxiproxy_client import ToxiproxyClient
 from harness.links import LinkProfile
 from harness.backends.toxiproxy_server import ToxiproxyServer, free_port
+from harness.run.control import Spawned, apply_profile, link_name, make_topology, mechanism_words
 
 
 JAX_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "jax"
@@ -51,18 +51,6 @@ def unit_jax_env(env: dict, role: str, slices: int, cache_dir: str) -> dict:
     return env
 
 
-def link_name(learner: str, shard: str) -> str:
-    return f"{learner}~{shard}"
-
-
-def make_topology(learners: int, shards: int, fragments: int) -> dict:
-    """Names, and which shard owns which fragment (round robin)."""
-    return {
-        "learners": [f"learner-{i}" for i in range(learners)],
-        "shards": {f"syncer-{j}": [p for p in range(fragments) if p % shards == j] for j in range(shards)},
-    }
-
-
 @dataclass
 class Member:
     name: str
@@ -71,45 +59,6 @@ class Member:
     incarnation: int = -1
     paused: bool = False
     start: str = "cold"  # how its current process started: "cold", "spare" (warm), "spare_booting"
-
-
-# How each fault kind is done on this backend: written into every fault_start line
-# (`via`) and shown on the report's timeline.
-LOCAL_MECHANISMS = {
-    "kill_unit": "SIGKILL; a new process after down_for",
-    "kill_syncer": "SIGKILL; a new process restores the checkpoint",
-    "pause_unit": "SIGSTOP / SIGCONT",
-    "slow_unit": "SIGSTOP/SIGCONT duty cycle",
-    "kill_slice": "slice control message",
-    "corrupt": "control message: the learner corrupts its outgoing contributions",
-}
-
-
-def mechanism_words(table: dict, kind: str) -> str:
-    """How a fault of `kind` is done: the backend's table, else what the fault's class says
-    (link faults: the same Toxiproxy toxics on every backend), else its name."""
-    cls = FAULT_KINDS.get(kind)
-    return table.get(kind) or (cls.mechanism if cls is not None else "") or kind
-
-
-class Cluster(Protocol):
-    """What the injector (the nemesis) may do to a cluster, whatever runs it: LocalCluster
-    (processes), DockerCluster (containers) and the simulator's World implement it, and the
-    injector reaches a backend only through these (no probing for optional methods)."""
-
-    topology: dict
-    wan: LinkProfile | None
-    client: ToxiproxyClient | None  # the links' toxics (the sim world: its own stand-in)
-
-    def mechanism(self, kind: str) -> str: ...               # how a fault kind is done here, in words
-    def pid(self, name: str) -> int | None: ...              # None: not running
-    def kill(self, name: str) -> None: ...
-    def spawn(self, name: str) -> str: ...                   # how it started: "cold" | "spare" | "spare_booting"
-    def pause(self, name: str) -> str | None: ...            # None, or the words for another way
-    def resume(self, name: str) -> None: ...
-    def set_speed(self, name: str, speed: float, period_s: float = 0.1) -> None: ...  # 1.0: full speed
-    def set_live_slices(self, learner: str, live: int) -> None: ...
-    def set_corrupt(self, learner: str, spec: dict | None) -> None: ...
 
 
 class Units(Protocol):
@@ -200,7 +149,7 @@ class LocalCluster:
                 name = link_name(learner, shard)
                 links[learner][shard] = self.client.create_proxy(name, upstream=addr, listen=f"{self.listen}:0")
                 if self.wan is not None:
-                    self.client.apply_profile(name, self.wan)
+                    apply_profile(self.client, name, self.wan)
         self.topology.update(shard_addrs=shard_addrs, links=links, run_id=uuid.uuid4().hex[:12])
         self.topology["backend"] = self.units.backend_info(self)  # (docker: reads the run_id)
         run = {"seed": self.seed, "config": self.config, "topology": self.topology, "slices": self.slices,
@@ -258,9 +207,9 @@ class LocalCluster:
         self.close()
 
     # unit control (what faults use): the cluster's members, run by `units` --------
-    def spawn(self, name: str) -> str:
-        """A new process for `name`; returns how it started: "cold", or "spare" (a warm
-        spare took the identity; "spare_booting" if it was not ready yet)."""
+    def spawn(self, name: str) -> Spawned:
+        """A new process for `name`, and how it started: "cold", or "spare" (a warm spare
+        took the identity; "spare_booting" if it was not ready yet)."""
         m = self.members[name]
         if m.proc is not None and m.proc.poll() is None:
             raise RuntimeError(f"{name} is already running (pid {m.proc.pid})")
@@ -269,10 +218,14 @@ class LocalCluster:
         m.paused = False
         if (state := self.controls.get(name)) is not None:  # what was set while it was down
             self.units.control(self, m, state)
-        return m.start
+        return Spawned(m.start, self.pid(name))
 
     def pid(self, name: str) -> int | None:
+        """The unit's process id on this host (None: not running); not part of `Control`."""
         return self.units.pid(self.members[name])
+
+    def running(self, name: str) -> bool:
+        return self.pid(name) is not None
 
     def kill(self, name: str) -> None:
         self.units.kill(self, self.members[name])
@@ -305,9 +258,6 @@ class LocalCluster:
 
     def links_of(self, learner: str) -> list[str]:
         return [link_name(learner, s) for s in self.topology["shards"]]
-
-    def running(self) -> dict[str, bool]:
-        return {n: self.pid(n) is not None for n in self.members}
 
     def wait_exit(self, names: list[str], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -41,9 +41,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.backends.cluster import JAX_CACHE, LOCAL_MECHANISMS, LocalCluster, unit_jax_env
+from harness.backends.cluster import JAX_CACHE, LocalCluster, unit_jax_env
 from harness.backends.container_proc import ContainerProc, wait_job_state
-from harness.backends.processes import GRACE_S, SPARE_DELAY_S, Spare, take_spare
+from harness.backends.processes import Spare, take_spare
+from harness.run.control import GRACE_S, LOCAL_MECHANISMS, SPARE_DELAY_S
 from harness.backends.docker_engine import LABEL, REPO, engine, host_image, host_mounts, remove_all
 from harness.backends.docker_remote import Shipped, host_of, is_remote, send_line
 from trainer.shell import CONTROL_ENV

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from harness.backends import procs
-from harness.backends.cluster import JAX_CACHE, LOCAL_MECHANISMS, Member, unit_jax_env
-from trainer.learner_loop import STOP_CLOSE_S
+from harness.backends.cluster import JAX_CACHE, Member, unit_jax_env
+from harness.run.control import GRACE_S, LOCAL_MECHANISMS, SPARE_DELAY_S
 from trainer.shell import CONTROL_ENV
 
 if TYPE_CHECKING:
@@ -45,10 +45,6 @@ class SlowCycle:
             pass
 
 
-SPARE_DELAY_S = 3.0  # a replacement spare waits this long before its boot (see trainer/spare.py)
-# SIGTERM to SIGKILL: a learner first closes (its last progress into Θ, at most STOP_CLOSE_S),
-# then writes its last lines and saves; a shard makes its state durable
-GRACE_S = {"learner": STOP_CLOSE_S + 5.0, "syncer": 5.0}
 
 
 @dataclass
@@ -129,7 +125,7 @@ class Processes:
             handed = self._hand_over(cluster, spare, m)
             # its replacement after the hand-over: its start (a fork of the harness, 10-90 ms on
             # two busy cores) is off the restart's path (the restart line is stamped before
-            # the hand-over: harness/backends/injector.py `_up`)
+            # the hand-over: harness/run/injector.py `_up`)
             self.start_spares(cluster, SPARE_DELAY_S)
             if handed:
                 return spare.proc

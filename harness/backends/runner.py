@@ -9,49 +9,22 @@ run started is stopped on every way out (the `with` blocks), Ctrl-C included.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import shlex
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from harness import eventlog, listeners
+from harness import eventlog
 from harness.backends.cluster import LocalCluster
-from harness.backends.injector import Injector, wait_until
 from harness.judging.losses import final_eval_event
 from harness.progress import Progress
-from harness.backends.run_loop import (MAX_STEPS_FACTOR, Budget, log_header, run_end_s, token_budget,
-                                       training_start, walk)
+from harness.run.injector import Injector
+from harness.run.loop import MAX_STEPS_FACTOR, Budget, log_header, run_end_s, token_budget, training_start, walk
+from harness.run.result import RunResult, summarize, unique_dir
 from harness.scenarios.scenario import Scenario
 from harness.scenarios.scenario_toml import scenario_to_toml
 from trainer.config import RunConfig
 
-
-
-@dataclass(frozen=True)
-class RunResult:
-    run_dir: Path
-    summary: dict
-
-
-def unique_dir(parent: Path, name: str) -> Path:
-    """parent/name, or parent/name-2, -3, ... : two runs never share a folder."""
-    parent.mkdir(parents=True, exist_ok=True)
-    for i in range(1, 10_000):
-        d = parent / (name if i == 1 else f"{name}-{i}")
-        try:
-            d.mkdir()
-            return d
-        except FileExistsError:
-            continue
-    raise RuntimeError(f"no free run directory for {name} under {parent}")
-
-
-def with_mode(s: Scenario, mode: str) -> Scenario:
-    """The same scenario (and fault draw) under another training mode, e.g. dp."""
-    return dataclasses.replace(s, train=dataclasses.replace(s.train, mode=mode))
 
 
 def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: str | None = None,
@@ -121,7 +94,7 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
 
 
 class _WallClock:
-    """harness/backends/run_loop.py's clock on wall time: waiting is polling the cluster."""
+    """The run loop's clock (harness/run/loop.py) on wall time: waiting is polling the cluster."""
 
     def __init__(self, poll):
         self.poll = poll
@@ -154,8 +127,8 @@ class _Watch:
 def _global_evals(run_dir: Path, cfg: RunConfig, topology: dict, header: dict, events: list) -> None:
     """The global model's held-out loss along the run (from the syncer shards' kept
     checkpoints, at the times they were taken) and at the end: harness `eval` lines with
-    `global: true`; the last one is the run's final loss (harness/judging/global_eval.py)."""
-    from harness.judging import global_eval
+    `global: true`; the last one is the run's final loss (harness/run/global_eval.py)."""
+    from harness.run import global_eval
     along, why = global_eval.over_time(run_dir, cfg, topology, header.get("t_start", 0.0), header["t_end"])
     events += [{"t": round(p["t"], 6), "src": "harness", "kind": "eval", "loss": p["loss"], "step": None,
                 "global": True, "snapshot": True} for p in along]
@@ -168,15 +141,8 @@ def _global_evals(run_dir: Path, cfg: RunConfig, topology: dict, header: dict, e
         (run_dir / "global_eval_error.txt").write_text("\n".join(errors) + "\n")
 
 
-def summarize(run_dir: Path, s: Scenario, reference: Path | None = None, expect: bool = True) -> dict:
-    """Judges the run (harness/judging/judge.py) and writes summary.json."""
-    from harness.judging.judge import judge
-
-    log = eventlog.read(run_dir)
-    ref = eventlog.read(reference) if reference else None
-    summary = {**judge(log, ref, dataclasses.asdict(s.expect) if expect else None),
-               "run_dir": str(run_dir), "reference_dir": str(reference) if reference else None}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    listeners.run_written(run_dir)  # e.g. the pytest plugin: the test running now gets its page
-    return summary
-
+def wait_until(t_wall: float, poll, interval_s: float = 0.1, until=lambda: False) -> None:
+    """Sleeps until wall time `t_wall` (or `until()`), calling `poll()` every interval."""
+    while (left := t_wall - time.time()) > 0 and not until():
+        poll()
+        time.sleep(min(interval_s, left))

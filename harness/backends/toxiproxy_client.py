@@ -19,7 +19,6 @@ import requests
 from toxiproxy.api import APIConsumer
 from toxiproxy.server import Toxiproxy
 
-from harness.links import LinkProfile
 
 _GLOBALS_LOCK = threading.RLock()
 
@@ -99,15 +98,6 @@ class ToxiproxyClient:
 
     def toxics(self, proxy: str) -> list[dict]:
         return self._request("get", f"/proxies/{proxy}/toxics").json()
-
-    def apply_profile(self, proxy: str, profile: LinkProfile, *, prefix: str = "wan") -> list[str]:
-        """Adds the toxics of `profile` to `proxy`, named `{prefix}_{type}_{stream}`; returns their names."""
-        names = []
-        for spec in profile.toxics():
-            spec = {**spec, "name": f"{prefix}_{spec['name']}"}
-            self.add_toxic(proxy, spec)
-            names.append(spec["name"])
-        return names
 
     def _request(self, method: str, path: str, **kw) -> requests.Response:
         r = requests.request(method, self.url + path, timeout=5, **kw)

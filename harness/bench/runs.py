@@ -197,7 +197,7 @@ def _global_loss(run_dir: Path, cfg: RunConfig, names: list[str]) -> float | Non
     """The held-out loss of the model the run produced, on `task.final_eval_batches` batches
     (64; the learners' own evals use the first 4): Θ from the shard's last checkpoint, or in
     dp modes learner-0's (every learner holds the global model). None if it could not be read."""
-    from harness.judging.global_eval import final
+    from harness.run.global_eval import final
 
     losses, _ = final(run_dir, cfg, {"shards": {"syncer-0": list(range(cfg.n_fragments))}, "learners": names})
     return None if not losses else sum(losses) / len(losses)  # (final gives each held-out batch's loss)

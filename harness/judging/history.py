@@ -124,7 +124,16 @@ def window(log: EventLog) -> tuple[float, float]:
 
 
 def histories(log: EventLog, t_end: float) -> dict[str, UnitHistory]:
-    """Every unit's history (learners and shards; lines from src "harness" are skipped)."""
+    """Every unit's history (learners and shards; lines from src "harness" are skipped),
+    built once per log and end time and shared by every reader (the metrics, the checks,
+    the ledger, the model checks, the report): read-only."""
+    key = ("histories", t_end, len(log.events))
+    if key not in log.views:
+        log.views[key] = _build(log, t_end)
+    return log.views[key]
+
+
+def _build(log: EventLog, t_end: float) -> dict[str, UnitHistory]:
     out: dict[str, UnitHistory] = {}
     for e in log.events:
         if e["src"] != "harness":

@@ -125,7 +125,7 @@ class LearnerProc(LearnerHost):
 
     def crash(self, exc: Exception) -> None:
         """Died of its own exception: what the harness's watch records of a process that exits
-        non-zero (harness/backends/runner.py), with the traceback's tail."""
+        non-zero (the process runner's watch), with the traceback's tail."""
         if not self.alive:
             return
         self.kill()

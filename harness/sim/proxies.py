@@ -1,8 +1,8 @@
 """The sim tier's Toxiproxy client: the proxies of the run's links and their toxics, in memory.
 
-The simulator's injector is the cluster tier's own `Injector`; it shapes links by
-adding and removing toxics through a client. `SimProxies` is that client, with the
-toxics kept in memory, and `Net` turns the toxics present on a link into what its
+The injector (harness/run/injector.py) shapes links by adding and removing toxics
+through a `LinkControl` (harness/run/control.py). `SimProxies` is the simulator's, with
+the toxics kept in memory, and `Net` turns the toxics present on a link into what its
 traffic sees, the way Toxiproxy would:
 
   bandwidth (rate KB/s)      frames are serialised on the stream at rate × 1000 B/s;
@@ -19,17 +19,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from harness.backends.toxiproxy_client import ToxiproxyClient
-
 if TYPE_CHECKING:
     from harness.sim.net import Link, Net
 
 
-class SimProxies(ToxiproxyClient):
-    """The Toxiproxy client the injector talks to, with proxies and toxics in memory."""
+class SimProxies:
+    """The links' toxics the injector shapes (a `LinkControl`), with proxies and toxics in memory."""
 
     def __init__(self, net: "Net"):
-        super().__init__("sim", 0)
         self.net = net
         self.toxic: dict[str, dict[str, dict]] = {name: {} for name in net.links}
 

@@ -5,8 +5,8 @@
     run.log()                                                         # an EventLog for metrics/checks
 
 The same LearnerCore / SyncerCore, the same JAX inner steps (trainer/inner.py) and
-outer steps (trainer/wiring.py), the same fault dataclasses walked by the cluster
-tier's own Injector, on a virtual clock (harness/sim/world.py), over simulated
+outer steps (trainer/wiring.py), the same fault dataclasses walked by the same
+Injector and run loop (harness/run/), on a virtual clock (harness/sim/world.py), over simulated
 Toxiproxy links (harness/sim/net.py). It writes the cluster tier's event-log format
 (`tier: "sim"`, times in virtual seconds from t_launch = 0) and the same seed gives
 the same log, byte for byte. What is modelled and what is not: docs/SIMULATOR.md.
@@ -24,13 +24,14 @@ from pathlib import Path
 import jax
 
 from harness import eventlog, listeners
-from harness.backends.cluster import make_topology
 from harness.judging.losses import final_eval_event
-from harness.backends.run_loop import MAX_STEPS_FACTOR, Budget, log_header, training_start, walk
-from harness.backends.runner import RunResult, summarize, unique_dir
+from harness.run.control import make_topology
+from harness.run.injector import Injector
+from harness.run.loop import MAX_STEPS_FACTOR, Budget, log_header, training_start, walk
+from harness.run.result import RunResult, summarize, unique_dir
 from harness.scenarios.scenario import Scenario, scenario_from_dict
 from harness.scenarios.scenario_toml import scenario_to_toml
-from harness.sim.world import SimInjector, SimParams, World
+from harness.sim.world import SimParams, World
 from trainer.config import RunConfig
 from trainer.events import _plain
 from trainer.inner import make_inner
@@ -133,7 +134,7 @@ def _topology(s: Scenario, cfg: RunConfig) -> dict:
 
 
 def launch(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), replay: str | None = None,
-           probe=None) -> tuple[World, SimInjector, dict]:
+           probe=None) -> tuple[World, Injector, dict]:
     """The simulated cluster up at t = 0 with its injector set up, and the log's header:
     what `simulate` walks, and what a test can drive by hand (`injector.start(fault)`,
     `injector.end(fault)`, `world.clock.run_until(t)`). `probe(learner_proc, event, args)`
@@ -148,7 +149,7 @@ def launch(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), re
     header = {**log_header(s, cfg, "sim", replay),
               "sim": {**dataclasses.asdict(params), "bugs": sorted(bugs)},
               "task": world.model.task.describe(), "topology": topology, "t_launch": 0.0}
-    injector = SimInjector(world, s.shape(), world.emit, dp_rollback=cfg.diloco.mode == "dp")
+    injector = Injector(world, s.shape(), world.emit, dp_rollback=cfg.diloco.mode == "dp", clock=lambda: world.now)
     world.start()
     injector.setup()
     return world, injector, header
@@ -156,7 +157,7 @@ def launch(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), re
 
 def simulate(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), replay: str | None = None,
              probe=None) -> SimRun:
-    """Runs `s` in virtual time through the cluster tier's run loop (harness/backends/run_loop.py:
+    """Runs `s` in virtual time through the run loop both tiers share (harness/run/loop.py:
     time zero, the fault timeline, the token budget), then teardown, SIGTERM, the global eval."""
     world, injector, header = launch(s, params=params, bugs=bugs, replay=replay, probe=probe)
     n = len(world.topology["learners"])
@@ -171,7 +172,7 @@ def simulate(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), 
 def _snapshot_evals(world: World, t0: float, duration_s: float) -> dict:
     """The global model along the run, as the process tier gets it (the shards keep a
     checkpoint every KEEP_EVERY_S of clock time and the harness evaluates at most
-    MAX_POINTS of them: harness/judging/global_eval.py). Here the shards' durable
+    MAX_POINTS of them: harness/run/global_eval.py). Here the shards' durable
     snapshots are evaluated every `duration / (MAX_POINTS - 1)` virtual seconds (at least
     0.5 s: a short run ends long before its duration cap, and still gets its points): a
     harness `eval` line with `global` and `snapshot`, which global_loss_regression reads.
@@ -179,7 +180,7 @@ def _snapshot_evals(world: World, t0: float, duration_s: float) -> dict:
     each holds the global model; the process tier keeps no such history yet, so there it
     stays UNKNOWN). Returns the switch that ends them (the run's end: not during the
     teardown)."""
-    from harness.judging.global_eval import MAX_POINTS
+    from harness.run.global_eval import MAX_POINTS
 
     state = {"on": True}
     every = max(0.5, duration_s / (MAX_POINTS - 1))
@@ -207,7 +208,7 @@ def _snapshot_evals(world: World, t0: float, duration_s: float) -> dict:
 
 
 class _VirtualClock:
-    """harness/backends/run_loop.py's clock on the world's virtual seconds: waiting runs the events."""
+    """The run loop's clock (harness/run/loop.py) on the world's virtual seconds: waiting runs the events."""
 
     def __init__(self, clock):
         self.clock = clock
@@ -219,7 +220,7 @@ class _VirtualClock:
         return self.clock.run_until(t, until=until)
 
 
-def finish(s: Scenario, world: World, injector: SimInjector, header: dict) -> SimRun:
+def finish(s: Scenario, world: World, injector: Injector, header: dict) -> SimRun:
     """The end of a run: teardown, SIGTERM to every process, the global eval."""
     header["t_end"] = world.now
     injector.teardown()
@@ -236,7 +237,7 @@ def finish(s: Scenario, world: World, injector: SimInjector, header: dict) -> Si
 
 def _global_eval(world: World) -> list[float] | None:
     """Each final held-out batch's loss under the global model: Θ as the shards leave it
-    (dp: learner-0's last checkpoint), as harness/backends/runner.py assembles it from the checkpoints."""
+    (dp: learner-0's last checkpoint), as the process runner assembles it from the checkpoints."""
     m = world.model
     if world.dp:
         ckpt = world.learners[world.topology["learners"][0]].ckpt

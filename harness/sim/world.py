@@ -1,10 +1,10 @@
 """The simulated cluster: a virtual clock, the units, the links, the event log.
 
-`World` offers what the cluster tier's `LocalCluster` offers the injector (kill,
-spawn, pid, pause, resume, set_live_slices, `client` for toxics, `wan`), so the
-simulator drives it with the cluster tier's own `Injector` (harness/backends/injector.py);
-slow_unit takes the injector's `set_speed` path (as on the docker backend), and
-`SimInjector` only leaves out the pid of a respawned process.
+`World` is the simulator's host: it implements `Control` (harness/run/control.py: kill,
+spawn, running, pause, resume, set_speed, set_live_slices, set_corrupt, `client` for the
+links' toxics, `wan`) beside the real hosts, so the simulator is driven by the same
+`Injector` and run loop (harness/run/); slow_unit takes the injector's `set_speed` path
+(as on the docker backend).
 
 Everything is ordered by (virtual time, insertion order): same inputs, same
 order, same event log, byte for byte.
@@ -16,9 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.backends.cluster import LOCAL_MECHANISMS, mechanism_words
-from harness.backends.injector import Injector
-from harness.backends.processes import GRACE_S, SPARE_DELAY_S
+from harness.run.control import GRACE_S, LOCAL_MECHANISMS, SPARE_DELAY_S, Spawned, apply_profile, mechanism_words
 from harness.sim.learner import SimLearner
 from harness.sim.net import Net
 from harness.sim.syncer import SimSyncer
@@ -127,7 +125,7 @@ class World:
             self.step_base = [float(x) for x in params.step_s_by_unit]
         # warm spares (`[cluster] spares`, the roles the schedule restarts): when each of a
         # role's `spare_pool` spares is ready; they boot with the units at t = 0, the k-th
-        # after k × SPARE_DELAY_S (harness/backends/processes.py)
+        # after k × SPARE_DELAY_S (as the process host starts them)
         self.spare_ready = {r: [(params.learner_startup_s if r == "learner" else params.syncer_startup_s)
                                 + k * SPARE_DELAY_S for k in range(spare_pool)] for r in spares}
         self.learners = {n: SimLearner(self, n, i) for i, n in enumerate(names)}
@@ -136,7 +134,7 @@ class World:
         self.client = self.net.proxies
         if wan is not None:
             for link in self.net.links:
-                self.client.apply_profile(link, wan)
+                apply_profile(self.client, link, wan)
 
     @property
     def now(self) -> float:
@@ -158,18 +156,17 @@ class World:
         for u in self.learners.values():
             u.spawn()
 
-    # --- what LocalCluster offers the injector ----------------------------------------------
+    # --- Control (harness/run/control.py) ----------------------------------------------------
     def _unit(self, name: str):
         return self.learners.get(name) or self.syncers[name]
 
-    def pid(self, name: str) -> int | None:
-        unit = self._unit(name)
-        return None if unit.proc is None else 1 + unit.incarnation  # a stand-in: the sim has no pids
+    def running(self, name: str) -> bool:
+        return self._unit(name).proc is not None
 
     def kill(self, name: str) -> None:
         self._unit(name).kill()
 
-    def spawn(self, name: str) -> str:
+    def spawn(self, name: str) -> Spawned:
         """A restart: cold (learner_startup_s / syncer_startup_s), or a warm spare's
         spare_startup_s (plus what is left of its boot if it is not ready yet: a spare still
         in its delay boots at once, so at most a cold start); the spare's replacement is
@@ -187,7 +184,7 @@ class World:
             startup = max(ready - self.now, 0.0) + self.params.spare_startup_s
             self.spare_ready[role] = pool + [self.now + SPARE_DELAY_S + cold]
         unit.spawn(startup)
-        return start
+        return Spawned(start)  # no pid: the simulator has no processes
 
     def pause(self, name: str) -> None:
         if (proc := self.learners[name].proc) is not None:
@@ -252,13 +249,3 @@ class World:
                 s.proc.stop()
                 s.proc = None
 
-
-class SimInjector(Injector):
-    """The cluster tier's injector over a World; a restart's unit_up has no pid. (slow_unit
-    goes through World.set_speed, as on the docker backend: the fluid limit of the duty
-    cycle, for the current process only.)"""
-
-    def _up(self, unit: str) -> None:
-        self.down.discard(unit)
-        start = self.cluster.spawn(unit)
-        self.emit("unit_up", unit, reason="restarted", pid=None, start=start)

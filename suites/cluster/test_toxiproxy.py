@@ -13,6 +13,7 @@ import pytest
 from harness.backends.procs import pid_alive
 from harness.links import LinkProfile, toxic_spec
 from harness.backends.toxiproxy_server import ToxiproxyServer
+from harness.run.control import apply_profile
 
 pytestmark = pytest.mark.cluster
 
@@ -140,7 +141,7 @@ def test_latency_toxic_delays_round_trip(toxiproxy, echo):
 
 def test_link_profile_applies_both_directions(toxiproxy, echo):
     listen = toxiproxy.create_proxy("wan", echo.addr)
-    names = toxiproxy.apply_profile("wan", LinkProfile(bandwidth_kbps=1600, latency_ms=30))
+    names = apply_profile(toxiproxy, "wan", LinkProfile(bandwidth_kbps=1600, latency_ms=30))
     assert sorted(names) == sorted(["wan_bandwidth_upstream", "wan_bandwidth_downstream",
                                     "wan_latency_upstream", "wan_latency_downstream"])
     got = {t["name"]: t["attributes"] for t in toxiproxy.toxics("wan")}

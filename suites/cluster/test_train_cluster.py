@@ -14,7 +14,7 @@ import pytest
 from harness import eventlog
 from suites.cluster.unit_logs import events, last_step, wait_for
 
-from harness.judging import global_eval
+from harness.run import global_eval
 from harness.backends.cluster import LocalCluster
 from harness.backends.procs import pid_alive
 from trainer.config import DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig

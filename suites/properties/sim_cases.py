@@ -26,7 +26,7 @@ from hypothesis import settings
 
 from faults.schedule import Schedule
 from harness.judging import checks, metrics
-from harness.backends.runner import with_mode
+from harness.run.result import with_mode
 from harness.scenarios.scenario import Scenario, scenario_from_dict
 from harness.scenarios.scenario_toml import scenario_to_toml
 from harness.sim.run import SimParams, SimRun, simulate
@@ -59,10 +59,9 @@ class RejoinProbe:
     learner (re)connects to p's shard is the fetch. It must leave θ[p] equal to the Θ[p] it
     carries, bit for bit, whatever the mixing α (docs/PROTOCOL.md, "Rejoin rule"); or, where
     the fetch keeps the local progress (keep_on_fetch: progress not yet contributed, made at
-    most keep_gap versions behind), to Θ[p] + k·(θ[p] − r) with θ[p] and r (θ[p] as last sent,
-    else the base) taken from the state before the fetch, and k = gap^-0.5 for a fetch gap ≥ 2
-    versions ahead (1 otherwise): a reference of the rule, not the core's code (equal to float
-    rounding)."""
+    most keep_gap versions behind), to Θ[p] + (θ[p] − r) with θ[p] and r (θ[p] as last sent,
+    else the base) taken from the state before the fetch: a reference of the rule, not the
+    core's code (equal to float rounding)."""
 
     def __init__(self):
         self.fresh: set = set()
@@ -85,13 +84,11 @@ class RejoinProbe:
             want = [np.asarray(b, np.float32) for b in msg.params]
             cfg, kept = proc.core.config, False
             if (pre is not None and msg.params and cfg.keep_on_fetch and cfg.keep_local and pre.c_steps[p] > 0
+                    and not (p in pre.cut and msg.version > pre.base_version[p])  # made while cut off, moved on
                     and (not cfg.keep_gap or msg.version - pre.base_version[p] <= cfg.keep_gap)):
                 ref = pre.base[p] if pre.sent_from[p] is None else pre.sent_from[p]
                 had = frag.get(proc.core.params(pre), p)
-                gap = msg.version - pre.base_version[p]
-                k = gap ** -0.5 if cfg.keep_discount and gap >= 2 else 1.0  # staler than an answer
-                want = [w + k * (np.asarray(x, np.float32) - np.asarray(r, np.float32))
-                        for w, x, r in zip(want, had, ref)]
+                want = [w + (np.asarray(x, np.float32) - np.asarray(r, np.float32)) for w, x, r in zip(want, had, ref)]
                 self.kept, kept = self.kept + 1, True
             mine = frag.get(proc.core.params(proc.state), p)
             same = all(np.allclose(a, b, rtol=1e-5, atol=1e-6) if kept else np.array_equal(a, b)

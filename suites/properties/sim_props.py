@@ -27,10 +27,15 @@ PARITY_EPS = 0.08         # how far *below* the fault-free final loss a run may 
 PARITY_LOAD = 0.25        # the schedules loss parity is judged on: fault_load ≤ this
 # What a fault costs the model's progress beyond its own span, by kind (see
 # progress_budget): a restarted learner the goodput's RECOVERY_S (start-up, reconnect, its
-# first cycle); a link fault the reconnect backoff (≤ 1 s) and one fragment cycle of Δs in
-# flight it loses (0.64 s); anything else 1 s. Measured over 750 draws near the floor
-# (3 seeds): at most 0.019 of the run lost beyond that budget.
-LINK_RECOVERY_S = 1.6
+# first cycle); a link fault the reconnect backoff (≤ 1 s), the Δ in flight it loses and
+# the progress since the last send, which the reconnect's fetch discards once the shard
+# has moved on (two fragment cycles, 1.3 s); a shard crash its restart and restore
+# (~1 s here), the learners' reconnect backoff (≤ 1 s) and the rounds since its last
+# checkpoint (0.5 s), rolled back; anything else 1 s. Measured over 750 draws near the
+# floor (3 seeds): at most 0.023 of the run lost beyond that budget; by hand, a 0.5 s
+# crash of syncer-0 (two of the three fragments) at 2.5 s: 0.453 lost, budget 0.46.
+LINK_RECOVERY_S = 2.3
+SYNCER_RECOVERY_S = 2.5
 OTHER_RECOVERY_S = 1.0
 PARITY_SLACK = 0.05
 
@@ -122,14 +127,15 @@ def progress_lost(case: Case) -> float:
 def progress_budget(faults) -> float:
     """The share of the run's progress a schedule may cost the model: fault_load's
     learner-seconds, each fault with its kind's recovery (RECOVERY_S for a killed learner,
-    LINK_RECOVERY_S for a link fault, OTHER_RECOVERY_S else), and a slowed link (wan,
+    LINK_RECOVERY_S for a link fault, SYNCER_RECOVERY_S for a shard, OTHER_RECOVERY_S
+    else), and a slowed link (wan,
     latency_spike) priced as a cut of the same span: fault_load counts it 0, as it takes
     no learner time, but at worst it holds every Δ past its round (a storm on every link
     for 2.3 s cost 13 % of the run's progress)."""
     total = 0.0
     for f in faults:
         slowed = f.kind in ("wan", "latency_spike")
-        recovery = (RECOVERY_S if f.kind == "kill_unit" else
+        recovery = (RECOVERY_S if f.kind == "kill_unit" else SYNCER_RECOVERY_S if f.kind == "kill_syncer" else
                     LINK_RECOVERY_S if slowed or getattr(f, "cuts_link", False) else OTHER_RECOVERY_S)
         priced = Reset(f.target, f.at_s, duration_s=f.duration_s) if slowed else f
         total += unit_seconds(priced, WINDOW, recovery_s=recovery)

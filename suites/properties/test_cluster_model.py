@@ -157,7 +157,7 @@ class SimulatedCluster(RuleBasedStateMachine):
     @invariant()
     def processes_match_the_model(self):
         for u in LEARNERS:
-            assert (self.world.pid(u) is None) == (("kill_unit", u) in self.open), f"{u}: process vs model"
+            assert (not self.world.running(u)) == (("kill_unit", u) in self.open), f"{u}: process vs model"
 
     @invariant()
     def safety_holds_so_far(self):

@@ -10,7 +10,7 @@ its share. The bound is therefore in progress, read off the fault-free learning 
 the faulted run must end where the fault-free one was at most the faults' share of the
 run earlier (sim_props.progress_budget: their learner-seconds, each with its kind's
 recovery; a slowed link priced as a cut) + 0.05. Measured over 750 draws (3 seeds): at
-most 0.019 beyond the budget. The ratio bound it replaces (±8 %) failed on a job-wide
+most 0.023 beyond the budget. The ratio bound it replaces (±8 %) failed on a job-wide
 0.8 s link reset near the end (+8.9 %); a budget of fault_load with 1 s a fault failed
 on learner-0's links reset 2.3–4.9 s (0.246 lost against 0.185 + 0.05: a cut costs its
 reconnect backoff and a fragment cycle in flight) and a storm on every link (0.134 lost,

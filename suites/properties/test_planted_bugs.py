@@ -148,11 +148,11 @@ def test_a_shard_restored_from_its_oldest_checkpoint_is_seen_by_the_model_checks
 
 def test_a_shard_restored_from_its_oldest_checkpoint_fails_the_loss_parity_property():
     """The loss parity property (test_loss_parity.py, judged in progress near the floor)
-    can fail: restore_oldest, syncer-1 down 0.5 s at 3.7 s (a schedule its strategy draws,
-    fault_load 0.13): measured, the final loss +125 % (0.170), where the fault-free run was
-    44 % of the run earlier, against the faults' share of 23 % + 5 %. Without the bug the
-    same crash costs +15 % (0.087), 16 % of the run: it passes."""
-    crash = scenario((KillSyncer(target="syncer-1", at_s=3.7, down_for_s=0.5),))
+    can fail: restore_oldest, syncer-0 down 0.5 s at 3.7 s (a schedule its strategy draws,
+    fault_load 0.08): measured, the run lost 69 % of its progress (the fault-free run was
+    that much earlier at its final loss) against the faults' share of 46 % + 5 %. Without
+    the bug the same crash costs 19 %: it passes."""
+    crash = scenario((KillSyncer(target="syncer-0", at_s=3.7, down_for_s=0.5),))
     assert fault_load(crash.faults, WINDOW) <= PARITY_LOAD
     message = failure(loss_parity, simulate_case(crash, bugs={"restore_oldest"}))
     assert message is not None and "of the run earlier" in message, message

@@ -271,7 +271,7 @@ def test_fault_end_is_logged_before_the_undo_acts():
     """A resumed unit steps at once: its first line must not precede the fault's end (a real
     run logged a step 2 ms before a `fault_end` written after SIGCONT returned)."""
     from faults.model import PauseUnit
-    from harness.backends.injector import Injector
+    from harness.run.injector import Injector
 
     log: list[str] = []
 

@@ -1,8 +1,8 @@
-"""harness/judging/global_eval.py's choice of evaluation times (the evaluations themselves run
+"""harness/run/global_eval.py's choice of evaluation times (the evaluations themselves run
 on real checkpoints in suites/cluster/test_cluster_faults.py)."""
 from __future__ import annotations
 
-from harness.judging.global_eval import thin
+from harness.run.global_eval import thin
 
 
 def test_thin_keeps_first_and_last_and_spreads_the_rest():
@@ -20,7 +20,7 @@ def test_an_unreadable_checkpoint_costs_only_its_own_point(tmp_path):
     import shutil
     import time
 
-    from harness.judging.global_eval import _setup, over_time
+    from harness.run.global_eval import _setup, over_time
     from trainer.checkpoint import Checkpointer
     from trainer.config import RunConfig
     from trainer.shell import to_ckpt

@@ -46,13 +46,14 @@ def test_the_import_direction_holds(package):
 
 # The rooms of harness/ (docs/ARCHITECTURE.md): what each may not import. harness/'s
 # basics (its top-level modules: errors, units, links, eventlog, progress) import none.
-ROOMS = ("scenarios", "judging", "backends", "sim", "bench", "fleet")
+ROOMS = ("scenarios", "judging", "run", "backends", "sim", "bench", "fleet")
 ROOM_MAY_NOT = {"basics": set(ROOMS),
                 "scenarios": set(ROOMS) - {"scenarios"},
                 "judging": set(ROOMS) - {"judging"},  # judging imports nothing of the runners
                 "fleet": set(ROOMS) - {"fleet"},      # the fleet model stands apart
+                "run": {"backends", "sim", "bench", "fleet"},  # what both tiers share knows neither
                 "backends": {"sim", "bench", "fleet"},
-                "sim": {"bench", "fleet"},
+                "sim": {"backends", "bench", "fleet"},  # the tiers are siblings: each imports run/
                 "bench": set()}  # bench prices scenarios with the fleet model (fidelity's third tier)
 
 
@@ -78,8 +79,9 @@ def room_of(path: Path) -> str:
 def test_the_room_reader_sees_each_form_of_import():
     src = "import harness.sim.run\nfrom harness import bench\ndef f():\n    from harness.judging.checks import x\n"
     assert imported_rooms(src) == {"sim", "bench", "judging"}
-    # a planted arrow against the direction: judging importing the backends
-    assert imported_rooms("from harness.backends.runner import summarize") & ROOM_MAY_NOT["judging"]
+    # planted arrows against the direction: judging importing the run, the sim the backends
+    assert imported_rooms("from harness.run.result import summarize") & ROOM_MAY_NOT["judging"]
+    assert imported_rooms("from harness.backends.cluster import LocalCluster") & ROOM_MAY_NOT["sim"]
 
 
 def test_every_module_of_harness_lives_in_a_known_room():
@@ -94,3 +96,17 @@ def test_the_rooms_of_harness_import_one_way():
         if bad:
             wrong[str(path.relative_to(ROOT))] = sorted(bad)
     assert not wrong, f"imports between harness/'s rooms against docs/ARCHITECTURE.md: {wrong}"
+
+
+def test_judging_reads_logs_and_runs_no_model():
+    """judging/ judges from the event log alone: it imports neither JAX nor the checkpoints
+    (the global model's evaluation is the runner's: harness/run/global_eval.py)."""
+    wrong = {}
+    for path in sorted((ROOT / "harness" / "judging").glob("**/*.py")):
+        source = path.read_text()
+        mods = {a.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import) for a in n.names}
+        mods |= {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom) and n.module}
+        bad = {m for m in mods if m.split(".")[0] in ("jax", "orbax", "flax") or m == "trainer.checkpoint"}
+        if bad:
+            wrong[str(path.relative_to(ROOT))] = sorted(bad)
+    assert not wrong, wrong

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from harness.backends.run_loop import run_end_s
+from harness.run.loop import run_end_s
 from harness.progress import Progress
 from harness.scenarios.scenario import scenario_from_dict
 

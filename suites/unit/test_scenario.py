@@ -81,7 +81,7 @@ def test_chaos_draws_the_same_faults_every_time_at_the_documented_rate():
 
 
 def test_paper_operating_point_is_the_fleet_models_at_1_2m_chips_compressed_4x():
-    from harness.backends.runner import with_mode
+    from harness.run.result import with_mode
 
     s = load_scenario("paper-1.2m")
     fp = s.failure_process

@@ -1,7 +1,7 @@
 """The run loop, written once for both tiers: the log's header, time zero, the token
-budget, the walk of the fault schedule and the end of the run. harness/backends/runner.py drives
-it on wall time over real processes, harness/sim/run.py on the simulator's virtual clock;
-each passes its clock, its cluster (the `Cluster` protocol) and its injector.
+budget, the walk of the fault schedule and the end of the run. The process runner drives
+it on wall time over real processes or containers, the simulator on its virtual clock;
+each passes its clock, its hosts (the `Control` protocol) and its injector.
 
 1. time zero is when every learner has made its first inner step (or a learner crashed,
    or STARTUP_TIMEOUT_S passed): the first start-up (Python, JAX import, compilation)
@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 from faults.schedule import Schedule
-from harness.backends.cluster import Cluster
-from harness.backends.injector import Injector
+from harness.run.control import Control
+from harness.run.injector import Injector
 from harness.scenarios.scenario import Scenario
 from trainer.config import RunConfig
 
@@ -47,7 +47,7 @@ def token_budget(cfg: RunConfig) -> int:
 class Budget:
     """Whether the run is over: its tokens trained, or every learner gone for good."""
 
-    def __init__(self, cfg: RunConfig, cluster: Cluster, injector: Injector, tokens: Callable[[], int]):
+    def __init__(self, cfg: RunConfig, cluster: Control, injector: Injector, tokens: Callable[[], int]):
         self.total = token_budget(cfg)
         self.cluster, self.injector, self.tokens = cluster, injector, tokens
         self.learners = cluster.topology["learners"]
@@ -55,7 +55,7 @@ class Budget:
     def spent(self) -> bool:
         if self.tokens() >= self.total:
             return True
-        return all(self.cluster.pid(u) is None and u not in self.injector.down for u in self.learners)
+        return all(not self.cluster.running(u) and u not in self.injector.down for u in self.learners)
 
 
 def training_start(clock: RunClock, ready: Callable[[], bool], timeout_s: float = STARTUP_TIMEOUT_S) -> float:

@@ -1,4 +1,5 @@
-"""The nemesis for the `local` backend: applies fault dataclasses to a LocalCluster.
+"""The nemesis: applies fault dataclasses to a run's units and links through `Control`
+(harness/run/control.py), on real processes, containers or the simulator alike.
 
 Jepsen's shape: `setup` heals (a clean slate), `start(fault)` / `end(fault)` invoke,
 `teardown` heals everything that is still broken — on success, failure and Ctrl-C.
@@ -17,16 +18,17 @@ import time
 
 from faults.model import Fault
 from faults.schedule import RunShape, expand_links
-from harness.backends.cluster import Cluster
 from harness.links import LinkProfile, toxic_spec
+from harness.run.control import Control, apply_profile
 
 
 class Injector:
-    def __init__(self, cluster: Cluster, shape: RunShape, emit, *, dp_rollback: bool = False):
-        """`emit(kind, src, **fields)` records a harness event. `dp_rollback`: data-parallel
+    def __init__(self, cluster: Control, shape: RunShape, emit, *, dp_rollback: bool = False, clock=time.time):
+        """`emit(kind, src, **fields)` records a harness event; `clock()` is the host's time
+        (wall seconds, or the simulator's virtual ones). `dp_rollback`: data-parallel
         without elasticity — a dead learner stops every learner until it returns, and all
         restart from their checkpoints."""
-        self.cluster, self.shape, self.emit = cluster, shape, emit
+        self.cluster, self.shape, self.emit, self.clock = cluster, shape, emit, clock
         self.dp_rollback = dp_rollback
         self.active: dict[int, Fault] = {}
         self.ids: dict[int, int] = {}  # id(fault) -> fault number
@@ -83,14 +85,14 @@ class Injector:
         self.down.discard(unit)
         # stamped as the respawn is issued, before it (as fault_end is): a warm spare restores
         # and logs within ~50 ms, and none of its lines may precede its restart in the log
-        t = round(time.time(), 6)
-        start = self.cluster.spawn(unit)  # "cold", or "spare": a warm spare took the identity
-        self.emit("unit_up", unit, reason="restarted", pid=self.cluster.pid(unit), start=start, t=t)
+        t = round(self.clock(), 6)
+        spawned = self.cluster.spawn(unit)  # "cold", or "spare": a warm spare took the identity
+        self.emit("unit_up", unit, reason="restarted", pid=spawned.pid, start=spawned.start, t=t)
 
     def _start_kill_unit(self, n, f) -> None:
         if self.dp_rollback:  # a synchronous job cannot go on without one of its members
             for u in self.shape.units:
-                if self.cluster.pid(u) is not None:
+                if self.cluster.running(u):
                     self._down(u, "killed" if u == f.target else "rollback")
             return
         self._down(f.target, "killed")
@@ -99,7 +101,7 @@ class Injector:
         if final:
             return  # the run is over: nothing to restart
         for u in (self.shape.units if self.dp_rollback else [f.target]):
-            if u in self.down and self.cluster.pid(u) is None:
+            if u in self.down and not self.cluster.running(u):
                 self._up(u)
 
     def _start_kill_syncer(self, n, f) -> None:
@@ -161,17 +163,11 @@ class Injector:
             for t in self.cluster.client.toxics(link):
                 if t["name"].startswith("wan_"):  # the base profile steps aside
                     self.cluster.client.remove_toxic(link, t["name"])
-            self.cluster.client.apply_profile(link, profile, prefix=f"f{n}")
+            apply_profile(self.cluster.client, link, profile, prefix=f"f{n}")
 
     def _end_wan(self, n, f, final) -> None:
         self._remove(n, f)
         if self.cluster.wan is not None and not final:
             for link in self._links(f):
-                self.cluster.client.apply_profile(link, self.cluster.wan)
+                apply_profile(self.cluster.client, link, self.cluster.wan)
 
-
-def wait_until(t_wall: float, poll, interval_s: float = 0.1, until=lambda: False) -> None:
-    """Sleeps until wall time `t_wall` (or `until()`), calling `poll()` every interval."""
-    while (left := t_wall - time.time()) > 0 and not until():
-        poll()
-        time.sleep(min(interval_s, left))

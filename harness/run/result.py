@@ -1,0 +1,51 @@
+"""What a run leaves, on either tier: its directory (never shared), its verdict in
+summary.json (harness/judging/judge.py over the event log), and the `RunResult` a caller
+gets back; and the same scenario under another training mode (the data-parallel
+comparison)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import eventlog, listeners
+from harness.scenarios.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_dir: Path
+    summary: dict
+
+
+def unique_dir(parent: Path, name: str) -> Path:
+    """parent/name, or parent/name-2, -3, ... : two runs never share a folder."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for i in range(1, 10_000):
+        d = parent / (name if i == 1 else f"{name}-{i}")
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"no free run directory for {name} under {parent}")
+
+
+def with_mode(s: Scenario, mode: str) -> Scenario:
+    """The same scenario (and fault draw) under another training mode, e.g. dp."""
+    return dataclasses.replace(s, train=dataclasses.replace(s.train, mode=mode))
+
+
+def summarize(run_dir: Path, s: Scenario, reference: Path | None = None, expect: bool = True) -> dict:
+    """Judges the run (harness/judging/judge.py) and writes summary.json."""
+    from harness.judging.judge import judge
+
+    log = eventlog.read(run_dir)
+    ref = eventlog.read(reference) if reference else None
+    summary = {**judge(log, ref, dataclasses.asdict(s.expect) if expect else None),
+               "run_dir": str(run_dir), "reference_dir": str(reference) if reference else None}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    listeners.run_written(run_dir)  # e.g. the pytest plugin: the test running now gets its page
+    return summary
+
