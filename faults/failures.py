@@ -10,8 +10,9 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from faults.model import (_POSITIVE_S, Corrupt, Fault, FieldError, KillSlice, KillUnit, Partition, PauseUnit, Reset,
-                          SlowUnit, check_number, conflict, overlap_in_time, suggest)
+from faults.fields import FieldError, check_number, suggest
+from faults.overlaps import conflict, overlap_in_time
+from faults.kinds import Corrupt, Fault, KillSlice, KillUnit, POSITIVE_S, Partition, PauseUnit, Reset, SlowUnit
 
 
 class Cause(NamedTuple):
@@ -82,12 +83,12 @@ class FailureProcess:
     restart_s: float | None = None
 
     def __post_init__(self) -> None:
-        check_number(self, "mtbi_s", _POSITIVE_S, lambda v: v > 0)
+        check_number(self, "mtbi_s", POSITIVE_S, lambda v: v > 0)
         check_number(self, "chips_per_unit", ">= 1", lambda v: v >= 1, integer=True)
-        check_number(self, "repair_s", _POSITIVE_S, lambda v: v > 0)
+        check_number(self, "repair_s", POSITIVE_S, lambda v: v > 0)
         check_number(self, "seed", "[0, 2**63)", lambda v: 0 <= v < 2**63, integer=True)
         check_number(self, "start_s", ">= 0 seconds", lambda v: v >= 0)
-        check_number(self, "restart_s", _POSITIVE_S, lambda v: v > 0, optional=True)
+        check_number(self, "restart_s", POSITIVE_S, lambda v: v > 0, optional=True)
         valid = f"a named mix ({', '.join(NAMED_MIXES)}) or a table of cause or kind -> weight"
         if isinstance(self.mix, str):
             if self.mix not in NAMED_MIXES:
@@ -111,7 +112,7 @@ class FailureProcess:
         fleet = any(CAUSES[n].kind == "fleet" and w > 0 for n, w in self.weights().items())
         if fleet and self.restart_s is None:
             raise FieldError("FailureProcess", "restart_s", "a mix with chip_failure needs the data-parallel "
-                             "restart time (the fleet model's detect + restart)", _POSITIVE_S)
+                             "restart time (the fleet model's detect + restart)", POSITIVE_S)
 
     def weights(self) -> dict[str, float]:
         """cause -> probability (sums to 1)."""

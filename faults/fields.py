@@ -1,5 +1,5 @@
 """Field checks for frozen dataclasses built from user input (the fault kinds in
-`faults.model`, the scenario's sections in harness/scenarios/scenario.py): a bad value
+`faults.kinds`, the scenario's sections in harness/scenarios/scenario.py): a bad value
 raises a `FieldError` (a ValueError) naming the class, the field, what was wrong and
 what would be valid; a misspelled choice or name gets a "did you mean"."""
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Which faults may not be active at once on the same target, shape-free (the run's
-shape is `faults.schedule`'s part): `conflict(a, b)` over the `UNIT_CONFLICTS` table for
-process faults, and for link faults `LinkTarget`, the one parser of a link target
-('link:*', 'link:learner-N', 'link:learner-N~syncer-M': the links it names, whether it
-reaches a learner, whether two share a link). Re-exported by `faults.model`."""
+shape is `faults.schedule`'s part): `conflict(a, b)` over the kinds' own `conflicts`
+(faults/kinds/: each unit kind says which kinds it may not overlap with on one unit, and
+why) for process faults, and for link faults `LinkTarget`, the one parser of a link
+target ('link:*', 'link:learner-N', 'link:learner-N~syncer-M': the links it names,
+whether it reaches a learner, whether two share a link)."""
 from __future__ import annotations
 
 import math
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from faults.model import Fault
+    from faults.kinds import Fault
 
 
 def _unit_of(f: Fault) -> str:
@@ -22,7 +23,7 @@ def _unit_of(f: Fault) -> str:
 class LinkTarget:
     """A link fault's target, parsed once: `learner` ("*": every learner) and `shard`
     (None: every shard of that learner). 'link:*', 'link:learner-N', 'link:learner-N~syncer-M'
-    (the syntax faults.model.TARGET_FORMS checks); every reader of a link target goes
+    (the syntax faults.kinds.TARGET_FORMS checks); every reader of a link target goes
     through this."""
 
     learner: str
@@ -61,25 +62,6 @@ def links_intersect(a: str, b: str) -> bool:
     return LinkTarget.parse(a).intersects(LinkTarget.parse(b))
 
 
-# Pairs of process faults on one unit that cannot be active at once, and why (the
-# table schedules are checked against). Pairs not listed may overlap; kill_slice with
-# kill_slice may, up to the unit's slice count (checked with the run's shape).
-UNIT_CONFLICTS: dict[frozenset, str] = {
-    frozenset({"kill_unit"}): "the unit is already down",
-    frozenset({"kill_unit", "pause_unit"}): "a unit cannot be paused while it is down "
-                                            "(the pause's SIGCONT would hit its restarted process)",
-    frozenset({"kill_unit", "slow_unit"}): "a unit cannot be slowed while it is down "
-                                           "(the duty cycle signals its process)",
-    frozenset({"kill_unit", "kill_slice"}): "a unit that is down has no slices to lose",
-    frozenset({"pause_unit"}): "the unit is already paused",
-    frozenset({"pause_unit", "slow_unit"}): "pause and slow both drive SIGSTOP/SIGCONT on one process",
-    frozenset({"slow_unit"}): "the unit is already slowed",
-    frozenset({"kill_syncer"}): "the shard is already down",
-    frozenset({"corrupt"}): "the unit's contributions are already corrupted",
-    frozenset({"kill_unit", "corrupt"}): "a unit that is down sends nothing to corrupt",
-}
-
-
 def overlap_in_time(a: Fault, b: Fault) -> bool:
     """Half-open intervals [at, end): a fault may start exactly when another ends."""
     a_end = math.inf if a.end_s is None else a.end_s
@@ -96,5 +78,5 @@ def conflict(a: Fault, b: Fault) -> str | None:
             return f"two {a.kind} faults on one link at once (the second would replace the first's toxic)"
         return None
     if a.role == b.role and _unit_of(a) == _unit_of(b):
-        return UNIT_CONFLICTS.get(frozenset({a.kind, b.kind}))
+        return a.conflicts.get(b.kind) or b.conflicts.get(a.kind)
     return None

@@ -18,7 +18,9 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
-from faults.model import FAULT_KINDS, Fault, LinkTarget, check_number, conflict, fault_from_dict
+from faults.fields import check_number
+from faults.overlaps import LinkTarget, conflict
+from faults.kinds import FAULT_KINDS, Fault, fault_from_dict
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from typing import Sequence
 from hypothesis import strategies as st
 
 from faults.failures import FailureProcess
-from faults.model import (FAULT_KINDS, Corrupt, Fault, KillSlice, KillSyncer, KillUnit, LinkTarget, Partition, PauseUnit, Reset,
-                          SlowUnit, Truncate, Wan)
+from faults.kinds import FAULT_KINDS, Fault, KillSyncer, KillUnit, Partition, Wan
+from faults.kinds.partition import MILDEST_FIRST as DIRECTIONS
 from faults.schedule import RunShape, Schedule, validate
 
 # Mildest first: Hypothesis shrinks a sampled kind toward the front.
@@ -33,21 +33,11 @@ KINDS = ("wan", "slow_unit", "reset", "truncate", "partition", "pause_unit", "ki
 # corrupt is drawn only where asked for: the shard's guard has no history right after a
 # shard restart, so a corruption then can get in (docs/PROTOCOL.md "Corrupt contributions")
 ALL_KINDS = KINDS + ("corrupt",)
-# a kind registered in faults/model.py and not named above is drawn only where asked for,
-# with its fields' defaults (target, time and length drawn)
+# a kind registered in faults/kinds/ and not named above is drawn only where asked for
+# (its own `draw`: by default its fields' defaults, with target, time and length drawn)
 ALL_KINDS += tuple(k for k in FAULT_KINDS if k not in ALL_KINDS)
-UNIT_KINDS = ("slow_unit", "pause_unit", "kill_slice", "kill_unit", "corrupt")
-# scale factors a corrupt fault draws: far outside the shards' guard bound (30× a
-# learner's recent Δ norms) both ways. Nearer it (×100 got in on a CI draw, where the
-# recent norms were large), or inside it (×10, a plain sign flip), the guard cannot tell
-# a corrupt Δ from a large honest one: suites/properties/test_safety.py shows that the
-# ledger names those (the verdict holds), docs/PROTOCOL.md the defence's gap
-SDC_FACTORS = (1000.0, -1000.0)
 # the weak spots `weak_spots` builds a schedule around (suites/unit/test_fault_space.py)
 WEAK_SPOTS = ("latency_storm", "bandwidth_storm", "partition_storm", "long_cut_with_kill", "long_shard_outage")
-CORRUPT_MODES = ("scale", "nonfinite", "bitflip")
-LINK_KINDS = ("wan", "reset", "truncate", "partition")
-DIRECTIONS = ("upstream", "downstream", "both")  # mildest first
 
 
 def _ticks(lo_s: float, hi_s: float, tick_s: float) -> tuple[int, int]:
@@ -62,7 +52,7 @@ def _seconds(ticks: int, tick_s: float) -> float:
 @st.composite
 def wan_settings(draw, max_latency_ms: int = 200, min_bandwidth_kbps: int = 64) -> dict:
     """A WAN profile's keywords (`bandwidth_kbps`, `latency_ms`, `jitter_ms`), for
-    faults.model.Wan and the harness's LinkProfile alike; at least one of bandwidth
+    faults.kinds.Wan and the harness's LinkProfile alike; at least one of bandwidth
     and latency is set. Shrinks toward 0 ms latency, no jitter, the highest bandwidth."""
     latency = draw(st.integers(0, max_latency_ms))
     jitter = draw(st.integers(0, latency // 2))
@@ -93,9 +83,10 @@ def faults(draw, shape: RunShape, kinds: Sequence[str] = KINDS, *, min_at_s: flo
     """One fault of `kinds` in `shape`, starting in [min_at_s, max_at_s] (default: the
     run's end), lasting [min_duration_s, max_duration_s]; `never`: a kill_unit may
     never come back. It is valid on its own (not against other faults)."""
-    usable = [k for k in ALL_KINDS if k in kinds and not (k == "kill_slice" and shape.slices < 2)]
+    known = ALL_KINDS + tuple(k for k in FAULT_KINDS if k not in ALL_KINDS)  # one registered since
+    usable = [k for k in known if k in kinds and FAULT_KINDS[k].fits(shape)]
     if not usable:
-        raise ValueError(f"no fault kind of {list(kinds)} fits {shape}; valid: {', '.join(ALL_KINDS)}")
+        raise ValueError(f"no fault kind of {list(kinds)} fits {shape}; valid: {', '.join(known)}")
     kind = draw(st.sampled_from(usable))
     target = draw(st.sampled_from(_targets(kind, shape)))
     lo, hi = _ticks(min_at_s, shape.run_s if max_at_s is None else max_at_s, tick_s)
@@ -103,52 +94,20 @@ def faults(draw, shape: RunShape, kinds: Sequence[str] = KINDS, *, min_at_s: flo
     at = _seconds(hi - draw(st.integers(0, max(0, hi - lo))), tick_s)  # shrinks toward later
     dlo, dhi = _ticks(min_duration_s, max_duration_s, tick_s)
     length = _seconds(dlo + draw(st.integers(0, max(0, dhi - dlo))), tick_s)  # toward shorter
-    if kind == "kill_unit":
-        gone = never and draw(st.booleans())
-        return KillUnit(target, at, down_for_s=None if gone else length)
-    if kind == "kill_syncer":
-        return KillSyncer(target, at, down_for_s=length)
-    if kind == "pause_unit":
-        return PauseUnit(target, at, duration_s=length)
-    if kind == "slow_unit":
-        speed = (20 - draw(st.integers(1, 19))) / 20  # toward 0.95
-        return SlowUnit(target, at, duration_s=length, speed=speed)
-    if kind == "kill_slice":
-        return KillSlice(target, at, duration_s=length, slices=1 + draw(st.integers(0, shape.slices - 2)))
-    if kind == "partition":
-        return Partition(target, at, duration_s=length, direction=draw(st.sampled_from(DIRECTIONS)))
-    if kind == "reset":
-        return Reset(target, at, duration_s=length)
-    if kind == "corrupt":
-        return Corrupt(target, at, duration_s=length, mode=draw(st.sampled_from(CORRUPT_MODES)),
-                       factor=draw(st.sampled_from(SDC_FACTORS)))
-    if kind == "truncate":
-        return Truncate(target, at, duration_s=length, bytes=2 ** (16 - draw(st.integers(0, 8))))  # toward 64 KiB
-    if kind == "wan":
-        return Wan(target, at, duration_s=length, **draw(wan_settings()))
-    return FAULT_KINDS[kind](target, at, **{FAULT_KINDS[kind].length_field: length})
+    return FAULT_KINDS[kind].draw(draw, shape, target, at, length, never=never)
 
 
 def unit_seconds(f: Fault, shape: RunShape, until_s: float | None = None, recovery_s: float = 0.0) -> float:
     """How much learner time `f` takes away, in learner-seconds up to `until_s` (default:
     the run's end), each hit also losing `recovery_s` (a restart, a reconnect, the local
-    progress a fetch overwrites): a kill or pause the whole unit's, a slow one (1 − speed)
-    of it, a lost slice its share, a syncer kill or a link fault every learner it cuts
-    off; a wan fault 0 (it slows traffic, not learners)."""
+    progress a fetch overwrites): its kind's `learner_seconds` (faults/kinds/): a kill or
+    pause the whole unit's, a slow one (1 − speed) of it, a lost slice its share, a syncer
+    kill or a link fault every learner it cuts off; a wan fault 0 (it slows traffic, not
+    learners)."""
     end = shape.run_s if until_s is None else until_s
     span = max(0.0, min(end, math.inf if f.end_s is None else f.end_s) - f.at_s)
     span += recovery_s if span > 0 else 0.0
-    if f.kind in ("kill_unit", "pause_unit", "corrupt"):  # (a corrupt unit's work is dropped)
-        return span
-    if f.kind == "slow_unit":
-        return span * (1 - f.speed)
-    if f.kind == "kill_slice":
-        return span * f.slices / shape.slices
-    if f.kind == "kill_syncer":
-        return span * shape.learners
-    if f.kind == "wan":
-        return 0.0
-    return span * (shape.learners if LinkTarget.parse(f.target).every else 1)
+    return f.learner_seconds(span, shape)
 
 
 def fault_load(fs: Sequence[Fault], shape: RunShape, until_s: float | None = None, recovery_s: float = 0.0) -> float:

@@ -108,9 +108,9 @@ class Progress:
         if not self.enabled or now - self.last < (self.every_s if self.tty else PLAIN_EVERY_S):
             return
         self.last = now
-        status = {u: ("down" if u in injector.down else "paused" if m.paused else
+        status = {u: ("down" if u in injector.down_units else "paused" if m.paused else
                       "up" if m.proc is not None and m.proc.poll() is None else "exited")
-                  for u, m in injector.cluster.members.items()}
+                  for u, m in injector.control.members.items()}
         faults = [f"{f.kind}→{f.target}" for f in injector.active.values()]
         if self.live is not None:
             self.live.update(self._view(status, faults))

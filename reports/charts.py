@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import altair as alt
 
+from faults.kinds import FAULT_KINDS
+
 WIDTH = 900  # plot area; with the lane labels a chart fits the 1080 px page
 ZOOM = "xzoom"
 FULL_LOSS = "loss_full"  # the loss chart's checkbox: the whole range instead of the clipped view
@@ -30,9 +32,7 @@ STATE_COLORS = {  # one scale for every lane of the timeline
 STARVED_COLOR = "#252525"
 BOUND_COLOR = "#a50f15"
 WHO_COLORS = {"run": "#08519c", "reference": "#737373", "dp": "#e6550d"}
-FAULT_COLORS = {"kill_unit": "#a50f15", "kill_slice": "#fd8d3c", "pause_unit": "#756bb1", "slow_unit": "#d9a01e",
-                "kill_syncer": "#67000d", "wan": "#f16913", "partition": "#54278f", "reset": "#e7298a",
-                "truncate": "#ce1256"}
+FAULT_COLORS = {kind: cls.colour for kind, cls in FAULT_KINDS.items()}  # each kind's own (faults/kinds/)
 BADPUT_COLORS = {"productive": "#31a354", "startup": "#9ecae1", "waiting_on_sync": "#c7e9c0",
                  "rolled_back": "#e6550d", "lost": "#fd8d3c", "stale": "#8c6d31", "recovery": "#fdd0a2",
                  "paused": "#9e9ac8", "dead": "#de2d26", "finished": "#d9d9d9", "other": "#bdbdbd"}

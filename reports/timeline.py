@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from faults.model import FAULT_KINDS
+from faults.kinds import FAULT_KINDS
 from harness.judging import history
 from harness.eventlog import EventLog
 
@@ -31,7 +31,7 @@ UNIT_STATES = ("starting", "up", "waiting", "recovering", "slow", "paused", "dow
 SLICE_STATES = ("all live", "slice lost")
 LINK_STATES = ("disconnected", "slow", "throttled", "reset", "truncated", "partitioned")
 GLOBAL_STATES = ("no commit yet", "advancing", "stalled", "downtime")
-# a link's state under each link fault kind (faults/model.py `link_state`): partitioned, reset, ...
+# a link's state under each link fault kind (faults/kinds/ `link_state`): partitioned, reset, ...
 LINK_FAULT_STATE = {k: c.link_state for k, c in FAULT_KINDS.items() if c.role == "link"}
 
 

@@ -125,7 +125,7 @@ class Processes:
             handed = self._hand_over(cluster, spare, m)
             # its replacement after the hand-over: its start (a fork of the harness, 10-90 ms on
             # two busy cores) is off the restart's path (the restart line is stamped before
-            # the hand-over: harness/run/injector.py `_up`)
+            # the hand-over: harness/run/injector.py `up`)
             self.start_spares(cluster, SPARE_DELAY_S)
             if handed:
                 return spare.proc

@@ -17,7 +17,7 @@ import dataclasses
 import statistics
 from pathlib import Path
 
-from faults.model import SlowUnit
+from faults.kinds import SlowUnit
 from harness import eventlog
 from harness.judging.losses import batch_losses, parity_ci
 

@@ -20,7 +20,8 @@ from dataclasses import asdict
 
 # the Result vocabulary (check_base.py) and the checks on what reached the model
 # (model_checks.py) live beside this file
-from faults.model import FAULT_KINDS, LinkTarget
+from faults.overlaps import LinkTarget
+from faults.kinds import FAULT_KINDS
 from harness.judging.check_base import SHOW, Result, _judge, _shards, compose, shard_lives  # noqa: F401 - compose: re-exported
 from harness.eventlog import EventLog
 from harness.judging.history import clip, histories, intersect, learner_names, minus, norm, window

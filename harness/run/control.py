@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from faults.model import FAULT_KINDS
+from faults.kinds import FAULT_KINDS
 from harness.links import LinkProfile
 from trainer.learner_loop import STOP_CLOSE_S
 

@@ -55,7 +55,7 @@ class Budget:
     def spent(self) -> bool:
         if self.tokens() >= self.total:
             return True
-        return all(not self.cluster.running(u) and u not in self.injector.down for u in self.learners)
+        return all(not self.cluster.running(u) and not self.injector.is_down(u) for u in self.learners)
 
 
 def training_start(clock: RunClock, ready: Callable[[], bool], timeout_s: float = STARTUP_TIMEOUT_S) -> float:

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from faults.failures import FailureProcess
-from faults.model import FAULT_KINDS, Fault, FieldError, check_number, suggest
+from faults.fields import FieldError, check_number, suggest
+from faults.kinds import FAULT_KINDS, Fault
 from faults.schedule import RunShape, Schedule, ScheduleError, validate
 from harness.links import LinkProfile
 from harness.scenarios.specs import BACKENDS, ENGINE_SCHEMES, ClusterSpec, Expect, TrainSpec  # noqa: F401 - re-exported
@@ -113,8 +114,8 @@ class Scenario:
             return ()
         roles = set()
         for _, what, f in self.schedule().timeline():
-            if what == "end" and f.kind in ("kill_unit", "kill_syncer"):
-                roles.add("syncer" if f.kind == "kill_syncer" else "learner")
+            if what == "end" and f.restarts:  # its heal starts a new process of its role
+                roles.add(f.role)
         return tuple(r for r in ("learner", "syncer") if r in roles)
 
     def shape(self) -> RunShape:

@@ -6,7 +6,7 @@ import dataclasses
 import json
 from typing import Any
 
-from faults.model import FAULT_KINDS
+from faults.kinds import FAULT_KINDS
 from harness.units import _shown
 
 

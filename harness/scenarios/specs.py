@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from faults.model import FieldError, check_choice, check_number
+from faults.fields import FieldError, check_choice, check_number
 from trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, PRESETS, SECOND_MOMENTS, SHARE_BY,
                             TASK_KINDS, is_plugin)
 

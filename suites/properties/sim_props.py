@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from faults.schedule import Schedule
-from faults.model import Reset
+from faults.kinds import Reset
 from faults.strategies import fault_load, unit_seconds
 from harness.judging import checks
 from sim_cases import H, SIM, WINDOW, Case, reference

@@ -11,7 +11,7 @@ the baseline it fails. Known-good code lands on the baseline (the simulator is
 deterministic)."""
 from __future__ import annotations
 
-from faults.model import Partition
+from faults.kinds import Partition
 from harness.bench.sim import LEARNING_BASE
 from harness.judging import baseline, losses
 from harness.scenarios.scenario import scenario_from_dict

@@ -20,7 +20,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from faults.model import KillSyncer, KillUnit, Partition, PauseUnit, SlowUnit
+from faults.kinds import KillSyncer, KillUnit, Partition, PauseUnit, SlowUnit
 from harness.judging import checks
 from harness.eventlog import EventLog
 from harness.sim.run import finish, launch, simulate

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hypothesis import example, given
 
-from faults.model import KillSyncer, KillUnit, PauseUnit, SlowUnit
+from faults.kinds import KillSyncer, KillUnit, PauseUnit, SlowUnit
 from faults.schedule import Schedule
 from faults.strategies import KINDS, schedules
 from sim_cases import WINDOW, examples, reported, scenario, simulate_case

@@ -34,10 +34,10 @@ import pytest
 from hypothesis import Phase, find, given, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from faults.model import KillSyncer
+from faults.kinds import KillSyncer
 from faults.strategies import KINDS, fault_load, schedules
 from harness import eventlog
-from faults.model import Corrupt
+from faults.kinds import Corrupt
 from harness.bench.sim import CONVERGED_LR, LEARNING_BASE
 from harness.scenarios.scenario import scenario_from_dict
 from harness.judging import checks

@@ -9,7 +9,7 @@ import dataclasses
 
 from hypothesis import assume, example, given
 
-from faults.model import Corrupt, PauseUnit, Reset, Wan
+from faults.kinds import Corrupt, PauseUnit, Reset, Wan
 from faults.schedule import Schedule
 from faults.strategies import failure_processes, schedules, weak_spots
 from harness.judging.ledger import tokens_conserved

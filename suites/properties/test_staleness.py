@@ -32,7 +32,7 @@ from functools import lru_cache
 import pytest
 from hypothesis import Phase, find, given, settings
 
-from faults.model import Partition, Wan
+from faults.kinds import Partition, Wan
 from faults.schedule import RunShape
 from faults.strategies import link_faults
 from harness.judging import checks, losses

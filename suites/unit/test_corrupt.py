@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from protocol_link import MemNet, arr, syncer_math
 
-from faults.model import Corrupt, FieldError, KillUnit, conflict
+from faults.fields import FieldError
+from faults.overlaps import conflict
+from faults.kinds import Corrupt, KillUnit
 from trainer import compression, sdc
 from trainer.messages import Contribution
 from trainer.protocol import SyncerConfig, SyncerCore

@@ -28,8 +28,8 @@ def _setup(tmp_path, end_grace="0s"):
                             "train": {"steps": 10, "duration": "60s", "end_grace": end_grace}})
     clock, out = Clock(100.0), io.StringIO()
     member = SimpleNamespace(paused=False, proc=SimpleNamespace(poll=lambda: None))
-    injector = SimpleNamespace(down={"learner-1": 0}, active={0: SimpleNamespace(kind="partition", target="link:learner-1")},
-                               cluster=SimpleNamespace(members={"learner-0": member, "learner-1": member}))
+    injector = SimpleNamespace(down_units={"learner-1"}, active={0: SimpleNamespace(kind="partition", target="link:learner-1")},
+                               control=SimpleNamespace(members={"learner-0": member, "learner-1": member}))
     p = Progress(tmp_path, s, total_tokens=1000, end_s=run_end_s(s.train), clock=clock, out=out)
     return p, clock, out, injector
 

@@ -9,7 +9,7 @@ import tomllib
 import pytest
 
 from faults.failures import FailureProcess
-from faults.model import KillUnit, Partition
+from faults.kinds import KillUnit, Partition
 from harness.scenarios.scenario import (SCENARIOS_DIR, ClusterSpec, Expect, Scenario, ScenarioError, TrainSpec,
                               list_scenarios, load_scenario, scenario_from_dict)
 from harness.scenarios.scenario_toml import scenario_to_toml

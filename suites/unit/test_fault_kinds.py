@@ -1,0 +1,107 @@
+"""A fault kind is one module of faults/kinds/ holding everything it means, and the
+injector is an interpreter over kinds: a kind defined anywhere (here, in this test)
+is read from a scenario dict, drawn by the strategies, priced, checked for overlaps and
+run by the unchanged injector in the simulator, through the hosts' `Control` only."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from hypothesis import given, settings
+
+from faults.fields import check_number
+from faults.kinds import FAULT_KINDS, Fault, KillUnit, fault_from_dict
+from faults.overlaps import conflict
+from faults.schedule import RunShape
+from faults.strategies import fault_load, faults
+
+ROOT = Path(__file__).resolve().parents[2]
+SHAPE = RunShape(learners=3, run_s=6.5, slices=2, shards=2)
+
+
+def test_every_kind_lives_in_its_own_module():
+    for kind, cls in FAULT_KINDS.items():
+        assert cls.__module__ == f"faults.kinds.{kind}", (kind, cls.__module__)
+        assert (ROOT / "faults" / "kinds" / f"{kind}.py").exists()
+        assert cls.__doc__ and cls.__doc__.strip().split(".")[0], f"{kind}: its reference line"
+
+
+@pytest.fixture
+def brownout():
+    """A unit fault written as a user would: a degraded host that loses a slice and runs
+    at half speed at once (two host actions every host has), in one class."""
+
+    @dataclass(frozen=True)
+    class Brownout(Fault):
+        """A learner unit loses one slice and runs at `speed` × full speed for `duration_s`."""
+
+        kind: ClassVar[str] = "brownout"
+        mechanism: ClassVar[str] = "slice control message and the slow_unit path"
+        conflicts: ClassVar[dict[str, str]] = {"kill_unit": "a unit that is down cannot brown out",
+                                               "slow_unit": "both set the unit's speed"}
+        duration_s: float
+        speed: float = 0.5
+
+        def _check(self) -> None:
+            super()._check()
+            check_number(self, "speed", "(0, 1)", lambda v: 0 < v < 1)
+
+        def start(self, nemesis, n) -> None:
+            nemesis.control.set_live_slices(self.target, nemesis.shape.slices - 1)
+            nemesis.control.set_speed(self.target, self.speed)
+
+        def heal(self, nemesis, n, final) -> None:
+            nemesis.control.set_speed(self.target, 1.0)
+            nemesis.control.set_live_slices(self.target, nemesis.shape.slices)
+
+        def learner_seconds(self, span, shape) -> float:
+            return span * (1 - self.speed / shape.slices * (shape.slices - 1))
+
+    yield Brownout
+    del FAULT_KINDS["brownout"]
+
+
+def test_a_kind_defined_outside_the_package_is_read_drawn_priced_and_checked(brownout):
+    f = fault_from_dict({"kind": "brownout", "target": "learner-1", "at_s": 1.0, "duration_s": 2.0})
+    assert isinstance(f, brownout) and f.speed == 0.5
+    assert fault_load([f], SHAPE) == pytest.approx(2.0 * 0.75 / (3 * 6.5))
+    assert conflict(f, KillUnit("learner-1", 2.0, down_for_s=1.0)) == "a unit that is down cannot brown out"
+    assert conflict(KillUnit("learner-1", 2.0, down_for_s=1.0), f) == "a unit that is down cannot brown out"
+    assert conflict(f, KillUnit("learner-2", 2.0, down_for_s=1.0)) is None
+    drawn = []
+
+    @settings(max_examples=10, database=None, derandomize=True)
+    @given(faults(SHAPE, ("brownout",)))
+    def draw(g):
+        drawn.append(g)
+
+    draw()
+    assert drawn and all(isinstance(g, brownout) and g.target.startswith("learner-") for g in drawn)
+
+
+def test_the_unchanged_injector_runs_it_in_the_simulator(brownout):
+    """It starts and heals through `Control` (World: set_live_slices, set_speed): the
+    learner's steps take about twice as long and use one slice while it lasts."""
+    from harness.bench.sim import PROPERTY_BASE
+    from harness.scenarios.scenario import scenario_from_dict
+    from harness.sim.run import simulate
+
+    s = scenario_from_dict({**PROPERTY_BASE, "faults": [
+        {"kind": "brownout", "target": "learner-1", "at_s": 1.0, "duration_s": 2.0}]})
+    run = simulate(s)
+    t0 = run.header["t_start"]
+    starts = [e for e in run.events if e["kind"] == "fault_start"]
+    assert [e["fault"]["kind"] for e in starts] == ["brownout"]
+    assert starts[0]["via"] == "simulated: slice control message and the slow_unit path"
+    assert [e["kind"] for e in run.events if e["kind"] in ("fault_start", "fault_end")] == ["fault_start", "fault_end"]
+    steps = [e for e in run.events if e["kind"] == "step" and e["src"] == "learner-1"]
+    during = [e for e in steps if t0 + 1.2 < e["t"] < t0 + 2.8]
+    before = [e for e in steps if e["t"] < t0 + 0.9]
+    assert during and all(e["live_slices"] == 1 for e in during)
+    assert all(e["live_slices"] == 2 for e in before)
+    rate = lambda es: len(es) / (es[-1]["t"] - es[0]["t"])  # noqa: E731
+    assert rate(during) < 0.7 * rate(before), (rate(during), rate(before))
+    assert dataclasses.asdict(s.faults[0])["speed"] == 0.5
