@@ -19,6 +19,8 @@ harness's copy is filled from messages: harness/backends/docker_remote.py.)
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -229,6 +231,13 @@ class LocalCluster:
 
     def kill(self, name: str) -> None:
         self.units.kill(self, self.members[name])
+
+    def terminate(self, name: str) -> None:
+        """SIGTERM to the unit's process (a container's main process, as this host sees it):
+        it closes and leaves, as at the end of a run (a unit on another host's engine has no
+        pid here: it stays until its kill)."""
+        if (pid := self.pid(name)) is not None:
+            os.kill(pid, signal.SIGTERM)
 
     def pause(self, name: str) -> str | None:
         """Returns None: done the way `mechanism("pause_unit")` says (a backend that had to

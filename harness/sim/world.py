@@ -166,6 +166,11 @@ class World:
     def kill(self, name: str) -> None:
         self._unit(name).kill()
 
+    def terminate(self, name: str) -> None:
+        """SIGTERM: the unit closes and leaves, as at the end of the run."""
+        if (proc := self._unit(name).proc) is not None:
+            proc.stop()
+
     def spawn(self, name: str) -> Spawned:
         """A restart: cold (learner_startup_s / syncer_startup_s), or a warm spare's
         spare_startup_s (plus what is left of its boot if it is not ready yet: a spare still
