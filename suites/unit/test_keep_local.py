@@ -200,3 +200,35 @@ def test_share_by_merged_counts_the_learners_a_round_merged():
         net.run(500)
         out[by] = net.states["s0"].theta[0][0].tolist()
     assert out == {"quorum": [-0.5], "merged": [-1.0]}
+
+
+@pytest.mark.parametrize("version,kept", [(0, True), (1, False)])
+def test_progress_made_while_the_link_was_down_is_kept_only_where_no_round_moved_on(version, kept):
+    """The link breaks after the send at step 2 (θ = 2): s0's fragment awaits its fetch and
+    is `cut`; steps 3-4 are made cut off (step 4's turn is skipped, its counters running).
+    The reconnect's fetch brings Θ = 10: at the progress's own base version (no round
+    committed: every learner was cut off) the steps stay, θ = 10 + (4 − 2) = 12; one
+    version newer, a round committed without them (and with the others' like progress),
+    so they go: θ = 10 and a discard of 2 steps. Without the break (a plain reconnect) the
+    same fetch one version ahead keeps them (the test above)."""
+    core, s = _fetching(True)
+    for x in (1.0, 2.0):
+        s, _, _ = _step(core, s, x)                  # Δ sent at step 2 (θ = 2), unanswered
+    s, _ = core.shard_disconnected(s, 0.0, "s0")
+    assert s.cut == {0} and 0 in s.awaiting
+    s, _, _ = _step(core, s, 3.0)
+    s, _, logs = _step(core, s, 4.0)                 # step 4: due, awaiting its fetch
+    assert logs == [] or all(l.get("reason") != "unanswered" for l in logs)
+    s, _ = core.shard_connected(s, 0.0, "s0")
+    s, acts = core.receive(s, 0.0, "s0", FragmentUpdate(0, version, True, [arr(10.0)]))
+    discards = [a.fields for a in acts if isinstance(a, Log) and a.kind == "discard"]
+    assert float(s.params[0][0]) == (12.0 if kept else 10.0)
+    assert (s.c_steps[0], s.c_tokens[0]) == ((2, 20) if kept else (0, 0))
+    assert [d["steps"] for d in discards] == ([] if kept else [2])
+    if kept:  # still cut until it is next contributed: a newer answer now overwrites
+        assert s.cut == {0}
+        s, acts = core.receive(s, 0.0, "s0", FragmentUpdate(0, 1, False, [arr(20.0)]))
+        assert float(s.params[0][0]) == 20.0 and s.c_steps[0] == 0
+    s, _, _ = _step(core, s, float(s.params[0][0]) + 1)
+    s, _, logs = _step(core, s, float(s.params[0][0]) + 1)  # due: contributed, no longer cut
+    assert s.cut == frozenset() and logs and logs[0]["steps"] == 2
