@@ -48,7 +48,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def toxiproxy_server():
     """One real Toxiproxy server for the test session, stopped at the end whatever happens."""
-    from harness.backends.toxiproxy_server import ToxiproxyServer
+    from diloco_chaos.harness.backends.toxiproxy_server import ToxiproxyServer
 
     with ToxiproxyServer(seed=0) as server:
         yield server

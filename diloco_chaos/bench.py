@@ -12,21 +12,21 @@ import platform
 import time
 from pathlib import Path
 
-from harness.errors import UserError
+from diloco_chaos.harness.errors import UserError
 
 # name -> ("module:function", one line of what it measures)
 BENCHES: dict[str, tuple[str, str]] = {
-    "fleet": ("harness.fleet.model:bench", "seconds for the full fleet goodput table"),
-    "overhead": ("harness.bench.benches:overhead", "learner tokens/s in the full system / bare inner loop"),
-    "bandwidth": ("harness.bench.benches:bandwidth", "bytes per trained token, DP vs Decoupled DiLoCo (fp32, int4)"),
-    "parity": ("harness.bench.benches:parity", "final held-out loss, Decoupled DiLoCo vs DP at equal tokens"),
-    "report": ("reports.bench:report", "page weight and time to draw a run's HTML report (<= 5 MB, < 2 s)"),
-    "wan": ("harness.bench.wan:wan", "time to a target loss over throttled links (rate sweep), DP vs Decoupled DiLoCo"),
-    "grace": ("harness.bench.grace:grace", "heterogeneous units: K = M vs K = 1 without / with the grace window "
+    "fleet": ("diloco_chaos.harness.fleet.model:bench", "seconds for the full fleet goodput table"),
+    "overhead": ("diloco_chaos.harness.bench.benches:overhead", "learner tokens/s in the full system / bare inner loop"),
+    "bandwidth": ("diloco_chaos.harness.bench.benches:bandwidth", "bytes per trained token, DP vs Decoupled DiLoCo (fp32, int4)"),
+    "parity": ("diloco_chaos.harness.bench.benches:parity", "final held-out loss, Decoupled DiLoCo vs DP at equal tokens"),
+    "report": ("diloco_chaos.reports.bench:report", "page weight and time to draw a run's HTML report (<= 5 MB, < 2 s)"),
+    "wan": ("diloco_chaos.harness.bench.wan:wan", "time to a target loss over throttled links (rate sweep), DP vs Decoupled DiLoCo"),
+    "grace": ("diloco_chaos.harness.bench.grace:grace", "heterogeneous units: K = M vs K = 1 without / with the grace window "
               "(goodput, final loss with intervals)"),
-    "fidelity": ("harness.bench.fidelity:fidelity", "goodput of every built-in scenario with faults on real processes "
+    "fidelity": ("diloco_chaos.harness.bench.fidelity:fidelity", "goodput of every built-in scenario with faults on real processes "
                  "and in the simulator, and their difference in points"),
-    "sim": ("harness.bench.sim:bench", "simulator: property examples/min (quadratic), simulated s per wall s (LM)"),
+    "sim": ("diloco_chaos.harness.bench.sim:bench", "simulator: property examples/min (quadratic), simulated s per wall s (LM)"),
 }
 
 

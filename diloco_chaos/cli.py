@@ -14,20 +14,24 @@ import signal
 import sys
 import threading
 
-from harness.errors import UserError  # noqa: F401  (re-exported for command modules)
+from diloco_chaos.harness.errors import UserError  # noqa: F401  (re-exported for command modules)
 
 # (command, "module:register function", one line of help). Order is the order in --help.
 COMMANDS: list[tuple[str, str, str]] = [
     ("run", "diloco_chaos.run_cmd:register_run", "run a fault scenario (a TOML file or a built-in name)"),
+    ("check", "diloco_chaos.check_cmd:register", "validate scenario files: every error in one pass, then the drawn fault schedule"),
+    ("compare", "diloco_chaos.compare_cmd:register", "two runs side by side: figures with deltas, checks that flipped"),
+    ("init", "diloco_chaos.init_cmd:register", "scaffold a scenario, a task stub and a pytest file that runs green"),
     ("scenarios", "diloco_chaos.run_cmd:register_scenarios", "list the built-in scenarios"),
+    ("faults", "diloco_chaos.check_cmd:register_faults", "list the fault kinds: targets, parameters, defaults"),
     ("replay", "diloco_chaos.run_cmd:register_replay", "run a stored run again: same config, seed and schedule"),
     ("demo", "diloco_chaos.run_cmd:register_demo", "run the default scenario (chaos vs data-parallel), print where results are"),
     ("report", "diloco_chaos.report_cmd:register", "render a stored run's HTML report again (like Jepsen's analyze)"),
     ("fleet", "diloco_chaos.fleet_cmd:register", "fleet-scale goodput simulator: Decoupled DiLoCo vs data-parallel"),
     ("bench", "diloco_chaos.bench:register", "run a benchmark, writing runs/bench/NAME.json"),
     ("planted", "diloco_chaos.planted_cmd:register", "the planted-bug catalogue: which check and which test catches each"),
-    ("setup", "harness.backends.toxiproxy_setup:register", "install the Toxiproxy server the cluster tier needs"),
-    ("toxiproxy", "harness.backends.toxiproxy_cmd:register", "start a Toxiproxy server in the foreground (for debugging)"),
+    ("setup", "diloco_chaos.harness.backends.toxiproxy_setup:register", "install the Toxiproxy server the cluster tier needs"),
+    ("toxiproxy", "diloco_chaos.harness.backends.toxiproxy_cmd:register", "start a Toxiproxy server in the foreground (for debugging)"),
 ]
 
 

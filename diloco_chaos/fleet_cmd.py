@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.errors import UserError
+from diloco_chaos.harness.errors import UserError
 
 
 def register(sub, help_: str) -> None:
-    from harness.fleet import model
+    from diloco_chaos.harness.fleet import model
 
     p = model.register(sub, help_)
     p.add_argument("--scenario", metavar="NAME|FILE",
@@ -28,18 +28,18 @@ def register(sub, help_: str) -> None:
 
 
 def main(args) -> int:
-    from harness.fleet import model
+    from diloco_chaos.harness.fleet import model
 
     if not args.scenario:
         if args.calibrate:
             raise UserError("--calibrate: only with --scenario NAME|FILE (it measures the pace that prices one scenario)")
         return model.main(args)
     from diloco_chaos.run_cmd import _load
-    from harness.fleet.scenario import Pace, predict
+    from diloco_chaos.harness.fleet.scenario import Pace, predict
 
     s = _load(args.scenario, None)
     if args.calibrate:
-        from harness.bench.fleet_tier import pace_from_run
+        from diloco_chaos.harness.bench.fleet_tier import pace_from_run
 
         run = Path(args.calibrate)
         if not (run / "events.jsonl").is_file() or not (run / "summary.json").is_file():

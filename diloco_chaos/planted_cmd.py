@@ -14,7 +14,7 @@ def register(sub, help_: str) -> None:
 
 
 def main(args) -> int:
-    from harness.judging.planted import CATALOGUE, PROOFS, rows
+    from diloco_chaos.harness.judging.planted import CATALOGUE, PROOFS, rows
 
     if args.json:
         for bug, p in sorted(CATALOGUE.items()):

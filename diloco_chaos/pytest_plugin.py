@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-pytest_plugins = ["reports.pytest_plugin"]
+pytest_plugins = ["diloco_chaos.reports.pytest_plugin"]
 TIERS = ("sim", "cluster")
 
 
@@ -60,7 +60,7 @@ class Chaos:
             ) -> ChaosResult:
         """`reference`: "auto" (the fault-free run, made when [expect] asks for parity),
         a run directory to compare with, or None (no reference: parity is not judged)."""
-        from harness.scenarios.scenario import Scenario, load_scenario
+        from diloco_chaos.harness.scenarios.scenario import Scenario, load_scenario
 
         if tier not in TIERS:
             raise ValueError(f"chaos.run(tier={tier!r}) is not valid; valid: {', '.join(map(repr, TIERS))}")
@@ -77,11 +77,11 @@ class Chaos:
 
             s, _ = judged_expect(s, "none")
         if tier == "sim":
-            from harness.sim.run import run_sim
+            from diloco_chaos.harness.sim.run import run_sim
 
             result = run_sim(s, self.out_dir, reference=reference)
         else:
-            from harness.backends.runner import run_scenario
+            from diloco_chaos.harness.backends.runner import run_scenario
 
             result = run_scenario(s, self.out_dir, live=False, reference=reference)
         from diloco_chaos.run_cmd import with_baseline
@@ -94,8 +94,8 @@ class Chaos:
         run could not judge it: e.g. a recovery bound in a run whose restart never came).
         UNKNOWN is not a pass; `allow_unknown=True` (any) or a tuple of check names is the
         explicit opt-out."""
-        from harness.judging.judge import held, unknown_checks
-        from harness.judging.report_text import check_lines
+        from diloco_chaos.harness.judging.judge import held, unknown_checks
+        from diloco_chaos.harness.judging.report_text import check_lines
 
         if held(result.summary, allow_unknown=allow_unknown):
             return

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.errors import UserError
+from diloco_chaos.harness.errors import UserError
 
 
 def register(sub, help_: str) -> None:
@@ -20,8 +20,8 @@ def register(sub, help_: str) -> None:
 
 
 def main(args) -> int:
-    from harness.eventlog import EventLogError
-    from reports import IndexEntry, render_index, render_run
+    from diloco_chaos.harness.eventlog import EventLogError
+    from diloco_chaos.reports import IndexEntry, render_index, render_run
 
     if (args.out is not None or args.screenshot is not None) and len(args.run_dirs) > 1:
         raise UserError("--out and --screenshot name one page: give one RUN_DIR with them")
@@ -37,7 +37,7 @@ def main(args) -> int:
         print(f"report: {page}")
         entries.append(IndexEntry(page, d))
         if args.screenshot is not None:
-            from reports import browser
+            from diloco_chaos.reports import browser
 
             try:
                 print(f"screenshot: {browser.screenshot(page, args.screenshot)}")

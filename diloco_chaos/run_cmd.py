@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from harness.errors import UserError
+from diloco_chaos.harness.errors import UserError
 
 DEFAULT_SCENARIO = "chaos"
 
@@ -60,8 +60,8 @@ def _unknown_option(p) -> None:
 def with_baseline(summary: dict, s, tier: str, run_dir: Path | None = None) -> dict:
     """The summary with `baseline_parity_max` added where a known-good baseline is stored
     for the scenario's config and tier (harness/judging/baseline.py); summary.json rewritten."""
-    from harness.judging import baseline
-    from harness.judging.check_base import Result, compose
+    from diloco_chaos.harness.judging import baseline
+    from diloco_chaos.harness.judging.check_base import Result, compose
 
     r = baseline.check(summary.get("final_loss"), baseline.stored(s, tier),
                        s.expect.loss_parity_max or baseline.BOUND)
@@ -75,7 +75,7 @@ def with_baseline(summary: dict, s, tier: str, run_dir: Path | None = None) -> d
 
 
 def _record_baseline(s, tier: str, fault_free: Path) -> None:
-    from harness.judging import baseline
+    from diloco_chaos.harness.judging import baseline
 
     final = json.loads((fault_free / "summary.json").read_text()).get("final_loss")
     if final is None:
@@ -87,7 +87,7 @@ def _record_baseline(s, tier: str, fault_free: Path) -> None:
 def exit_code(summary: dict, allow_unknown=False) -> int:
     """0: the run held; 1: a check failed, or ended UNKNOWN without --allow-unknown
     (2, bad input, comes from UserError)."""
-    from harness.judging.judge import held, unknown_checks
+    from diloco_chaos.harness.judging.judge import held, unknown_checks
 
     unknown = unknown_checks(summary)
     ok = held(summary, allow_unknown=allow_unknown)
@@ -130,7 +130,7 @@ def register_replay(sub, help_: str) -> None:
 
 
 def _load(name_or_path: str, seed: int | None):
-    from harness.scenarios.scenario import ScenarioError, load_scenario
+    from diloco_chaos.harness.scenarios.scenario import ScenarioError, load_scenario
 
     try:
         s = load_scenario(name_or_path)
@@ -140,7 +140,7 @@ def _load(name_or_path: str, seed: int | None):
 
 
 def cmd_scenarios(args) -> int:
-    from harness.scenarios.scenario import list_scenarios
+    from diloco_chaos.harness.scenarios.scenario import list_scenarios
 
     for name, line in list_scenarios():
         print(f"{name:16s} {line}")
@@ -163,7 +163,7 @@ def _on_backend(s, tier: str, go) -> int:
     answers, stopped after: harness.backends.docker_engine.engine_for_run)."""
     if s.cluster.backend != "docker" or tier == "sim":
         return go()
-    from harness.backends.docker_engine import engine_for_run
+    from diloco_chaos.harness.backends.docker_engine import engine_for_run
 
     try:
         with engine_for_run():
@@ -173,8 +173,8 @@ def _on_backend(s, tier: str, go) -> int:
 
 
 def cmd_replay(args) -> int:
-    from harness import eventlog
-    from harness.scenarios.scenario import scenario_from_dict
+    from diloco_chaos.harness import eventlog
+    from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
 
     try:
         header = eventlog.read(args.run_dir).header
@@ -188,8 +188,8 @@ def cmd_replay(args) -> int:
     if args.allow_unknown is not True:  # a replay runs without a fault-free reference: parity is not judged
         args.allow_unknown = tuple(args.allow_unknown or ()) + ("loss_parity_max",)
     if tier == "sim" and header.get("tier") == "sim":  # its sim parameters and planted bugs too
-        from harness.judging.report_text import print_summary
-        from harness.sim.run import replay_sim
+        from diloco_chaos.harness.judging.report_text import print_summary
+        from diloco_chaos.harness.sim.run import replay_sim
 
         result = replay_sim(args.run_dir, args.out)
         render(result.run_dir)
@@ -207,10 +207,10 @@ def _replay_calibrated(args, s) -> int:
     import dataclasses
     import json
 
-    from harness import eventlog
-    from harness.judging import metrics
-    from harness.judging.report_text import print_summary
-    from harness.sim.calibrate import replay_calibrated
+    from diloco_chaos.harness import eventlog
+    from diloco_chaos.harness.judging import metrics
+    from diloco_chaos.harness.judging.report_text import print_summary
+    from diloco_chaos.harness.sim.calibrate import replay_calibrated
 
     stored = args.run_dir / "summary.json"  # the run's own judgement (its global evals); else judged again
     real = json.loads(stored.read_text()) if stored.is_file() else metrics.compute(eventlog.read(args.run_dir)).to_dict()
@@ -235,10 +235,10 @@ def _replay_calibrated(args, s) -> int:
 
 def _runner(tier: str):
     if tier == "sim":
-        from harness.sim.run import run_sim
+        from diloco_chaos.harness.sim.run import run_sim
 
         return run_sim
-    from harness.backends.runner import run_scenario
+    from diloco_chaos.harness.backends.runner import run_scenario
 
     return run_scenario
 
@@ -264,8 +264,8 @@ def _reference(s, out: Path, live: bool, tier: str = "cluster") -> Path | None:
 
 def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluster", allow_unknown=False,
              baseline="none", record=False) -> int:
-    from harness.judging.report_text import print_summary
-    from harness.run.result import unique_dir, with_mode
+    from diloco_chaos.harness.judging.report_text import print_summary
+    from diloco_chaos.harness.run.result import unique_dir, with_mode
 
     s, note = judged_expect(s, reference)
     if record and reference == "none" and (s.faults or s.failure_process is not None):
@@ -302,7 +302,7 @@ def render(run_dir: Path) -> Path | None:
     """The run's HTML report; a page that fails to draw never loses the run (the error
     goes to run_dir/report_error.txt)."""
     try:
-        from reports import render_run
+        from diloco_chaos.reports import render_run
 
         return render_run(run_dir)
     except Exception as e:

@@ -3,7 +3,7 @@
 which ship with every Python.
 
     [train]
-    task = "examples.flax_mlp:make_task"
+    task = "diloco_chaos.examples.flax_mlp:make_task"
     seq_len = 1                 # one predicted byte per row
 
     [task]
@@ -25,7 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
+try:
+    from flax import nnx
+except ImportError as e:  # an extra: the rest of diloco-chaos needs no Flax
+    raise ImportError(f"the Flax example task needs flax ({e}); "
+                      "install it with: pip install 'diloco-chaos[flax]'") from None
 
 VOCAB = 256
 

@@ -10,9 +10,9 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from faults.fields import FieldError, check_number, suggest
-from faults.overlaps import conflict, overlap_in_time
-from faults.kinds import Corrupt, Fault, KillSlice, KillUnit, POSITIVE_S, Partition, PauseUnit, Reset, SlowUnit
+from diloco_chaos.faults.fields import FieldError, check_number, suggest
+from diloco_chaos.faults.overlaps import conflict, overlap_in_time
+from diloco_chaos.faults.kinds import Corrupt, Fault, KillSlice, KillUnit, POSITIVE_S, Partition, PauseUnit, Reset, SlowUnit
 
 
 class Cause(NamedTuple):

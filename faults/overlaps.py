@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from faults.kinds import Fault
+    from diloco_chaos.faults.kinds import Fault
 
 
 def _unit_of(f: Fault) -> str:

@@ -18,9 +18,9 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
-from faults.fields import check_number
-from faults.overlaps import LinkTarget, conflict
-from faults.kinds import FAULT_KINDS, Fault, fault_from_dict
+from diloco_chaos.faults.fields import check_number
+from diloco_chaos.faults.overlaps import LinkTarget, conflict
+from diloco_chaos.faults.kinds import FAULT_KINDS, Fault, fault_from_dict
 
 
 @dataclass(frozen=True)

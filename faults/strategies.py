@@ -20,12 +20,16 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from hypothesis import strategies as st
+try:
+    from hypothesis import strategies as st
+except ImportError as e:  # an optional part (the property tests' and `bench sim`'s)
+    raise ImportError(f"fault-schedule strategies need hypothesis ({e}); "
+                      "install it with: pip install 'diloco-chaos[properties]'") from None
 
-from faults.failures import FailureProcess
-from faults.kinds import FAULT_KINDS, Fault, KillSyncer, KillUnit, Partition, Wan
-from faults.kinds.partition import MILDEST_FIRST as DIRECTIONS
-from faults.schedule import RunShape, Schedule, validate
+from diloco_chaos.faults.failures import FailureProcess
+from diloco_chaos.faults.kinds import FAULT_KINDS, Fault, KillSyncer, KillUnit, Partition, Wan
+from diloco_chaos.faults.kinds.partition import MILDEST_FIRST as DIRECTIONS
+from diloco_chaos.faults.schedule import RunShape, Schedule, validate
 
 # Mildest first: Hypothesis shrinks a sampled kind toward the front.
 KINDS = ("wan", "slow_unit", "reset", "truncate", "partition", "pause_unit", "kill_slice", "kill_unit",

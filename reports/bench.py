@@ -12,7 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
-from reports import browser, render_run
+from diloco_chaos.reports import browser, render_run
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "suites" / "unit" / "data" / "report_run"

@@ -28,7 +28,11 @@ def chromium(exe: str | None = None, width: int = 1200):
     if exe is None:
         raise RuntimeError(f"no Chromium on PATH (looked for {', '.join(BROWSERS)}); "
                            "install one with scripts/install-browser.sh")
-    from playwright.sync_api import sync_playwright
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as e:
+        raise RuntimeError(f"the browser check needs playwright ({e}); "
+                           "install it with: pip install 'diloco-chaos[browser]'") from None
 
     with sync_playwright() as pw, tempfile.TemporaryDirectory(prefix="chaos-chromium-") as profile:
         ctx = pw.chromium.launch_persistent_context(profile, executable_path=exe, args=ARGS, headless=True,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import altair as alt
 
-from faults.kinds import FAULT_KINDS
+from diloco_chaos.faults.kinds import FAULT_KINDS
 
 WIDTH = 900  # plot area; with the lane labels a chart fits the 1080 px page
 ZOOM = "xzoom"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import altair as alt
 
-from reports.charts import WIDTH, _spec
+from diloco_chaos.reports.charts import WIDTH, _spec
 
 FATE_COLORS = {"merged": "#31a354", "superseded": "#fdae6b", "lost": "#de2d26", "dropped": "#756bb1",
                "in_flight": "#9ecae1"}

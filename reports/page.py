@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.judging.checks import faults_note, stop_note
-from reports import charts, fates, series
-from reports import timeline as tlmod
-from reports.runs import Run
-from reports.check_rows import STATUS, check_rows, ci_text, fmt
-from reports.run_facts import backend_text, facts, versions  # noqa: F401 - backend_text: re-exported
+from diloco_chaos.harness.judging.checks import faults_note, stop_note
+from diloco_chaos.reports import charts, fates, series
+from diloco_chaos.reports import timeline as tlmod
+from diloco_chaos.reports.runs import Run
+from diloco_chaos.reports.check_rows import STATUS, check_rows, ci_text, fmt
+from diloco_chaos.reports.run_facts import backend_text, facts, versions  # noqa: F401 - backend_text: re-exported
 
 
 SECTIONS = [("verdict", "Verdict"), ("run", "Run"), ("timeline", "Timeline"), ("loss", "Loss"),

@@ -70,7 +70,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from harness import listeners
+    from diloco_chaos.harness import listeners
 
     rec = ChaosReport(config)
     config.stash[_REPORTS] = {"recorder": rec, "unsubscribe": listeners.subscribe(rec.heard)}
@@ -129,7 +129,7 @@ def _finish(item: pytest.Item) -> None:
                 item.user_properties.append((prefix + k, s[k]))
         if rec.out_dir is None:
             continue
-        from reports import IndexEntry, render_run
+        from diloco_chaos.reports import IndexEntry, render_run
 
         out = rec.out_dir / _slug(item.nodeid) / f"{i}-{run_dir.name}.html"
         try:
@@ -184,7 +184,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     rec = _recorder(session.config)
     if rec.out_dir is None:
         return
-    from reports import render_index
+    from diloco_chaos.reports import render_index
 
     rec.entries = sorted(rec.entries, key=lambda e: e.label)
     index = render_index(rec.entries, rec.out_dir, title=f"pytest session: {len(rec.entries)} run page(s)")

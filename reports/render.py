@@ -18,7 +18,7 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
-from reports import assets, check_rows, page, runs
+from diloco_chaos.reports import assets, check_rows, page, runs
 
 TEMPLATES = Path(__file__).parent / "templates"
 

@@ -7,8 +7,8 @@ import platform
 from datetime import datetime, timezone
 from importlib import metadata
 
-from reports.check_rows import fmt
-from reports.runs import Run
+from diloco_chaos.reports.check_rows import fmt
+from diloco_chaos.reports.runs import Run
 
 
 def backend_text(b: dict | None, tier: str | None = None) -> str:

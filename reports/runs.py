@@ -16,9 +16,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import eventlog
-from harness.judging import judge as judging
-from harness.eventlog import EventLog
+from diloco_chaos.harness import eventlog
+from diloco_chaos.harness.judging import judge as judging
+from diloco_chaos.harness.eventlog import EventLog
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from harness.judging import history
-from harness.eventlog import EventLog
-from reports.timeline import link_hit
+from diloco_chaos.harness.judging import history
+from diloco_chaos.harness.eventlog import EventLog
+from diloco_chaos.reports.timeline import link_hit
 
 MAX_BUCKETS = 240  # per link and direction: keeps a long run's page light
 

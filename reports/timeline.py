@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from faults.kinds import FAULT_KINDS
-from harness.judging import history
-from harness.eventlog import EventLog
+from diloco_chaos.faults.kinds import FAULT_KINDS
+from diloco_chaos.harness.judging import history
+from diloco_chaos.harness.eventlog import EventLog
 
 UNIT_STATES = ("starting", "up", "waiting", "recovering", "slow", "paused", "down", "finished")
 SLICE_STATES = ("all live", "slice lost")

@@ -60,7 +60,7 @@ def unavailable():
 @pytest.fixture(scope="session")
 def docker_engine():
     """A `docker.DockerClient` for a reachable engine (started here if need be)."""
-    from harness.backends import docker_engine
+    from diloco_chaos.harness.backends import docker_engine
     why = docker_engine.reachable()
     started, old_host = False, os.environ.get("DOCKER_HOST")
     if why is not None:

@@ -27,8 +27,8 @@ from dataclasses import fields
 import ml_dtypes
 import numpy as np
 
-from trainer.compression import STORAGE_DTYPE, Encoded, storage_size
-from trainer.messages import MESSAGE_TYPES
+from diloco_chaos.trainer.compression import STORAGE_DTYPE, Encoded, storage_size
+from diloco_chaos.trainer.messages import MESSAGE_TYPES
 
 MAGIC = b"DDLC"
 PROTOCOL_VERSION = 1

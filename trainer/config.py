@@ -15,8 +15,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.presets import PRESETS, with_preset  # noqa: F401 - re-exported
-from trainer.protocol_base import DP_MODES, MODES  # one list of modes for the cores and the config
+from diloco_chaos.trainer.presets import PRESETS, with_preset  # noqa: F401 - re-exported
+from diloco_chaos.trainer.protocol_base import DP_MODES, MODES  # one list of modes for the cores and the config
 
 
 def _where(cls: type, name: str) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.messages import Received
+from diloco_chaos.trainer.messages import Received
 
 # The delivery window (module docstring): bytes written and not yet read by the peer,
 # beyond which no new frame leaves the outbox; and how often the reader says how far it

@@ -34,9 +34,9 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from trainer.config import InnerOptConfig, RunConfig
-from trainer.fleet_adam import scale_by_fleet_adam, split_grad
-from trainer.protocol_base import DILOCO_MODES
+from diloco_chaos.trainer.config import InnerOptConfig, RunConfig
+from diloco_chaos.trainer.fleet_adam import scale_by_fleet_adam, split_grad
+from diloco_chaos.trainer.protocol_base import DILOCO_MODES
 
 GROUPS = 2  # row groups a learner's batch is split into for the noise estimate (trainer/fleet_adam.py;
             # 4 groups measured no better on the corpus task: 1.9172 / 1.9693 against 1.9070 / 1.9681)

@@ -20,19 +20,19 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from trainer import auth, shell
-from trainer.checkpoint import Checkpointer
-from trainer.inner import make_inner, opt_state_to_tree
-from trainer.outbox import outbox_key
-from trainer.learner_driver import LearnerDriver, LearnerHost
-from trainer.learner_loop import POLL_S, Compute, Idle, Spent, learner_loop
-from trainer.protocol import LearnerCore
-from trainer.protocol_base import DP_MODES
-from trainer.sdc import Corrupter
-from trainer.tasks import task_for_run
-from trainer.flow import BufferLog
-from trainer.shard_link import ShardLink
-from trainer.wiring import fragmenter_for, learner_config, learner_math, logged_combiner
+from diloco_chaos.trainer import auth, shell
+from diloco_chaos.trainer.checkpoint import Checkpointer
+from diloco_chaos.trainer.inner import make_inner, opt_state_to_tree
+from diloco_chaos.trainer.outbox import outbox_key
+from diloco_chaos.trainer.learner_driver import LearnerDriver, LearnerHost
+from diloco_chaos.trainer.learner_loop import POLL_S, Compute, Idle, Spent, learner_loop
+from diloco_chaos.trainer.protocol import LearnerCore
+from diloco_chaos.trainer.protocol_base import DP_MODES
+from diloco_chaos.trainer.sdc import Corrupter
+from diloco_chaos.trainer.tasks import task_for_run
+from diloco_chaos.trainer.flow import BufferLog
+from diloco_chaos.trainer.shard_link import ShardLink
+from diloco_chaos.trainer.wiring import fragmenter_for, learner_config, learner_math, logged_combiner
 
 # Leaving, how long the unit waits for its shards to have read what it sent last (its
 # closing Δs): inside the harness's grace before SIGKILL (STOP_CLOSE_S + 5 s), after the
@@ -147,7 +147,7 @@ class Learner(LearnerHost):
             self.corrupt = control.get("corrupt")
             live = control.get("live_slices")
             if live is not None and live != self.control_live:  # (not when only the corruption changed)
-                from trainer.messages import SliceControl
+                from diloco_chaos.trainer.messages import SliceControl
                 self.control_live = live = int(live)
                 self.do("receive", "harness", SliceControl(max(1, min(live, self.cfg.diloco.slices))))
 

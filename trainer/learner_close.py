@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trainer.protocol_base import Log
+from diloco_chaos.trainer.protocol_base import Log
 
 
 class LearnerClose:

@@ -62,12 +62,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 # the data-parallel baselines' side, and the types, live beside the core
-from trainer.learner_close import LearnerClose
-from trainer.learner_dp import LearnerDP
-from trainer.learner_types import InFlight, LearnerConfig, LearnerMath, LearnerState
-from trainer.messages import (Contribution, FragmentDelta, FragmentUpdate, GradMean, Hello, RoundOpen,
+from diloco_chaos.trainer.learner_close import LearnerClose
+from diloco_chaos.trainer.learner_dp import LearnerDP
+from diloco_chaos.trainer.learner_types import InFlight, LearnerConfig, LearnerMath, LearnerState
+from diloco_chaos.trainer.messages import (Contribution, FragmentDelta, FragmentUpdate, GradMean, Hello, RoundOpen,
                               SliceControl)
-from trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, Block, IllegalTransition, Log,
+from diloco_chaos.trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, Block, IllegalTransition, Log,
                                    NotStarted, Send, SetSlices, Unblock, UnexpectedMessage, UnknownFragment,
                                    UnknownPeer)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trainer.learner_types import LearnerState
-from trainer.messages import GradMean, GradStep
-from trainer.protocol_base import DP_MODES, ApplyGrads, IllegalTransition, Log, Send, UnexpectedMessage
+from diloco_chaos.trainer.learner_types import LearnerState
+from diloco_chaos.trainer.messages import GradMean, GradStep
+from diloco_chaos.trainer.protocol_base import DP_MODES, ApplyGrads, IllegalTransition, Log, Send, UnexpectedMessage
 
 
 class LearnerDP:

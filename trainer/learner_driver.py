@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from trainer.messages import describe
-from trainer.protocol import ApplyGrads, IllegalTransition, LearnerCore, LearnerState, Log, Send, SetSlices
-from trainer.sdc import Corrupter
+from diloco_chaos.trainer.messages import describe
+from diloco_chaos.trainer.protocol import ApplyGrads, IllegalTransition, LearnerCore, LearnerState, Log, Send, SetSlices
+from diloco_chaos.trainer.sdc import Corrupter
 
 
 class LearnerPort(Protocol):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from trainer.protocol_base import LEARNER_BUGS, check_common
+from diloco_chaos.trainer.protocol_base import LEARNER_BUGS, check_common
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from trainer.compression import Encoded
+from diloco_chaos.trainer.compression import Encoded
 
 Tensor = np.ndarray | Encoded
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from trainer.config import ModelConfig
+from diloco_chaos.trainer.config import ModelConfig
 
 Params = dict
 

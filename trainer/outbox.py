@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Hashable
 
-from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, Hello, RoundOpen
+from diloco_chaos.trainer.messages import Contribution, FragmentDelta, FragmentUpdate, Hello, RoundOpen
 
 COMBINED = "contrib"  # keys of this kind are combined, never replaced: put() needs `combine`
 

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 import optax
 
-from trainer.config import OuterOptConfig
+from diloco_chaos.trainer.config import OuterOptConfig
 
 Fragment = list  # list[np.ndarray], float32, one entry per leaf
 

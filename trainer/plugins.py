@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainer.config import RunConfig, TaskConfig
-from trainer.fragments import flatten_with_paths
-from trainer.tasks import Task
+from diloco_chaos.trainer.config import RunConfig, TaskConfig
+from diloco_chaos.trainer.fragments import flatten_with_paths
+from diloco_chaos.trainer.tasks import Task
 
 SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 REQUIRED = ("init_params", "loss", "batch", "eval_batches")
@@ -161,9 +161,9 @@ def check_task(cfg: RunConfig) -> None:
     if not (hasattr(out, "shape") and out.shape == () and jnp.issubdtype(out.dtype, jnp.floating)):
         raise PluginError(f"{spec}: loss(params, batch) returned {getattr(out, 'shape', out)} "
                           f"{getattr(out, 'dtype', '')}; valid: a float scalar")
-    from trainer.inner import GROUPS, fleet_of
+    from diloco_chaos.trainer.inner import GROUPS, fleet_of
     if fleet_of(cfg) > 1:  # the learner differentiates the loss on groups of rows (trainer/fleet_adam.py)
-        from trainer.fleet_adam import split_grad
+        from diloco_chaos.trainer.fleet_adam import split_grad
         try:
             jax.eval_shape(lambda p, b: split_grad(task.loss_fn, p, b, cfg.inner.clip_norm, GROUPS),
                            params, jax.ShapeDtypeStruct(b0.shape, b0.dtype))

@@ -2,20 +2,20 @@
 
 One import for the shells and the simulator:
 
-    from trainer.protocol import SyncerCore, SyncerConfig, SyncerMath, LearnerCore, ...
+    from diloco_chaos.trainer.protocol import SyncerCore, SyncerConfig, SyncerMath, LearnerCore, ...
 
 The cores take `(state, now, event)` and return `(new_state, actions)`; no sockets,
 threads or clocks inside (h11-style). docs/PROTOCOL.md has the state machines.
 Layout: vocabulary in protocol_base.py, the shard in syncer_core.py (its config, math and
 state in syncer_types.py), the learner unit in learner_core.py (learner_types.py).
 """
-from trainer.learner_core import LearnerCore
-from trainer.learner_types import InFlight, LearnerConfig, LearnerMath, LearnerState
-from trainer.protocol_base import (BUGS, DILOCO_MODES, DP_MODES, LEARNER_BUGS, MODES, SYNCER_BUGS, ApplyGrads,
+from diloco_chaos.trainer.learner_core import LearnerCore
+from diloco_chaos.trainer.learner_types import InFlight, LearnerConfig, LearnerMath, LearnerState
+from diloco_chaos.trainer.protocol_base import (BUGS, DILOCO_MODES, DP_MODES, LEARNER_BUGS, MODES, SYNCER_BUGS, ApplyGrads,
                                    Block, IllegalTransition, Log, NotStarted, SaveCheckpoint, Send, SetSlices,
                                    SetTimer, Unblock, UnexpectedMessage, UnknownFragment, UnknownPeer)
-from trainer.syncer_core import SyncerCore
-from trainer.syncer_types import Pending, Round, SyncerConfig, SyncerMath, SyncerState
+from diloco_chaos.trainer.syncer_core import SyncerCore
+from diloco_chaos.trainer.syncer_types import Pending, Round, SyncerConfig, SyncerMath, SyncerState
 
 __all__ = [
     "BUGS", "DILOCO_MODES", "DP_MODES", "LEARNER_BUGS", "MODES", "SYNCER_BUGS",

@@ -21,7 +21,7 @@ import dataclasses
 
 import numpy as np
 
-from trainer import compression
+from diloco_chaos.trainer import compression
 
 MODES = ("scale", "bitflip", "nonfinite")
 

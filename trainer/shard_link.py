@@ -12,12 +12,12 @@ import socket
 import threading
 import time
 
-from trainer import auth
-from trainer.codec import FrameDecoder, ProtocolError, encode_frame
-from trainer.flow import BufferState, Flow, LinkStats
-from trainer.messages import Received
-from trainer.outbox import Outbox
-from trainer.transport import NetEvent, _recv_exact, _tune, kernel_unsent, parse_addr
+from diloco_chaos.trainer import auth
+from diloco_chaos.trainer.codec import FrameDecoder, ProtocolError, encode_frame
+from diloco_chaos.trainer.flow import BufferState, Flow, LinkStats
+from diloco_chaos.trainer.messages import Received
+from diloco_chaos.trainer.outbox import Outbox
+from diloco_chaos.trainer.transport import NetEvent, _recv_exact, _tune, kernel_unsent, parse_addr
 
 
 class ShardLink:

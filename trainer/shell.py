@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.config import RunConfig
-from trainer.events import EventWriter
-from trainer.messages import describe
-from trainer.protocol import Log
+from diloco_chaos.trainer.config import RunConfig
+from diloco_chaos.trainer.events import EventWriter
+from diloco_chaos.trainer.messages import describe
+from diloco_chaos.trainer.protocol import Log
 
 
 def process_started() -> float | None:
@@ -45,7 +45,7 @@ def parse_args(argv, what: str) -> argparse.Namespace:
     if args.id is None and args.spare is None:
         p.error("--id is required (or --spare NAME)")
     if args.bugs is None:  # a whole run with planted bugs: each process keeps the ones of its role
-        from trainer.protocol_base import LEARNER_BUGS, SYNCER_BUGS
+        from diloco_chaos.trainer.protocol_base import LEARNER_BUGS, SYNCER_BUGS
         valid = LEARNER_BUGS if what == "learner" else SYNCER_BUGS
         args.bugs = ",".join(sorted(b for b in planted_bugs() if b in valid))
     return args
@@ -57,7 +57,7 @@ BUGS_ENV = "DILOCO_CHAOS_BUGS"
 def planted_bugs() -> set[str]:
     """The planted bugs a whole cluster run was started with (`DILOCO_CHAOS_BUGS=a,b`),
     for showing on real processes what a property suite catches in the simulator."""
-    from trainer.protocol_base import BUGS
+    from diloco_chaos.trainer.protocol_base import BUGS
     bugs = {b for b in os.environ.get(BUGS_ENV, "").split(",") if b}
     if unknown := bugs - BUGS:
         raise ValueError(f"${BUGS_ENV}: unknown planted bugs {sorted(unknown)}; valid: {sorted(BUGS)}")

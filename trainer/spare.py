@@ -26,7 +26,7 @@ def main(argv=None) -> int:
         # (stderr: stdout may carry event lines only; tests read which way the delay ended)
         print("spare: " + ("taken during its delay: booting at once" if readable else "delay over: booting"),
               file=sys.stderr, flush=True)
-    return importlib.import_module(f"trainer.{role}").main(argv)
+    return importlib.import_module(f"diloco_chaos.trainer.{role}").main(argv)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,14 @@ import os
 import sys
 import time
 
-from trainer import auth, shell
-from trainer.checkpoint import Checkpointer
-from trainer.outbox import outbox_key
-from trainer.protocol import SyncerCore
-from trainer.syncer_driver import SyncerDriver
-from trainer.tasks import task_for_run
-from trainer.transport import BufferLog, ShardServer, parse_addr
-from trainer.wiring import fragmenter_for, syncer_config, syncer_math
+from diloco_chaos.trainer import auth, shell
+from diloco_chaos.trainer.checkpoint import Checkpointer
+from diloco_chaos.trainer.outbox import outbox_key
+from diloco_chaos.trainer.protocol import SyncerCore
+from diloco_chaos.trainer.syncer_driver import SyncerDriver
+from diloco_chaos.trainer.tasks import task_for_run
+from diloco_chaos.trainer.transport import BufferLog, ShardServer, parse_addr
+from diloco_chaos.trainer.wiring import fragmenter_for, syncer_config, syncer_math
 
 
 KEEP_EVERY_S = 3       # besides the latest saves, the first of each 3 s of clock time is kept (the global loss curve)

@@ -41,13 +41,13 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from trainer import guard
-from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradStep, Hello, RoundOpen
-from trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, IllegalTransition, Log, SaveCheckpoint, Send,
+from diloco_chaos.trainer import guard
+from diloco_chaos.trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradStep, Hello, RoundOpen
+from diloco_chaos.trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, IllegalTransition, Log, SaveCheckpoint, Send,
                                    SetTimer, UnexpectedMessage, UnknownFragment, UnknownPeer, ema)
 # the data-parallel baselines' side, and the types (imported from here as before), live beside the core
-from trainer.syncer_dp import SyncerDP
-from trainer.syncer_types import DOWNLINKS, SHARE_BY, Pending, Round, SyncerConfig, SyncerMath, SyncerState
+from diloco_chaos.trainer.syncer_dp import SyncerDP
+from diloco_chaos.trainer.syncer_types import DOWNLINKS, SHARE_BY, Pending, Round, SyncerConfig, SyncerMath, SyncerState
 
 __all__ = ["DOWNLINKS", "SHARE_BY", "SNAPSHOT_FORMAT", "Pending", "Round", "SyncerConfig", "SyncerCore", "SyncerMath",
            "SyncerState"]

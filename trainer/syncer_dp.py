@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trainer.messages import GradMean, GradStep
-from trainer.protocol_base import Send
-from trainer.syncer_types import Pending, SyncerState
+from diloco_chaos.trainer.messages import GradMean, GradStep
+from diloco_chaos.trainer.protocol_base import Send
+from diloco_chaos.trainer.syncer_types import Pending, SyncerState
 
 
 class SyncerDP:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from trainer.messages import describe
-from trainer.protocol import IllegalTransition, Log, SaveCheckpoint, Send, SetTimer, SyncerCore, SyncerState
+from diloco_chaos.trainer.messages import describe
+from diloco_chaos.trainer.protocol import IllegalTransition, Log, SaveCheckpoint, Send, SetTimer, SyncerCore, SyncerState
 
 
 class SyncerPort(Protocol):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from trainer.protocol_base import SYNCER_BUGS, check_common
+from diloco_chaos.trainer.protocol_base import SYNCER_BUGS, check_common
 
 DOWNLINKS = ("all", "answer")
 SHARE_BY = ("quorum", "merged")

@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainer import model
-from trainer.config import ModelConfig, RunConfig, TaskConfig, is_plugin
+from diloco_chaos.trainer import model
+from diloco_chaos.trainer.config import ModelConfig, RunConfig, TaskConfig, is_plugin
 
 TRAIN_STREAM, EVAL_STREAM, SPLIT_STREAM = 0, 1, 2
 MARKOV_FLOOR_MIX = 1e-4  # uniform mass mixed into each transition row: ergodic, no log(0)
@@ -68,7 +68,7 @@ def make_task(task_cfg: TaskConfig, model_cfg: ModelConfig, seed: int, *,
     and the quadratic (M targets define the global objective); the Markov source
     serves any learner index. A "module:factory" kind is a user's task (trainer/plugins.py)."""
     if is_plugin(task_cfg.kind):
-        from trainer.plugins import make_plugin_task
+        from diloco_chaos.trainer.plugins import make_plugin_task
 
         return make_plugin_task(task_cfg, seed, learners)
     if task_cfg.kind == "markov":

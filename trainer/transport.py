@@ -50,11 +50,11 @@ import termios
 import time
 from dataclasses import dataclass
 
-from trainer import auth
-from trainer.codec import FrameDecoder, ProtocolError, encode_frame
-from trainer.flow import ACK_EVERY_BYTES, WINDOW_BYTES, BufferLog, BufferState, Flow, LinkStats  # noqa: F401
-from trainer.messages import Received
-from trainer.outbox import Outbox
+from diloco_chaos.trainer import auth
+from diloco_chaos.trainer.codec import FrameDecoder, ProtocolError, encode_frame
+from diloco_chaos.trainer.flow import ACK_EVERY_BYTES, WINDOW_BYTES, BufferLog, BufferState, Flow, LinkStats  # noqa: F401
+from diloco_chaos.trainer.messages import Received
+from diloco_chaos.trainer.outbox import Outbox
 
 # The kernel send buffer of every link socket, set on both ends (Linux doubles it for
 # its bookkeeping). Fixed, so that the kernel cannot hide a large backlog on a slow

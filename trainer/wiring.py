@@ -11,11 +11,11 @@ import hashlib
 
 import numpy as np
 
-from trainer import compression, outer
-from trainer.config import RunConfig
-from trainer.fragments import Fragmenter, due_fragment
-from trainer.protocol import LearnerConfig, LearnerMath, SyncerConfig, SyncerMath
-from trainer.protocol_base import DILOCO_MODES
+from diloco_chaos.trainer import compression, outer
+from diloco_chaos.trainer.config import RunConfig
+from diloco_chaos.trainer.fragments import Fragmenter, due_fragment
+from diloco_chaos.trainer.protocol import LearnerConfig, LearnerMath, SyncerConfig, SyncerMath
+from diloco_chaos.trainer.protocol_base import DILOCO_MODES
 
 # A fetch keeps the local progress no Δ holds when it is at most this many versions ahead
 # of the progress's base (LearnerCore._keeps_on_fetch): one is where an answer would have

@@ -5,18 +5,18 @@ imported after them, in name order, so adding a kind is adding its module."""
 import importlib
 import pkgutil
 
-from faults.kinds.base import FAULT_KINDS, NEVER, POSITIVE_S, STREAMS, TARGET_FORMS, Fault, Nemesis, fault_from_dict
-from faults.kinds.kill_unit import KillUnit
-from faults.kinds.kill_slice import KillSlice
-from faults.kinds.pause_unit import PauseUnit
-from faults.kinds.slow_unit import SlowUnit
-from faults.kinds.kill_syncer import KillSyncer
-from faults.kinds.wan import Wan
-from faults.kinds.partition import DIRECTIONS, Partition
-from faults.kinds.reset import Reset
-from faults.kinds.truncate import Truncate
-from faults.kinds.latency_spike import LatencySpike
-from faults.kinds.corrupt import CORRUPT_MODES, SDC_FACTORS, Corrupt
+from diloco_chaos.faults.kinds.base import FAULT_KINDS, NEVER, POSITIVE_S, STREAMS, TARGET_FORMS, Fault, Nemesis, fault_from_dict
+from diloco_chaos.faults.kinds.kill_unit import KillUnit
+from diloco_chaos.faults.kinds.kill_slice import KillSlice
+from diloco_chaos.faults.kinds.pause_unit import PauseUnit
+from diloco_chaos.faults.kinds.slow_unit import SlowUnit
+from diloco_chaos.faults.kinds.kill_syncer import KillSyncer
+from diloco_chaos.faults.kinds.wan import Wan
+from diloco_chaos.faults.kinds.partition import DIRECTIONS, Partition
+from diloco_chaos.faults.kinds.reset import Reset
+from diloco_chaos.faults.kinds.truncate import Truncate
+from diloco_chaos.faults.kinds.latency_spike import LatencySpike
+from diloco_chaos.faults.kinds.corrupt import CORRUPT_MODES, SDC_FACTORS, Corrupt
 
 __all__ = ["fault_from_dict", "FAULT_KINDS", "NEVER", "POSITIVE_S", "STREAMS", "TARGET_FORMS", "Fault", "Nemesis",
            "KillUnit", "KillSlice", "PauseUnit", "SlowUnit", "KillSyncer", "Wan", "DIRECTIONS", "Partition",

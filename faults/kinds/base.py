@@ -33,11 +33,11 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
 
-from faults.fields import FieldError, check_number, suggest
-from faults.overlaps import LinkTarget
+from diloco_chaos.faults.fields import FieldError, check_number, suggest
+from diloco_chaos.faults.overlaps import LinkTarget
 
 if TYPE_CHECKING:
-    from faults.schedule import RunShape
+    from diloco_chaos.faults.schedule import RunShape
 
 _N = r"(?:0|[1-9][0-9]*)"
 TARGET_FORMS = {  # what a fault's target must look like, by the role it hits

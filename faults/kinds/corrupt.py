@@ -5,8 +5,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from faults.fields import FieldError, check_number
-from faults.kinds.base import Fault
+from diloco_chaos.faults.fields import FieldError, check_number
+from diloco_chaos.faults.kinds.base import Fault
 
 CORRUPT_MODES = ("scale", "bitflip", "nonfinite")  # trainer/sdc.py MODES
 DRAWN_MODES = ("scale", "nonfinite", "bitflip")    # how strategies draw a mode (toward scale)

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from faults.fields import check_choice
-from faults.kinds.base import STREAMS, Fault
+from diloco_chaos.faults.fields import check_choice
+from diloco_chaos.faults.kinds.base import STREAMS, Fault
 
 DIRECTIONS = ("both", "upstream", "downstream")  # upstream = learner → syncer
 MILDEST_FIRST = ("upstream", "downstream", "both")  # how strategies draw a direction

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from faults.kinds.base import Fault
+from diloco_chaos.faults.kinds.base import Fault
 
 
 @dataclass(frozen=True)

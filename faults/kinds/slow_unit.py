@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from faults.fields import check_number
-from faults.kinds.base import Fault
+from diloco_chaos.faults.fields import check_number
+from diloco_chaos.faults.kinds.base import Fault
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from faults.fields import FieldError, check_number
-from faults.kinds.base import Fault
+from diloco_chaos.faults.fields import FieldError, check_number
+from diloco_chaos.faults.kinds.base import Fault
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Wan(Fault):
 
     @classmethod
     def draw(cls, draw, shape, target, at, length, *, never=False):
-        from faults.strategies import wan_settings
+        from diloco_chaos.faults.strategies import wan_settings
 
         return cls(target, at, duration_s=length, **draw(wan_settings()))
 

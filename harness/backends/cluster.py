@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from trainer.auth import SECRET_ENV, new_secret
-from harness.backends.toxiproxy_client import ToxiproxyClient
-from harness.links import LinkProfile
-from harness.backends.toxiproxy_server import ToxiproxyServer, free_port
-from harness.run.control import Spawned, apply_profile, link_name, make_topology, mechanism_words
+from diloco_chaos.trainer.auth import SECRET_ENV, new_secret
+from diloco_chaos.harness.backends.toxiproxy_client import ToxiproxyClient
+from diloco_chaos.harness.links import LinkProfile
+from diloco_chaos.harness.backends.toxiproxy_server import ToxiproxyServer, free_port
+from diloco_chaos.harness.run.control import Spawned, apply_profile, link_name, make_topology, mechanism_words
 
 
 JAX_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "jax"
@@ -282,5 +282,5 @@ class LocalCluster:
 
 
 def _processes() -> "Units":
-    from harness.backends.processes import Processes  # (it imports this module)
+    from diloco_chaos.harness.backends.processes import Processes  # (it imports this module)
     return Processes()

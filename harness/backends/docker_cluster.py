@@ -41,13 +41,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.backends.cluster import JAX_CACHE, LocalCluster, unit_jax_env
-from harness.backends.container_proc import ContainerProc, wait_job_state
-from harness.backends.processes import Spare, take_spare
-from harness.run.control import GRACE_S, LOCAL_MECHANISMS, SPARE_DELAY_S
-from harness.backends.docker_engine import LABEL, REPO, engine, host_image, host_mounts, remove_all
-from harness.backends.docker_remote import Shipped, host_of, is_remote, send_line
-from trainer.shell import CONTROL_ENV
+from diloco_chaos.harness.backends.cluster import JAX_CACHE, LocalCluster, unit_jax_env
+from diloco_chaos.harness.backends.container_proc import ContainerProc, wait_job_state
+from diloco_chaos.harness.backends.processes import Spare, take_spare
+from diloco_chaos.harness.run.control import GRACE_S, LOCAL_MECHANISMS, SPARE_DELAY_S
+from diloco_chaos.harness.backends.docker_engine import LABEL, REPO, engine, host_image, host_mounts, remove_all
+from diloco_chaos.harness.backends.docker_remote import Shipped, host_of, is_remote, send_line
+from diloco_chaos.trainer.shell import CONTROL_ENV
 
 UNIT_LABEL = "diloco-chaos.unit"
 CPU_PERIOD_US = 100_000
@@ -125,7 +125,7 @@ class Containers:
             self._image_ref = self.image
         for url, client in self._clients.items():  # imported (or shipped) once per engine
             if is_remote(url):  # another host: the runtime carries the code, nothing is mounted
-                from harness.backends.docker_runtime import runtime
+                from diloco_chaos.harness.backends.docker_runtime import runtime
                 self.shipped.runtimes[url] = runtime(client)
                 self.images[url] = self.shipped.runtimes[url].image
             elif self.image == "host":
@@ -183,7 +183,7 @@ class Containers:
                     self.made += 1
                     name = f"spare-{role}-{self.made}"
                     c = self._run(cluster, url, role, name, "spare",
-                                  ["trainer.spare", role, "--delay", str(delay_s + k * SPARE_DELAY_S),
+                                  ["diloco_chaos.trainer.spare", role, "--delay", str(delay_s + k * SPARE_DELAY_S),
                                    "--run-dir", str(cluster.run_dir), "--spare", name], log=f"{name}.log")
                     pool.append(Spare(name, ContainerProc(c)))
 
@@ -260,7 +260,7 @@ class Containers:
             if self._hand_over(cluster, spare, m):
                 return spare.proc
         m.start = "cold"
-        module = "trainer.learner" if m.role == "learner" else "trainer.syncer"
+        module = "diloco_chaos.trainer.learner" if m.role == "learner" else "diloco_chaos.trainer.syncer"
         args = [module, "--run-dir", str(cluster.run_dir), "--id", m.name, "--incarnation", str(m.incarnation)]
         if is_remote(url):
             c = self.shipped.run(cluster, self._clients[url], url, m.role, m.name, str(m.incarnation), args,

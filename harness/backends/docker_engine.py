@@ -16,14 +16,17 @@ import sys
 import tarfile
 from pathlib import Path
 
+from diloco_chaos.harness.extras import require
+
 LABEL = "diloco-chaos.run"
 HOST_IMAGE_REPO = "diloco-chaos-host"
 REPO = Path(__file__).resolve().parents[2]
 
 def engine(timeout_s: float = 60.0, url: str | None = None):
     """A client for the engine at `url` (a DOCKER_HOST URL), or the one DOCKER_HOST names;
-    raises `docker.errors.DockerException` when none answers."""
-    import docker
+    raises `docker.errors.DockerException` when none answers (a UserError naming the extra
+    when the `docker` package is not installed)."""
+    docker = require("docker", "docker")
 
     if url is None:
         c = docker.from_env(timeout=int(timeout_s))

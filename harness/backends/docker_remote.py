@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from harness.backends.cluster import unit_jax_env
-from harness.backends.docker_engine import LABEL
-from trainer.shell import STREAM_ENV
+from diloco_chaos.harness.backends.cluster import unit_jax_env
+from diloco_chaos.harness.backends.docker_engine import LABEL
+from diloco_chaos.trainer.shell import STREAM_ENV
 
 RUN_DIR = "/dc/run"
 JAX_CACHE_DIR = "/dc/jax-cache"

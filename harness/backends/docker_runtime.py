@@ -63,7 +63,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from harness.backends.runtime_files import PY, ROOT, code_files, image_tar, is_elf_candidate, tar_stream, volume_files
+from diloco_chaos.harness.backends.runtime_files import PY, ROOT, code_files, image_tar, is_elf_candidate, tar_stream, volume_files
 
 IMAGE_REPO = "diloco-chaos-runtime"
 VOLUME_PREFIX = "diloco-chaos-runtime-"

@@ -12,13 +12,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from harness.backends import procs
-from harness.backends.cluster import JAX_CACHE, Member, unit_jax_env
-from harness.run.control import GRACE_S, LOCAL_MECHANISMS, SPARE_DELAY_S
-from trainer.shell import CONTROL_ENV
+from diloco_chaos.harness.backends import procs
+from diloco_chaos.harness.backends.cluster import JAX_CACHE, Member, unit_jax_env
+from diloco_chaos.harness.run.control import GRACE_S, LOCAL_MECHANISMS, SPARE_DELAY_S
+from diloco_chaos.trainer.shell import CONTROL_ENV
 
 if TYPE_CHECKING:
-    from harness.backends.cluster import LocalCluster
+    from diloco_chaos.harness.backends.cluster import LocalCluster
 
 
 @dataclass
@@ -112,7 +112,7 @@ class Processes:
             for k in range(cluster.spare_pool - len(pool)):
                 self.made += 1
                 name = f"spare-{role}-{self.made}"
-                argv = [cluster.python, "-m", "trainer.spare", role, "--delay", str(delay_s + k * SPARE_DELAY_S),
+                argv = [cluster.python, "-m", "diloco_chaos.trainer.spare", role, "--delay", str(delay_s + k * SPARE_DELAY_S),
                         "--run-dir", str(cluster.run_dir), "--spare", name]
                 with open(cluster.run_dir / "stdout" / f"{name}.log", "wb") as out:
                     proc = procs.spawn(argv, stdout=out, stderr=subprocess.STDOUT, env=self._env(cluster, role),
@@ -130,7 +130,7 @@ class Processes:
             if handed:
                 return spare.proc
         m.start = "cold"
-        module = "trainer.learner" if m.role == "learner" else "trainer.syncer"
+        module = "diloco_chaos.trainer.learner" if m.role == "learner" else "diloco_chaos.trainer.syncer"
         out = open(cluster.run_dir / "stdout" / f"{m.name}.{m.incarnation}.log", "wb")
         argv = [cluster.python, "-m", module, "--run-dir", str(cluster.run_dir), "--id", m.name,
                 "--incarnation", str(m.incarnation)]

@@ -14,16 +14,16 @@ import shlex
 import time
 from pathlib import Path
 
-from harness import eventlog
-from harness.backends.cluster import LocalCluster
-from harness.judging.losses import final_eval_event
-from harness.progress import Progress
-from harness.run.injector import Injector
-from harness.run.loop import MAX_STEPS_FACTOR, Budget, log_header, run_end_s, token_budget, training_start, walk
-from harness.run.result import RunResult, summarize, unique_dir
-from harness.scenarios.scenario import Scenario
-from harness.scenarios.scenario_toml import scenario_to_toml
-from trainer.config import RunConfig
+from diloco_chaos.harness import eventlog
+from diloco_chaos.harness.backends.cluster import LocalCluster
+from diloco_chaos.harness.judging.losses import final_eval_event
+from diloco_chaos.harness.progress import Progress
+from diloco_chaos.harness.run.injector import Injector
+from diloco_chaos.harness.run.loop import MAX_STEPS_FACTOR, Budget, log_header, run_end_s, token_budget, training_start, walk
+from diloco_chaos.harness.run.result import RunResult, summarize, unique_dir
+from diloco_chaos.harness.scenarios.scenario import Scenario
+from diloco_chaos.harness.scenarios.scenario_toml import scenario_to_toml
+from diloco_chaos.trainer.config import RunConfig
 
 
 
@@ -35,7 +35,7 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
     run_dir = run_dir or unique_dir(out, label or s.name)
     (run_dir / "scenario.toml").write_text(scenario_to_toml(s))
     header = log_header(s, cfg, "cluster", f"diloco-chaos replay {shlex.quote(str(run_dir))}")
-    from trainer.shell import planted_bugs
+    from diloco_chaos.trainer.shell import planted_bugs
     if bugs := planted_bugs():  # DILOCO_CHAOS_BUGS: every process runs with these
         header["bugs"] = sorted(bugs)
     harness_events: list[dict] = []
@@ -44,14 +44,14 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
         harness_events.append({"t": round(time.time(), 6), "src": src, "kind": kind, **fields})
 
     shape = s.shape()
-    from trainer.tasks import task_for_run
+    from diloco_chaos.trainer.tasks import task_for_run
 
     header["task"] = task_for_run(cfg).describe()  # loss_floor: the entropy floor of the task
     kw = dict(shards=s.cluster.shards, seed=s.seed, wan=s.wan, slices=s.cluster.slices,
               max_steps_factor=MAX_STEPS_FACTOR, listen=s.cluster.listen, spares=s.spare_roles(),
               spare_pool=s.cluster.spare_pool)
     if s.cluster.backend == "docker":
-        from harness.backends.docker_cluster import DockerCluster
+        from diloco_chaos.harness.backends.docker_cluster import DockerCluster
 
         cluster = DockerCluster(run_dir, cfg.to_dict(), engines=s.cluster.engines, **kw)
     else:
@@ -128,7 +128,7 @@ def _global_evals(run_dir: Path, cfg: RunConfig, topology: dict, header: dict, e
     """The global model's held-out loss along the run (from the syncer shards' kept
     checkpoints, at the times they were taken) and at the end: harness `eval` lines with
     `global: true`; the last one is the run's final loss (harness/run/global_eval.py)."""
-    from harness.run import global_eval
+    from diloco_chaos.harness.run import global_eval
     along, why = global_eval.over_time(run_dir, cfg, topology, header.get("t_start", 0.0), header["t_end"])
     events += [{"t": round(p["t"], 6), "src": "harness", "kind": "eval", "loss": p["loss"], "step": None,
                 "global": True, "snapshot": True} for p in along]

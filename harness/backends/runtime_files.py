@@ -36,7 +36,7 @@ import tarfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from harness.backends.docker_engine import REPO
+from diloco_chaos.harness.backends.docker_engine import REPO
 
 ROOT = "/opt/diloco-chaos"  # where the runtime is mounted in a container
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -240,9 +240,10 @@ def probe(timeout_s: float = 300.0) -> list[str]:
     code = r"""
 import importlib.metadata, importlib.util, sys, sysconfig, tempfile
 import jax, jax.numpy as jnp
-import trainer.learner, trainer.syncer, trainer.spare, trainer.checkpoint, trainer.plugins
+import diloco_chaos.trainer.learner, diloco_chaos.trainer.syncer, diloco_chaos.trainer.spare, diloco_chaos.trainer.checkpoint, diloco_chaos.trainer.plugins
+import diloco_chaos.trainer as trainer
 if importlib.util.find_spec("flax"):
-    import examples.flax_mlp
+    import diloco_chaos.examples.flax_mlp
 with tempfile.TemporaryDirectory() as d, trainer.checkpoint.Checkpointer(d) as c:
     c.save(1, {"w": jnp.ones(3), "n": 1}); c.wait(); assert c.restore()["n"] == 1
 assert float(jax.jit(lambda x: x * 2)(jnp.ones(3)).sum()) == 6.0

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from harness.backends.toxiproxy_server import ToxiproxyServer
+from diloco_chaos.harness.backends.toxiproxy_server import ToxiproxyServer
 
 
 def register(sub, help_: str) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import requests
 
-from harness.backends import procs
+from diloco_chaos.harness.backends import procs
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_BINARY = REPO / ".tools" / "toxiproxy-server"
 
@@ -150,7 +150,7 @@ class ToxiproxyServer:
         return requests.get(self.url + "/version", timeout=2).text.strip()
 
     def client(self):
-        from harness.backends.toxiproxy_client import ToxiproxyClient
+        from diloco_chaos.harness.backends.toxiproxy_client import ToxiproxyClient
 
         return ToxiproxyClient(self.host, self.port)
 

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.backends.toxiproxy_server import ToxiproxyUnavailable, user_tools
+from diloco_chaos.harness.backends.toxiproxy_server import ToxiproxyUnavailable, user_tools
 
 VERSION = "v2.12.0"
 MODULE = "github.com/Shopify/toxiproxy/v2/cmd"

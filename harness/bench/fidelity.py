@@ -33,7 +33,7 @@ GOAL_POINTS = 3.0
 
 def scenarios(names: list[str] | None = None) -> list:
     """The built-ins with faults (local backend), or those of `names`."""
-    from harness.scenarios.scenario import list_scenarios, load_scenario
+    from diloco_chaos.harness.scenarios.scenario import list_scenarios, load_scenario
 
     out = []
     for name, _ in list_scenarios():
@@ -59,8 +59,8 @@ def _timed(fn, *args, **kw) -> dict:
 
 def sim_rows(s, real: dict, out: Path) -> dict:
     """The two simulator runs of `s` beside its real run, and the differences."""
-    from harness.sim.calibrate import replay_calibrated
-    from harness.sim.run import run_sim
+    from diloco_chaos.harness.sim.calibrate import replay_calibrated
+    from diloco_chaos.harness.sim.run import run_sim
 
     sim = _timed(run_sim, s, out / "sim", expect=False)
     t0 = time.monotonic()
@@ -74,7 +74,7 @@ def sim_rows(s, real: dict, out: Path) -> dict:
 
 
 def summarize(rows: list[dict]) -> dict:
-    from harness.bench.fleet_tier import GOAL_POINTS as FLEET_GOAL
+    from diloco_chaos.harness.bench.fleet_tier import GOAL_POINTS as FLEET_GOAL
 
     worst = max(abs(r["sim_minus_real_points"]) for r in rows)
     return {"sim_vs_real_max_points": worst, "goal_points": GOAL_POINTS,
@@ -90,7 +90,7 @@ def _stored_real(s, folder: Path) -> dict:
     """A real run of `s` kept by an earlier bench (`--from`), read back as a row's `real`."""
     import json
 
-    from harness.errors import UserError
+    from diloco_chaos.harness.errors import UserError
 
     run_dir = folder / s.name
     try:
@@ -106,8 +106,8 @@ def _stored_real(s, folder: Path) -> dict:
 
 def fidelity(out_dir: Path, names: list[str] | None = None, real_from: Path | None = None) -> dict:
     """Registered in diloco_chaos/bench.py as `fidelity`."""
-    from harness.backends.runner import run_scenario
-    from harness.bench.fleet_tier import fleet_row
+    from diloco_chaos.harness.backends.runner import run_scenario
+    from diloco_chaos.harness.bench.fleet_tier import fleet_row
 
     out, rows = out_dir / "fidelity", []
     for s in scenarios(names):

@@ -27,7 +27,7 @@ def steady_overhead(log) -> float:
     inside it the time blocked on the others (data-parallel's wait for the mean gradient,
     which its `dt` includes). The steady cost of running under this policy on this
     machine, not of a fault: the faults' own costs are what the rules price."""
-    from harness.judging.history import clip, histories, measure
+    from diloco_chaos.harness.judging.history import clip, histories, measure
 
     spans = idle = 0.0
     for h in histories(log, math.inf).values():
@@ -44,10 +44,10 @@ def steady_overhead(log) -> float:
 
 def pace_from_run(run_dir: Path):
     """The fleet model's `Pace`, measured from the run in `run_dir` (its log and summary)."""
-    from harness import eventlog
-    from harness.fleet.scenario import Pace
-    from harness.sim.calibrate import params_from_log
-    from trainer.learner_loop import CKPT_EVERY
+    from diloco_chaos.harness import eventlog
+    from diloco_chaos.harness.fleet.scenario import Pace
+    from diloco_chaos.harness.sim.calibrate import params_from_log
+    from diloco_chaos.trainer.learner_loop import CKPT_EVERY
 
     run_dir = Path(run_dir)
     log = eventlog.read(run_dir)
@@ -59,7 +59,7 @@ def pace_from_run(run_dir: Path):
 
 def fleet_row(scenario, real: dict) -> dict:
     """The fleet tier of one fidelity row: its prediction and the difference in points."""
-    from harness.fleet.scenario import predict
+    from diloco_chaos.harness.fleet.scenario import predict
 
     pred = predict(scenario, pace_from_run(Path(real["run_dir"])))
     return {"fleet": {"goodput": round(pred["ddl"]["goodput"], 6),

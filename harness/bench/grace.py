@@ -17,9 +17,9 @@ import dataclasses
 import statistics
 from pathlib import Path
 
-from faults.kinds import SlowUnit
-from harness import eventlog
-from harness.judging.losses import batch_losses, parity_ci
+from diloco_chaos.faults.kinds import SlowUnit
+from diloco_chaos.harness import eventlog
+from diloco_chaos.harness.judging.losses import batch_losses, parity_ci
 
 ARMS = {  # name -> [train] overrides
     "K=M": {"quorum": 4},
@@ -31,7 +31,7 @@ STEPS, DURATION_S, SLOW = 400, 120.0, 0.8
 
 
 def scenario(arm: dict, seed: int):
-    from harness.scenarios.scenario import load_scenario
+    from diloco_chaos.harness.scenarios.scenario import load_scenario
 
     base = load_scenario("heterogeneous")
     train = dataclasses.replace(base.train, steps=STEPS, duration_s=DURATION_S, **arm)
@@ -45,7 +45,7 @@ def _dir_name(name: str, seed: int) -> str:
 
 
 def grace(out_dir: Path) -> dict:
-    from harness.backends.runner import run_scenario
+    from diloco_chaos.harness.backends.runner import run_scenario
 
     for seed in SEEDS:
         for name, arm in ARMS.items():

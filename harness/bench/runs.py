@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.backends import procs
-from harness.backends.cluster import LocalCluster
-from harness.links import LinkProfile
-from trainer.config import RunConfig
+from diloco_chaos.harness.backends import procs
+from diloco_chaos.harness.backends.cluster import LocalCluster
+from diloco_chaos.harness.links import LinkProfile
+from diloco_chaos.trainer.config import RunConfig
 
 EVAL_EVERY = 10      # held-out evals along the runs read at a target loss (bench wan, bandwidth)
 TARGET_NATS = 0.05   # the target loss: the Markov entropy floor + this
@@ -197,7 +197,7 @@ def _global_loss(run_dir: Path, cfg: RunConfig, names: list[str]) -> float | Non
     """The held-out loss of the model the run produced, on `task.final_eval_batches` batches
     (64; the learners' own evals use the first 4): Θ from the shard's last checkpoint, or in
     dp modes learner-0's (every learner holds the global model). None if it could not be read."""
-    from harness.run.global_eval import final
+    from diloco_chaos.harness.run.global_eval import final
 
     losses, _ = final(run_dir, cfg, {"shards": {"syncer-0": list(range(cfg.n_fragments))}, "learners": names})
     return None if not losses else sum(losses) / len(losses)  # (final gives each held-out batch's loss)
@@ -253,9 +253,9 @@ def bare_loop(cfg: RunConfig, steps: int, learner: int = 0) -> dict:
     (after step s+1 is dispatched and step s's loss fetched), plus tokens per step."""
     import jax
 
-    from trainer.inner import make_inner
-    from trainer.shell import global_init
-    from trainer.tasks import task_for_run
+    from diloco_chaos.trainer.inner import make_inner
+    from diloco_chaos.trainer.shell import global_init
+    from diloco_chaos.trainer.tasks import task_for_run
 
     task = task_for_run(cfg)
     inner = make_inner(cfg, task.loss_fn)
@@ -286,7 +286,7 @@ def bare_process(cfg: RunConfig, steps: int, cpus: set[int] | None = None, timeo
     """`bare_loop` in a fresh process with a learner's environment (1 XLA host device,
     CPU platform, the cluster's compilation cache), pinned to `cpus` before it imports
     JAX, exactly as `run_cluster` pins a learner."""
-    from harness.backends.cluster import JAX_CACHE
+    from diloco_chaos.harness.backends.cluster import JAX_CACHE
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     env.setdefault("JAX_PLATFORMS", "cpu")

@@ -20,7 +20,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from faults.schedule import RunShape
+from diloco_chaos.faults.schedule import RunShape
 
 # The inner lr that brings the quadratic near its floor inside a short run, so that damage
 # to the model shows in the loss: a shard restored from its oldest checkpoint lifts the
@@ -56,10 +56,10 @@ PROPERTY_WINDOW = RunShape(learners=3, run_s=6.5, slices=2, shards=2)
 def examples_per_min(n: int = 60) -> dict:
     from hypothesis import HealthCheck, given, settings
 
-    from faults.strategies import schedules
-    from harness.judging import checks, metrics
-    from harness.scenarios.scenario import scenario_from_dict
-    from harness.sim.run import simulate
+    from diloco_chaos.faults.strategies import schedules
+    from diloco_chaos.harness.judging import checks, metrics
+    from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
+    from diloco_chaos.harness.sim.run import simulate
 
     base = scenario_from_dict(PROPERTY_BASE)
     simulate(base)  # compile once, as the first example of a suite does
@@ -82,8 +82,8 @@ def examples_per_min(n: int = 60) -> dict:
 
 
 def speedup(name: str = "unit-loss", **train) -> dict:
-    from harness.scenarios.scenario import load_scenario
-    from harness.sim.run import model_for, simulate
+    from diloco_chaos.harness.scenarios.scenario import load_scenario
+    from diloco_chaos.harness.sim.run import model_for, simulate
 
     s = load_scenario(name)
     s = dataclasses.replace(s, train=dataclasses.replace(s.train, **train))
@@ -101,7 +101,7 @@ def speedup(name: str = "unit-loss", **train) -> dict:
 
 def bench(out_dir: Path) -> dict:
     """Registered in diloco_chaos/bench.py as `sim`."""
-    from harness.sim.run import SimParams
+    from diloco_chaos.harness.sim.run import SimParams
 
     quad = examples_per_min()
     lm = speedup()

@@ -7,10 +7,10 @@ import math
 import statistics
 from pathlib import Path
 
-from harness.bench.runs import EVAL_EVERY, TARGET_NATS, ClusterRun, describe, eval_curve, run_cluster, time_to
-from harness.links import LinkProfile
-from trainer.config import DilocoConfig, InnerOptConfig, RunConfig, with_preset
-from trainer.tasks import task_for_run
+from diloco_chaos.harness.bench.runs import EVAL_EVERY, TARGET_NATS, ClusterRun, describe, eval_curve, run_cluster, time_to
+from diloco_chaos.harness.links import LinkProfile
+from diloco_chaos.trainer.config import DilocoConfig, InnerOptConfig, RunConfig, with_preset
+from diloco_chaos.trainer.tasks import task_for_run
 
 WAN_LATENCY_MS = 20                               # one-way, each link
 WAN_RATES_KBPS = (32_000, 8_000, 2_000, 1_000)    # the sweep: every learner-syncer link, each direction

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import units
-from harness.errors import UserError
+from diloco_chaos.harness import units
+from diloco_chaos.harness.errors import UserError
 
 YEAR_S = float(units.PER_S["y"])
 BLOCK_CHIPS = 1 << 16  # failures are drawn per block of chips, so a chip's history never depends on N
@@ -352,7 +352,7 @@ def short_count(n: int) -> str:
 
 
 def write(res: dict, out: Path) -> tuple[Path, Path]:
-    from harness.fleet.page import render
+    from diloco_chaos.harness.fleet.page import render
 
     out.mkdir(parents=True, exist_ok=True)
     js, page = out / "fleet.json", out / "fleet.html"

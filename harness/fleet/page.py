@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 import math
 
-from harness.fleet.model import PARAM_DOC, format_duration, short_count
+from diloco_chaos.harness.fleet.model import PARAM_DOC, format_duration, short_count
 
 COLORS = {"dp_no_elastic": "#c0392b", "elastic_dp": "#e67e22", "ddl_m1": "#8e6c3a",
           "ddl_m2": "#7fb3d5", "ddl_m4": "#2e86c1", "ddl_m8": "#1a5276", "ddl_m16": "#117a65"}

@@ -54,7 +54,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from harness.intervals import measure, minus, norm
+from diloco_chaos.harness.intervals import measure, minus, norm
 
 BUCKETS = ("dead", "recovery", "paused", "lost", "other")
 

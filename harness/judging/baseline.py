@@ -28,7 +28,7 @@ import json
 import time
 from pathlib import Path
 
-from harness.judging.check_base import Result
+from diloco_chaos.harness.judging.check_base import Result
 
 STORE = Path(__file__).parents[1] / "scenarios" / "baselines.json"
 BOUND = 0.05

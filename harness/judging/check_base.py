@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from harness.eventlog import EventLog
-from harness.judging.history import is_process_up, learner_names
+from diloco_chaos.harness.eventlog import EventLog
+from diloco_chaos.harness.judging.history import is_process_up, learner_names
 
 SHOW = 10  # offending lines kept in details
 

@@ -20,15 +20,15 @@ from dataclasses import asdict
 
 # the Result vocabulary (check_base.py) and the checks on what reached the model
 # (model_checks.py) live beside this file
-from faults.overlaps import LinkTarget
-from faults.kinds import FAULT_KINDS
-from harness.judging.check_base import SHOW, Result, _judge, _shards, compose, shard_lives  # noqa: F401 - compose: re-exported
-from harness.eventlog import EventLog
-from harness.judging.history import clip, histories, intersect, learner_names, minus, norm, window
-from harness.judging.ledger import tokens_conserved
-from harness.judging.metrics import Metrics, commit_gaps
-from harness.judging.pace import pace
-from harness.judging.model_checks import (END_MAX, RISE_MAX, delta_bases_advance, global_loss_regression,
+from diloco_chaos.faults.overlaps import LinkTarget
+from diloco_chaos.faults.kinds import FAULT_KINDS
+from diloco_chaos.harness.judging.check_base import SHOW, Result, _judge, _shards, compose, shard_lives  # noqa: F401 - compose: re-exported
+from diloco_chaos.harness.eventlog import EventLog
+from diloco_chaos.harness.judging.history import clip, histories, intersect, learner_names, minus, norm, window
+from diloco_chaos.harness.judging.ledger import tokens_conserved
+from diloco_chaos.harness.judging.metrics import Metrics, commit_gaps
+from diloco_chaos.harness.judging.pace import pace
+from diloco_chaos.harness.judging.model_checks import (END_MAX, RISE_MAX, delta_bases_advance, global_loss_regression,
                                           link_buffers_bounded, progress_merged_once, staleness_bounded)
 
 # --- safety ------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from harness.eventlog import EventLog
-from harness.intervals import clip, intersect, measure, minus, norm  # noqa: F401 - used here and re-exported
+from diloco_chaos.harness.eventlog import EventLog
+from diloco_chaos.harness.intervals import clip, intersect, measure, minus, norm  # noqa: F401 - used here and re-exported
 
 
 # --- intervals (harness/intervals.py): the vocabulary of the metrics and checks ------------

@@ -6,8 +6,8 @@ and the runner cannot disagree on a run (issue 14: judging once).
 """
 from __future__ import annotations
 
-from harness.judging import checks, metrics
-from harness.eventlog import EventLog
+from diloco_chaos.harness.judging import checks, metrics
+from diloco_chaos.harness.eventlog import EventLog
 
 
 def judge(log: EventLog, reference: EventLog | None = None, expect: dict | None = None, *,

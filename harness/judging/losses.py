@@ -14,7 +14,7 @@ import statistics
 
 import numpy as np
 
-from harness.eventlog import EventLog
+from diloco_chaos.harness.eventlog import EventLog
 
 BOOTSTRAP = 2000     # resamples
 CONFIDENCE = 0.95    # two-sided

@@ -38,15 +38,15 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
-from harness.eventlog import EventLog
-from harness.judging.history import (UnitHistory, clip, first_step_start, fragment_count, histories,
+from diloco_chaos.harness.eventlog import EventLog
+from diloco_chaos.harness.judging.history import (UnitHistory, clip, first_step_start, fragment_count, histories,
                                      learner_names, measure, minus, norm, step_lag, window)
-from harness.judging.losses import batch_losses, excess_loss_ratio, final_loss, loss_floor, mean_ci, parity_ci
-from harness.judging.ledger import ledger
-from harness.judging.pace import pace
-from harness.judging.participation import participation
-from harness.judging.recovery import first_merges, recoveries
-from trainer.protocol_base import DP_MODES
+from diloco_chaos.harness.judging.losses import batch_losses, excess_loss_ratio, final_loss, loss_floor, mean_ci, parity_ci
+from diloco_chaos.harness.judging.ledger import ledger
+from diloco_chaos.harness.judging.pace import pace
+from diloco_chaos.harness.judging.participation import participation
+from diloco_chaos.harness.judging.recovery import first_merges, recoveries
+from diloco_chaos.trainer.protocol_base import DP_MODES
 
 BADPUT = ("startup", "waiting_on_sync", "rolled_back", "lost", "stale", "recovery", "paused", "dead", "finished",
           "other")

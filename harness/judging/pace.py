@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import statistics
 
-from harness.eventlog import EventLog
-from harness.judging.history import is_process_up
+from diloco_chaos.harness.eventlog import EventLog
+from diloco_chaos.harness.judging.history import is_process_up
 
 # One unit's cold start (its process start → its first unit_up, divided by the units
 # starting together per core), the median of a run's units, on an idle 2-core machine of

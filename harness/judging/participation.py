@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from harness.eventlog import EventLog
+from diloco_chaos.harness.eventlog import EventLog
 
 
 def participation(log: EventLog) -> dict | None:

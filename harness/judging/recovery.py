@@ -8,8 +8,8 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-from harness.eventlog import EventLog
-from harness.judging.history import Incarnation, UnitHistory, first_step_start
+from diloco_chaos.harness.eventlog import EventLog
+from diloco_chaos.harness.judging.history import Incarnation, UnitHistory, first_step_start
 
 
 @dataclass(frozen=True)

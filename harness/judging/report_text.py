@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from harness.judging.checks import faults_note, stop_note
+from diloco_chaos.harness.judging.checks import faults_note, stop_note
 
 ROWS = [  # (label, key, format)
     ("goodput", "goodput", "{:.1%}"),

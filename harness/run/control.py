@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from faults.kinds import FAULT_KINDS
-from harness.links import LinkProfile
-from trainer.learner_loop import STOP_CLOSE_S
+from diloco_chaos.faults.kinds import FAULT_KINDS
+from diloco_chaos.harness.links import LinkProfile
+from diloco_chaos.trainer.learner_loop import STOP_CLOSE_S
 
 # A replacement warm spare waits this long before its boot (trainer/spare.py), so that
 # spares started together do not compete for the CPU with the unit they stand in for.

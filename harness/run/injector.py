@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import time
 
-from faults.kinds import Fault
-from faults.schedule import RunShape, expand_links
-from harness.links import LinkProfile, toxic_spec
-from harness.run.control import Control, apply_profile
+from diloco_chaos.faults.kinds import Fault
+from diloco_chaos.faults.schedule import RunShape, expand_links
+from diloco_chaos.harness.links import LinkProfile, toxic_spec
+from diloco_chaos.harness.run.control import Control, apply_profile
 
 
 class Injector:

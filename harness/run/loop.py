@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from faults.schedule import Schedule
-from harness.run.control import Control
-from harness.run.injector import Injector
-from harness.scenarios.scenario import Scenario
-from trainer.config import RunConfig
+from diloco_chaos.faults.schedule import Schedule
+from diloco_chaos.harness.run.control import Control
+from diloco_chaos.harness.run.injector import Injector
+from diloco_chaos.harness.scenarios.scenario import Scenario
+from diloco_chaos.trainer.config import RunConfig
 
 MAX_STEPS_FACTOR = 2.0  # learners may step past their share while another one is down
 END_GRACE_S = 20.0

@@ -9,8 +9,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import eventlog, listeners
-from harness.scenarios.scenario import Scenario
+from diloco_chaos.harness import eventlog, listeners
+from diloco_chaos.harness.scenarios.scenario import Scenario
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def with_mode(s: Scenario, mode: str) -> Scenario:
 
 def summarize(run_dir: Path, s: Scenario, reference: Path | None = None, expect: bool = True) -> dict:
     """Judges the run (harness/judging/judge.py) and writes summary.json."""
-    from harness.judging.judge import judge
+    from diloco_chaos.harness.judging.judge import judge
 
     log = eventlog.read(run_dir)
     ref = eventlog.read(reference) if reference else None

@@ -31,14 +31,14 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from faults.failures import FailureProcess
-from faults.fields import FieldError, check_number, suggest
-from faults.kinds import FAULT_KINDS, Fault
-from faults.schedule import RunShape, Schedule, ScheduleError, validate
-from harness.links import LinkProfile
-from harness.scenarios.specs import BACKENDS, ENGINE_SCHEMES, ClusterSpec, Expect, TrainSpec  # noqa: F401 - re-exported
-from harness.units import _Bad, _convert, _describe, _shown, _what
-from trainer.config import InnerOptConfig, RunConfig, is_plugin, with_preset
+from diloco_chaos.faults.failures import FailureProcess
+from diloco_chaos.faults.fields import FieldError, check_number, suggest
+from diloco_chaos.faults.kinds import FAULT_KINDS, Fault
+from diloco_chaos.faults.schedule import RunShape, Schedule, ScheduleError, validate
+from diloco_chaos.harness.links import LinkProfile
+from diloco_chaos.harness.scenarios.specs import BACKENDS, ENGINE_SCHEMES, ClusterSpec, Expect, TrainSpec  # noqa: F401 - re-exported
+from diloco_chaos.harness.units import _Bad, _convert, _describe, _shown, _what
+from diloco_chaos.trainer.config import InnerOptConfig, RunConfig, is_plugin, with_preset
 
 SCENARIOS_DIR = Path(__file__).resolve().parent / "builtin"  # scenarios/ in a checkout links here
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
@@ -245,7 +245,7 @@ def scenario_from_dict(d: dict, source: str = "<python>") -> Scenario:
     faults, written = _read_faults(d.get("faults", []), source)
     s = _scenario(kw, faults, written, source)
     if is_plugin(s.train.task):  # a user's task: its contract proven before any process starts
-        from trainer.plugins import PluginError, check_task
+        from diloco_chaos.trainer.plugins import PluginError, check_task
 
         try:
             check_task(s.run_config())

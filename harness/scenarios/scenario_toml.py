@@ -6,8 +6,8 @@ import dataclasses
 import json
 from typing import Any
 
-from faults.kinds import FAULT_KINDS
-from harness.units import _shown
+from diloco_chaos.faults.kinds import FAULT_KINDS
+from diloco_chaos.harness.units import _shown
 
 
 def _toml(value: Any) -> str:

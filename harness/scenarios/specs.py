@@ -9,8 +9,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from faults.fields import FieldError, check_choice, check_number
-from trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, PRESETS, SECOND_MOMENTS, SHARE_BY,
+from diloco_chaos.faults.fields import FieldError, check_choice, check_number
+from diloco_chaos.trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, PRESETS, SECOND_MOMENTS, SHARE_BY,
                             TASK_KINDS, is_plugin)
 
 BACKENDS = ("local", "docker")

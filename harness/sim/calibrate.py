@@ -29,8 +29,8 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from harness.eventlog import EventLog
-from harness.sim.world import SimParams
+from diloco_chaos.harness.eventlog import EventLog
+from diloco_chaos.harness.sim.world import SimParams
 
 CKPT_EVERY = 50  # trainer/learner_loop.py
 WAIT_S = 1.0  # two step lines further apart: the protocol held the learner back (the simulator plays that)
@@ -95,7 +95,7 @@ def params_from_log(log: EventLog, base: SimParams = SimParams()) -> SimParams:
             firsts.append(up - t_launch + max(0.0, first["dt"] - step))  # the first step's compile too
     shard_ups = [e["t"] - t_launch for e in log.of("unit_up") if e["src"] in log.header["topology"]["shards"]
                  and e.get("incarnation") == 0 and t_launch is not None]
-    from harness.judging import metrics  # the run's restarts, as the summary reads them
+    from diloco_chaos.harness.judging import metrics  # the run's restarts, as the summary reads them
 
     spare_boots = [r.boot_s for r in metrics.compute(log).recovery if r.start == "spare"]
     return dataclasses.replace(
@@ -112,8 +112,8 @@ def replay_calibrated(s, real_dir, out, *, label: str | None = None):
     parameters measured from the real run in `real_dir`: (the sim's RunResult, the params)."""
     from pathlib import Path
 
-    from harness import eventlog
-    from harness.sim.run import run_sim
+    from diloco_chaos.harness import eventlog
+    from diloco_chaos.harness.sim.run import run_sim
 
     params = params_from_log(eventlog.read(Path(real_dir)))
     return run_sim(s, out, params=params, label=label, expect=False), params

@@ -26,12 +26,12 @@ import traceback
 import jax
 import numpy as np
 
-from trainer.learner_driver import LearnerDriver, LearnerHost
-from trainer.learner_loop import Compute, Idle, Spent, Until, learner_loop
-from trainer.messages import SliceControl
-from trainer.protocol import LearnerCore
-from trainer.sdc import Corrupter
-from trainer.wiring import learner_config, logged_combiner
+from diloco_chaos.trainer.learner_driver import LearnerDriver, LearnerHost
+from diloco_chaos.trainer.learner_loop import Compute, Idle, Spent, Until, learner_loop
+from diloco_chaos.trainer.messages import SliceControl
+from diloco_chaos.trainer.protocol import LearnerCore
+from diloco_chaos.trainer.sdc import Corrupter
+from diloco_chaos.trainer.wiring import learner_config, logged_combiner
 
 
 def _dies_on_error(method):

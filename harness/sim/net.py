@@ -29,13 +29,13 @@ serialised (the proxy's share included, which the transport's own count does not
 """
 from __future__ import annotations
 
-from harness.sim.proxies import SimProxies
-from harness.sim.wire import (ANSWER, BACKOFF_S, CHALLENGE, HELD_BYTES, LASTED_S, PROOF, STREAM, STREAM_OF, Conn,
+from diloco_chaos.harness.sim.proxies import SimProxies
+from diloco_chaos.harness.sim.wire import (ANSWER, BACKOFF_S, CHALLENGE, HELD_BYTES, LASTED_S, PROOF, STREAM, STREAM_OF, Conn,
                               Exchange, Frame, Link, Wire, proof_bytes)  # noqa: F401 - Wire: re-exported
-from trainer import auth
-from trainer.codec import encode_frame
-from trainer.outbox import outbox_key
-from trainer.transport import LinkStats
+from diloco_chaos.trainer import auth
+from diloco_chaos.trainer.codec import encode_frame
+from diloco_chaos.trainer.outbox import outbox_key
+from diloco_chaos.trainer.transport import LinkStats
 
 
 class Net:

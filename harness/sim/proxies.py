@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from harness.sim.net import Link, Net
+    from diloco_chaos.harness.sim.net import Link, Net
 
 
 class SimProxies:

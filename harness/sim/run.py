@@ -23,21 +23,21 @@ from pathlib import Path
 
 import jax
 
-from harness import eventlog, listeners
-from harness.judging.losses import final_eval_event
-from harness.run.control import make_topology
-from harness.run.injector import Injector
-from harness.run.loop import MAX_STEPS_FACTOR, Budget, log_header, training_start, walk
-from harness.run.result import RunResult, summarize, unique_dir
-from harness.scenarios.scenario import Scenario, scenario_from_dict
-from harness.scenarios.scenario_toml import scenario_to_toml
-from harness.sim.world import SimParams, World
-from trainer.config import RunConfig
-from trainer.events import _plain
-from trainer.inner import make_inner
-from trainer.shell import global_init
-from trainer.tasks import task_for_run
-from trainer.wiring import fragmenter_for, learner_math, syncer_math
+from diloco_chaos.harness import eventlog, listeners
+from diloco_chaos.harness.judging.losses import final_eval_event
+from diloco_chaos.harness.run.control import make_topology
+from diloco_chaos.harness.run.injector import Injector
+from diloco_chaos.harness.run.loop import MAX_STEPS_FACTOR, Budget, log_header, training_start, walk
+from diloco_chaos.harness.run.result import RunResult, summarize, unique_dir
+from diloco_chaos.harness.scenarios.scenario import Scenario, scenario_from_dict
+from diloco_chaos.harness.scenarios.scenario_toml import scenario_to_toml
+from diloco_chaos.harness.sim.world import SimParams, World
+from diloco_chaos.trainer.config import RunConfig
+from diloco_chaos.trainer.events import _plain
+from diloco_chaos.trainer.inner import make_inner
+from diloco_chaos.trainer.shell import global_init
+from diloco_chaos.trainer.tasks import task_for_run
+from diloco_chaos.trainer.wiring import fragmenter_for, learner_math, syncer_math
 
 __all__ = ["SimParams", "SimRun", "launch", "simulate", "finish", "run_sim", "replay_sim", "model_for"]
 
@@ -180,7 +180,7 @@ def _snapshot_evals(world: World, t0: float, duration_s: float) -> dict:
     each holds the global model; the process tier keeps no such history yet, so there it
     stays UNKNOWN). Returns the switch that ends them (the run's end: not during the
     teardown)."""
-    from harness.run.global_eval import MAX_POINTS
+    from diloco_chaos.harness.run.global_eval import MAX_POINTS
 
     state = {"on": True}
     every = max(0.5, duration_s / (MAX_POINTS - 1))
@@ -255,7 +255,7 @@ def run_sim(s: Scenario, out: Path, run_dir: Path | None = None, *, label: str |
     """The sim tier's `run_scenario` (same keywords, same files: run_dir/events.jsonl,
     scenario.toml, summary.json; the CLI renders report.html). `live` is accepted and ignored; planted bugs
     come from `bugs`, else from DILOCO_CHAOS_BUGS as on processes."""
-    from trainer.shell import planted_bugs
+    from diloco_chaos.trainer.shell import planted_bugs
 
     run_dir = run_dir or unique_dir(Path(out), label or s.name)
     run = simulate(s, params=params, bugs=frozenset(bugs) or planted_bugs(), replay=f"diloco-chaos replay {shlex.quote(str(run_dir))}")

@@ -8,10 +8,10 @@ from the last durable snapshot, or from Θ0 if it never saved.
 """
 from __future__ import annotations
 
-from trainer.protocol import SyncerCore
-from trainer.syncer_driver import SyncerDriver
-from trainer.transport import LinkStats
-from trainer.wiring import syncer_config
+from diloco_chaos.trainer.protocol import SyncerCore
+from diloco_chaos.trainer.syncer_driver import SyncerDriver
+from diloco_chaos.trainer.transport import LinkStats
+from diloco_chaos.trainer.wiring import syncer_config
 
 
 class SyncerProc:

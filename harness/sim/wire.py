@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from trainer import auth
-from trainer.outbox import Outbox
-from trainer.transport import LinkStats
+from diloco_chaos.trainer import auth
+from diloco_chaos.trainer.outbox import Outbox
+from diloco_chaos.trainer.transport import LinkStats
 
 BACKOFF_S = (0.05, 1.0)  # ShardLink's default backoff_s
 LASTED_S = 1.0  # a connection that lasted longer resets the backoff (ShardLink._run)

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.run.control import GRACE_S, LOCAL_MECHANISMS, SPARE_DELAY_S, Spawned, apply_profile, mechanism_words
-from harness.sim.learner import SimLearner
-from harness.sim.net import Net
-from harness.sim.syncer import SimSyncer
-from trainer.events import KINDS
-from trainer.protocol_base import DP_MODES
-from trainer.protocol import LEARNER_BUGS, SYNCER_BUGS
+from diloco_chaos.harness.run.control import GRACE_S, LOCAL_MECHANISMS, SPARE_DELAY_S, Spawned, apply_profile, mechanism_words
+from diloco_chaos.harness.sim.learner import SimLearner
+from diloco_chaos.harness.sim.net import Net
+from diloco_chaos.harness.sim.syncer import SimSyncer
+from diloco_chaos.trainer.events import KINDS
+from diloco_chaos.trainer.protocol_base import DP_MODES
+from diloco_chaos.trainer.protocol import LEARNER_BUGS, SYNCER_BUGS
 
 
 class Handle:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reports import browser
+from diloco_chaos.reports import browser
 
 
 @pytest.fixture(scope="module")

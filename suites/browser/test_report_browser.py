@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from reports import page as pagemod
-from reports import render_index, render_run
+from diloco_chaos.reports import page as pagemod
+from diloco_chaos.reports import render_index, render_run
 
 FIXTURE = Path(__file__).resolve().parents[1] / "unit" / "data" / "report_run"
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "runs" / "screenshots"
@@ -156,7 +156,7 @@ def test_index_page_links_each_run(visit, run_page, tmp_path):
 def test_report_command_saves_a_screenshot(tmp_path):
     """`diloco-chaos report RUN_DIR --screenshot PNG`: the page re-rendered, then photographed
     (in a process of its own: this session's Playwright already runs here)."""
-    from reports import browser
+    from diloco_chaos.reports import browser
 
     if browser.find() is None:
         pytest.skip("no Chromium on PATH; install one with scripts/install-browser.sh")

@@ -14,9 +14,9 @@ import os
 
 import pytest
 
-from harness import eventlog
-from harness.backends.runner import run_scenario
-from harness.scenarios.scenario import scenario_from_dict
+from diloco_chaos.harness import eventlog
+from diloco_chaos.harness.backends.runner import run_scenario
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -172,7 +172,7 @@ def _done_the_backends_way(log, run) -> None:
 def _nothing_outlives(log, run, request) -> None:
     """After the run: no process of it is alive (local), no container of it exists (docker)."""
     if run["backend"]["name"] == "docker":  # a unit's own pid is its container's, not ours
-        from harness.backends.docker_engine import LABEL
+        from diloco_chaos.harness.backends.docker_engine import LABEL
 
         engine = request.getfixturevalue("docker_engine")
         assert not engine.containers.list(all=True, filters={"label": f"{LABEL}={run['topology']['run_id']}"})
@@ -316,7 +316,7 @@ def test_latency_spike_delays_its_link(link_faults):
 def test_latency_spike_delays_its_link_in_the_sim():
     # the same spike 15 s earlier in a 13 s run (the check needs 4 s before it and its
     # 4 s): the sim computes every inner step, 18.7 s of a CI run for the 28 s one
-    from harness.sim.run import simulate
+    from diloco_chaos.harness.sim.run import simulate
 
     spike = {**LATENCY_SPIKE, "at": "6s"}
     s = _scenario("latency-spike", [spike], shards=2, backend="local", duration="13s")

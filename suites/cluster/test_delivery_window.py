@@ -18,13 +18,13 @@ import time
 import numpy as np
 import pytest
 
-from harness.backends.toxiproxy_server import ToxiproxyServer
-from harness.links import toxic_spec
-from trainer import transport
-from trainer.messages import FragmentUpdate
-from trainer.outbox import outbox_key
-from trainer.shard_link import ShardLink
-from trainer.transport import ShardServer, wait_until
+from diloco_chaos.harness.backends.toxiproxy_server import ToxiproxyServer
+from diloco_chaos.harness.links import toxic_spec
+from diloco_chaos.trainer import transport
+from diloco_chaos.trainer.messages import FragmentUpdate
+from diloco_chaos.trainer.outbox import outbox_key
+from diloco_chaos.trainer.shard_link import ShardLink
+from diloco_chaos.trainer.transport import ShardServer, wait_until
 
 pytestmark = [pytest.mark.cluster]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends.procs import pid_alive
+from diloco_chaos.harness.backends.procs import pid_alive
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

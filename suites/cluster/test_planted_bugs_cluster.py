@@ -69,13 +69,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import eventlog
-from harness.backends import runner
-from harness.bench.sim import LEARNING_BASE
-from harness.judging import baseline, checks, losses, metrics
-from faults.kinds import Corrupt
-from harness.scenarios.scenario import load_scenario, scenario_from_dict
-from trainer.shell import BUGS_ENV
+from diloco_chaos.harness import eventlog
+from diloco_chaos.harness.backends import runner
+from diloco_chaos.harness.bench.sim import LEARNING_BASE
+from diloco_chaos.harness.judging import baseline, checks, losses, metrics
+from diloco_chaos.faults.kinds import Corrupt
+from diloco_chaos.harness.scenarios.scenario import load_scenario, scenario_from_dict
+from diloco_chaos.trainer.shell import BUGS_ENV
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -11,14 +11,14 @@ import dataclasses
 
 import pytest
 
-from faults.kinds import KillUnit
-from faults.kinds.preempt import Preempt
-from harness import eventlog
-from harness.backends.runner import run_scenario
-from harness.judging import checks, metrics
-from harness.judging.ledger import tokens_conserved
-from harness.scenarios.scenario import scenario_from_dict
-from harness.sim.run import simulate
+from diloco_chaos.faults.kinds import KillUnit
+from diloco_chaos.faults.kinds.preempt import Preempt
+from diloco_chaos.harness import eventlog
+from diloco_chaos.harness.backends.runner import run_scenario
+from diloco_chaos.harness.judging import checks, metrics
+from diloco_chaos.harness.judging.ledger import tokens_conserved
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
+from diloco_chaos.harness.sim.run import simulate
 
 PREEMPTED = {  # two learners, so that the one preempted is half the fleet
     "name": "preempt", "seed": 2,

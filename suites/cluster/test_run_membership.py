@@ -13,15 +13,15 @@ import socket
 import numpy as np
 import pytest
 
-from harness import eventlog
+from diloco_chaos.harness import eventlog
 from suites.cluster.unit_logs import events, wait_for
-from harness.backends.cluster import LocalCluster
-from trainer import auth
-from trainer.codec import encode_frame
-from trainer.config import DilocoConfig, InnerOptConfig, RunConfig
-from trainer.messages import Contribution, Hello
-from trainer.shard_link import ShardLink
-from trainer.transport import parse_addr
+from diloco_chaos.harness.backends.cluster import LocalCluster
+from diloco_chaos.trainer import auth
+from diloco_chaos.trainer.codec import encode_frame
+from diloco_chaos.trainer.config import DilocoConfig, InnerOptConfig, RunConfig
+from diloco_chaos.trainer.messages import Contribution, Hello
+from diloco_chaos.trainer.shard_link import ShardLink
+from diloco_chaos.trainer.transport import parse_addr
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import eventlog
-from harness.backends.runner import run_scenario
-from harness.scenarios.scenario import scenario_from_dict
+from diloco_chaos.harness import eventlog
+from diloco_chaos.harness.backends.runner import run_scenario
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

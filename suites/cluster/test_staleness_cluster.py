@@ -11,13 +11,13 @@ import dataclasses
 
 import pytest
 
-from harness import eventlog
+from diloco_chaos.harness import eventlog
 
-from harness.judging import checks
+from diloco_chaos.harness.judging import checks
 
-from harness.backends import runner
-from harness.judging.judge import held as verdict_held
-from harness.scenarios.scenario import load_scenario
+from diloco_chaos.harness.backends import runner
+from diloco_chaos.harness.judging.judge import held as verdict_held
+from diloco_chaos.harness.scenarios.scenario import load_scenario
 from diloco_chaos.run_cmd import judged_expect
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from harness.scenarios.scenario import ScenarioError, load_scenario, scenario_from_dict
+from diloco_chaos.harness.scenarios.scenario import ScenarioError, load_scenario, scenario_from_dict
 
 # What a user writes, following docs/TASKS.md: a small MLP regression in plain JAX.
 USER_TASK = '''
@@ -114,8 +114,8 @@ def _scenario(d, **times):
 
 
 def test_a_users_task_trains_under_kill_and_partition_in_the_simulator(user_dir, tmp_path):
-    from harness.sim.run import run_sim
-    from reports import render_run
+    from diloco_chaos.harness.sim.run import run_sim
+    from diloco_chaos.reports import render_run
 
     s = _scenario(user_dir, steps=150, duration="20s", kill="3s", cut="5s", down="3s")
     result = run_sim(s, tmp_path / "runs")
@@ -130,8 +130,8 @@ def test_a_users_task_trains_under_kill_and_partition_in_the_simulator(user_dir,
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_a_users_task_trains_under_kill_and_partition_on_real_processes(user_dir, tmp_path):
-    from harness.backends.runner import run_scenario
-    from reports import render_run
+    from diloco_chaos.harness.backends.runner import run_scenario
+    from diloco_chaos.reports import render_run
 
     # a tiny MLP steps in milliseconds: the budget is the wall clock here, not the tokens. The
     # loss halving below takes no more than the 150 steps of the simulator test above, so pace
@@ -158,7 +158,7 @@ def _theta0_loss() -> float:
 
 
 def _final_global_loss(run_dir) -> float:
-    from harness import eventlog
+    from diloco_chaos.harness import eventlog
 
     evals = [e for e in eventlog.read(run_dir).events if e["kind"] == "eval" and e.get("global")]
     return evals[-1]["loss"]  # the harness's eval of the final global model comes last
@@ -201,7 +201,7 @@ def test_a_broken_plugin_is_one_line_before_any_process(case, tmp_path, monkeypa
     monkeypatch.syspath_prepend(str(d))
     sys.modules.pop("user_tasks", None)
     spawned = []
-    monkeypatch.setattr("harness.backends.procs.spawn", lambda *a, **k: spawned.append(a))
+    monkeypatch.setattr("diloco_chaos.harness.backends.procs.spawn", lambda *a, **k: spawned.append(a))
     try:
         with pytest.raises(ScenarioError) as e:
             scenario_from_dict({"name": "broken", "seed": 1, "train": {"task": spec, "steps": 10, "duration": "5s",
@@ -225,4 +225,4 @@ def test_the_flax_example_keeps_the_plugin_contract():
     from pathlib import Path
 
     s = load_scenario(Path(__file__).resolve().parents[2] / "examples" / "flax-unit-loss.toml")
-    assert s.run_config().task.kind == "examples.flax_mlp:make_task" and s.task_options["hidden"] == 1024
+    assert s.run_config().task.kind == "diloco_chaos.examples.flax_mlp:make_task" and s.task_options["hidden"] == 1024

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from harness.backends.procs import pid_alive
-from harness.links import LinkProfile, toxic_spec
-from harness.backends.toxiproxy_server import ToxiproxyServer
-from harness.run.control import apply_profile
+from diloco_chaos.harness.backends.procs import pid_alive
+from diloco_chaos.harness.links import LinkProfile, toxic_spec
+from diloco_chaos.harness.backends.toxiproxy_server import ToxiproxyServer
+from diloco_chaos.harness.run.control import apply_profile
 
 pytestmark = pytest.mark.cluster
 
@@ -235,7 +235,7 @@ def test_a_free_port_is_one_no_connection_can_take_before_its_server_binds_it():
     # a shard binds its port seconds after the harness picked it; a port from bind(0) lies in the
     # kernel's ephemeral range, from which every connection and bind(0) in between draws (once a
     # Docker unit-loss run's shard found its port taken); one below that range is never handed out
-    from harness.backends.toxiproxy_server import ephemeral_range, free_port
+    from diloco_chaos.harness.backends.toxiproxy_server import ephemeral_range, free_port
 
     lo, hi = ephemeral_range()
     ports = {free_port() for _ in range(50)}

@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from harness import eventlog
+from diloco_chaos.harness import eventlog
 from suites.cluster.unit_logs import events, last_step, wait_for
 
-from harness.run import global_eval
-from harness.backends.cluster import LocalCluster
-from harness.backends.procs import pid_alive
-from trainer.config import DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig
-from trainer.tasks import task_for_run
+from diloco_chaos.harness.run import global_eval
+from diloco_chaos.harness.backends.cluster import LocalCluster
+from diloco_chaos.harness.backends.procs import pid_alive
+from diloco_chaos.trainer.config import DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig
+from diloco_chaos.trainer.tasks import task_for_run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

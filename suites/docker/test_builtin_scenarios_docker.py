@@ -11,12 +11,12 @@ import json
 
 import pytest
 
-from harness import eventlog
+from diloco_chaos.harness import eventlog
 
-from harness.backends import runner
-from harness.backends.docker_engine import LABEL
-from harness.judging.judge import held as verdict_held
-from harness.scenarios.scenario import load_scenario
+from diloco_chaos.harness.backends import runner
+from diloco_chaos.harness.backends.docker_engine import LABEL
+from diloco_chaos.harness.judging.judge import held as verdict_held
+from diloco_chaos.harness.scenarios.scenario import load_scenario
 from diloco_chaos.run_cmd import judged_expect
 
 pytestmark = [pytest.mark.docker, pytest.mark.cluster, pytest.mark.slow]

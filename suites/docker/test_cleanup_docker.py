@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends.docker_cluster import DockerCluster
-from harness.backends.docker_engine import LABEL
-from harness.scenarios.scenario import scenario_from_dict
+from diloco_chaos.harness.backends.docker_cluster import DockerCluster
+from diloco_chaos.harness.backends.docker_engine import LABEL
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
 
 pytestmark = [pytest.mark.docker, pytest.mark.cluster]
 
@@ -50,7 +50,7 @@ def test_an_exception_inside_the_with_removes_every_container(tmp_path, docker_e
 CHILD = """
 import json, sys, time
 from pathlib import Path
-from harness.backends.docker_cluster import DockerCluster
+from diloco_chaos.harness.backends.docker_cluster import DockerCluster
 with DockerCluster(Path(sys.argv[1]), json.loads(sys.argv[2]), seed=1) as c:
     print(c.topology["run_id"], flush=True)
     time.sleep(300)
@@ -80,7 +80,7 @@ def test_ctrl_c_of_a_docker_run_stops_the_engine_it_started(tmp_path, docker_eng
     """`diloco-chaos run --backend docker` with no engine answering starts a private one
     (scripts/dockerd.sh, here in its own folder); a Ctrl-C in the middle of the run
     leaves no container, no dockerd and no containerd of it behind."""
-    from harness.backends.docker_engine import engine
+    from diloco_chaos.harness.backends.docker_engine import engine
 
     folder = Path("/tmp/diloco-dockerd-ctrlc")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "DILOCO_DOCKERD_DIR": str(folder),

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import eventlog
+from diloco_chaos.harness import eventlog
 
-from harness.backends import runner
-from harness.backends.docker_cluster import UNIT_LABEL, Containers
-from harness.backends.docker_engine import LABEL, engine
-from harness.scenarios.scenario import scenario_from_dict
+from diloco_chaos.harness.backends import runner
+from diloco_chaos.harness.backends.docker_cluster import UNIT_LABEL, Containers
+from diloco_chaos.harness.backends.docker_engine import LABEL, engine
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
 
 pytestmark = [pytest.mark.docker, pytest.mark.cluster, pytest.mark.slow]
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends import docker_cluster
-from harness.backends.docker_cluster import DockerCluster
-from harness.scenarios.scenario import scenario_from_dict
+from diloco_chaos.harness.backends import docker_cluster
+from diloco_chaos.harness.backends.docker_cluster import DockerCluster
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
 
 pytestmark = [pytest.mark.docker, pytest.mark.cluster]
 

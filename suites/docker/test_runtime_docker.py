@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from harness.backends import docker_runtime, runtime_files
-from harness.backends.docker_runtime import COMPLETE, LABEL, ROOT, remove_runtime, runtime
+from diloco_chaos.harness.backends import docker_runtime, runtime_files
+from diloco_chaos.harness.backends.docker_runtime import COMPLETE, LABEL, ROOT, remove_runtime, runtime
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from harness import eventlog
-from harness.backends import runner
-from harness.backends.docker_cluster import UNIT_LABEL
-from harness.backends.docker_engine import LABEL
-from harness.scenarios.scenario import scenario_from_dict
+from diloco_chaos.harness import eventlog
+from diloco_chaos.harness.backends import runner
+from diloco_chaos.harness.backends.docker_cluster import UNIT_LABEL
+from diloco_chaos.harness.backends.docker_engine import LABEL
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
 
 pytestmark = [pytest.mark.docker, pytest.mark.cluster, pytest.mark.slow]
 

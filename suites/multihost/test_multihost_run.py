@@ -31,9 +31,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import eventlog
-from harness.backends.docker_engine import LABEL
-from harness.scenarios.scenario import scenario_from_dict
+from diloco_chaos.harness import eventlog
+from diloco_chaos.harness.backends.docker_engine import LABEL
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
 
 pytestmark = [pytest.mark.multihost, pytest.mark.docker, pytest.mark.slow]
 
@@ -72,8 +72,8 @@ class Watch(threading.Thread):
 def _forged(run_id: str) -> bytes:
     import numpy as np
 
-    from trainer.codec import encode_frame
-    from trainer.messages import Contribution, Hello
+    from diloco_chaos.trainer.codec import encode_frame
+    from diloco_chaos.trainer.messages import Contribution, Hello
 
     msgs = [Hello("learner-0", INTRUDER_INCARNATION),
             Contribution("learner-0", INTRUDER_INCARNATION, 1, 0, 0, 6, 6144, 0.02, None, [np.full(8, 0.5, np.float32)])]
@@ -83,8 +83,8 @@ def _forged(run_id: str) -> bytes:
 # run from host b's namespace: a learner's link with a secret of its own, through a proxy
 FROM_HOST_B = """
 import queue, sys, time
-from trainer.shard_link import ShardLink
-from trainer.messages import Hello
+from diloco_chaos.trainer.shard_link import ShardLink
+from diloco_chaos.trainer.messages import Hello
 link = ShardLink("learner-1", "syncer-0", sys.argv[1], sys.argv[2], queue.Queue(), secret=bytes(32),
                  backoff_s=(0.2, 0.5)).start()
 time.sleep(6)
@@ -185,7 +185,7 @@ def test_a_run_across_two_hosts_shares_nothing_but_the_network(two_hosts, chaos,
     assert not [e for e in log.events if e.get("incarnation") == INTRUDER_INCARNATION]
 
     chaos.assert_held(result)
-    from reports.render import render_run
+    from diloco_chaos.reports.render import render_run
     page = render_run(result.run_dir).read_text()  # the report: which engine ran which unit
     assert f"{a['url']}: learner-0, syncer-0" in page and f"{b['url']}: learner-1" in page
 
@@ -195,7 +195,7 @@ def test_a_run_across_two_hosts_shares_nothing_but_the_network(two_hosts, chaos,
 
 
 def test_an_exception_in_a_run_across_two_hosts_leaves_nothing_there(two_hosts, tmp_path):
-    from harness.backends.docker_cluster import DockerCluster
+    from diloco_chaos.harness.backends.docker_cluster import DockerCluster
 
     a, b = two_hosts["hosts"]["a"], two_hosts["hosts"]["b"]
     cfg = scenario_from_dict(_scenario(two_hosts, "two-hosts-failure", [])).run_config().to_dict()
@@ -213,7 +213,7 @@ def test_an_exception_in_a_run_across_two_hosts_leaves_nothing_there(two_hosts, 
 
 
 def test_ctrl_c_of_a_run_across_two_hosts_leaves_nothing_there(two_hosts, tmp_path):
-    from harness.scenarios.scenario_toml import scenario_to_toml
+    from diloco_chaos.harness.scenarios.scenario_toml import scenario_to_toml
 
     a, b = two_hosts["hosts"]["a"], two_hosts["hosts"]["b"]
     path = tmp_path / "two-hosts.toml"

@@ -24,14 +24,14 @@ from pathlib import Path
 import numpy as np
 from hypothesis import settings
 
-from faults.schedule import Schedule
-from harness.judging import checks, metrics
-from harness.run.result import with_mode
-from harness.scenarios.scenario import Scenario, scenario_from_dict
-from harness.scenarios.scenario_toml import scenario_to_toml
-from harness.sim.run import SimParams, SimRun, simulate
-from harness.bench.sim import PROPERTY_BASE, PROPERTY_WINDOW
-from trainer.messages import FragmentUpdate
+from diloco_chaos.faults.schedule import Schedule
+from diloco_chaos.harness.judging import checks, metrics
+from diloco_chaos.harness.run.result import with_mode
+from diloco_chaos.harness.scenarios.scenario import Scenario, scenario_from_dict
+from diloco_chaos.harness.scenarios.scenario_toml import scenario_to_toml
+from diloco_chaos.harness.sim.run import SimParams, SimRun, simulate
+from diloco_chaos.harness.bench.sim import PROPERTY_BASE, PROPERTY_WINDOW
+from diloco_chaos.trainer.messages import FragmentUpdate
 
 REPO = Path(__file__).resolve().parents[2]
 REPORTS = REPO / "runs" / "properties"  # where a failing example's run is written
@@ -154,7 +154,7 @@ def report(case: Case, prop: str, detail: str, out: Path = REPORTS) -> str:
     case.run.header["replay"] = f"diloco-chaos replay {run_dir}"
     case.run.write(run_dir)
     bugs = (f"\n  planted bugs: {', '.join(sorted(case.bugs))}: the commands run without them; "
-            f"harness.sim.run.replay_sim({str(run_dir)!r}, Path('runs')) keeps them") if case.bugs else ""
+            f"diloco_chaos.harness.sim.run.replay_sim({str(run_dir)!r}, Path('runs')) keeps them") if case.bugs else ""
     return (f"{prop}: {detail}\n"
             f"  the schedule, shrunk by Hypothesis, as a scenario file ({run_dir / 'scenario.toml'}):\n"
             + "".join(f"    {line}\n" for line in toml.splitlines()) +

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 
-from faults.schedule import Schedule
-from faults.kinds import Reset
-from faults.strategies import fault_load, unit_seconds
-from harness.judging import checks
+from diloco_chaos.faults.schedule import Schedule
+from diloco_chaos.faults.kinds import Reset
+from diloco_chaos.faults.strategies import fault_load, unit_seconds
+from diloco_chaos.harness.judging import checks
 from sim_cases import H, SIM, WINDOW, Case, reference
-from trainer.outer import contribution_weight
+from diloco_chaos.trainer.outer import contribution_weight
 
 # What one fault costs a learner beyond its own span: a restart (learner_startup_s),
 # then the reconnect backoff, the fetch that overwrites local progress and the H steps

@@ -11,10 +11,10 @@ the baseline it fails. Known-good code lands on the baseline (the simulator is
 deterministic)."""
 from __future__ import annotations
 
-from faults.kinds import Partition
-from harness.bench.sim import LEARNING_BASE
-from harness.judging import baseline, losses
-from harness.scenarios.scenario import scenario_from_dict
+from diloco_chaos.faults.kinds import Partition
+from diloco_chaos.harness.bench.sim import LEARNING_BASE
+from diloco_chaos.harness.judging import baseline, losses
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
 from test_staleness import LOSS_EXCESS, excess, link_case
 
 BASE = scenario_from_dict(LEARNING_BASE)  # still learning at its end: a converged base forgives this bug

@@ -20,13 +20,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from faults.kinds import KillSyncer, KillUnit, Partition, PauseUnit, SlowUnit
-from harness.judging import checks
-from harness.eventlog import EventLog
-from harness.sim.run import finish, launch, simulate
+from diloco_chaos.faults.kinds import KillSyncer, KillUnit, Partition, PauseUnit, SlowUnit
+from diloco_chaos.harness.judging import checks
+from diloco_chaos.harness.eventlog import EventLog
+from diloco_chaos.harness.sim.run import finish, launch, simulate
 from sim_cases import REPORTS, SIM, Case, RejoinProbe, examples, report, scenario
 from sim_props import quorum_respected, weights_match_staleness
-from trainer.learner_loop import FETCH_WAIT_S
+from diloco_chaos.trainer.learner_loop import FETCH_WAIT_S
 
 LEARNERS = [f"learner-{i}" for i in range(3)]
 SHARDS = ["syncer-0", "syncer-1"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from hypothesis import example, given
 
-from faults.kinds import KillSyncer, KillUnit, PauseUnit, SlowUnit
-from faults.schedule import Schedule
-from faults.strategies import KINDS, schedules
+from diloco_chaos.faults.kinds import KillSyncer, KillUnit, PauseUnit, SlowUnit
+from diloco_chaos.faults.schedule import Schedule
+from diloco_chaos.faults.strategies import KINDS, schedules
 from sim_cases import WINDOW, examples, reported, scenario, simulate_case
 from sim_props import zero_downtime
 

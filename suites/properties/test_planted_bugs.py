@@ -34,15 +34,15 @@ import pytest
 from hypothesis import Phase, find, given, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from faults.kinds import KillSyncer
-from faults.strategies import KINDS, fault_load, schedules
-from harness import eventlog
-from faults.kinds import Corrupt
-from harness.bench.sim import CONVERGED_LR, LEARNING_BASE
-from harness.scenarios.scenario import scenario_from_dict
-from harness.judging import checks
-from harness.judging.ledger import tokens_conserved
-from harness.sim.run import replay_sim
+from diloco_chaos.faults.kinds import KillSyncer
+from diloco_chaos.faults.strategies import KINDS, fault_load, schedules
+from diloco_chaos.harness import eventlog
+from diloco_chaos.faults.kinds import Corrupt
+from diloco_chaos.harness.bench.sim import CONVERGED_LR, LEARNING_BASE
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
+from diloco_chaos.harness.judging import checks
+from diloco_chaos.harness.judging.ledger import tokens_conserved
+from diloco_chaos.harness.sim.run import replay_sim
 from sim_cases import WINDOW, reported, scenario, simulate_case
 from sim_props import PARITY_LOAD, loss_parity, recovery, safety, zero_downtime
 from test_cluster_model import SimulatedCluster

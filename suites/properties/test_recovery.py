@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given
 
-from faults.strategies import schedules
+from diloco_chaos.faults.strategies import schedules
 from sim_cases import WINDOW, examples, reported, scenario, simulate_case
 from sim_props import recovery
 

@@ -9,10 +9,10 @@ import dataclasses
 
 from hypothesis import assume, example, given
 
-from faults.kinds import Corrupt, PauseUnit, Reset, Wan
-from faults.schedule import Schedule
-from faults.strategies import failure_processes, schedules, weak_spots
-from harness.judging.ledger import tokens_conserved
+from diloco_chaos.faults.kinds import Corrupt, PauseUnit, Reset, Wan
+from diloco_chaos.faults.schedule import Schedule
+from diloco_chaos.faults.strategies import failure_processes, schedules, weak_spots
+from diloco_chaos.harness.judging.ledger import tokens_conserved
 from sim_cases import WINDOW, examples, reported, scenario, simulate_case
 from sim_props import safety
 

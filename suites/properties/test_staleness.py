@@ -32,13 +32,13 @@ from functools import lru_cache
 import pytest
 from hypothesis import Phase, find, given, settings
 
-from faults.kinds import Partition, Wan
-from faults.schedule import RunShape
-from faults.strategies import link_faults
-from harness.judging import checks, losses
-from harness.scenarios.scenario import scenario_from_dict
-from harness.sim.run import SimParams, simulate
-from harness.bench.sim import CONVERGED_LR, PROPERTY_BASE
+from diloco_chaos.faults.kinds import Partition, Wan
+from diloco_chaos.faults.schedule import RunShape
+from diloco_chaos.faults.strategies import link_faults
+from diloco_chaos.harness.judging import checks, losses
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
+from diloco_chaos.harness.sim.run import SimParams, simulate
+from diloco_chaos.harness.bench.sim import CONVERGED_LR, PROPERTY_BASE
 from sim_cases import Case, RejoinProbe, examples, reported
 
 LINK_BASE = scenario_from_dict({**PROPERTY_BASE, "name": "prop-staleness",

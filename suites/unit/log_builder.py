@@ -2,7 +2,7 @@
 (test_metrics_goodput.py, test_metrics_summary.py, test_checks_*.py), and `rounds`, a run of merged contributions."""
 from __future__ import annotations
 
-from harness.eventlog import EventLog
+from diloco_chaos.harness.eventlog import EventLog
 
 
 class LogBuilder:

@@ -12,7 +12,7 @@ import itertools
 
 import numpy as np
 
-from trainer.protocol import LearnerMath, Log, Send, SetTimer, SyncerMath
+from diloco_chaos.trainer.protocol import LearnerMath, Log, Send, SetTimer, SyncerMath
 
 
 def due_fragment(step: int, H: int, P: int) -> int | None:

@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from trainer import auth, transport
-from trainer.codec import encode_frame
-from trainer.messages import Contribution, Hello
-from trainer.shard_link import ShardLink
-from trainer.transport import ShardServer, wait_until
+from diloco_chaos.trainer import auth, transport
+from diloco_chaos.trainer.codec import encode_frame
+from diloco_chaos.trainer.messages import Contribution, Hello
+from diloco_chaos.trainer.shard_link import ShardLink
+from diloco_chaos.trainer.transport import ShardServer, wait_until
 
 RUN = "run-auth"
 SECRET = bytes(range(32))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.bench.runs import best_window_rate, rate_without, window_rate
+from diloco_chaos.harness.bench.runs import best_window_rate, rate_without, window_rate
 
 
 def _steps(times: list[float], tokens: int = 10) -> list[dict]:
@@ -35,8 +35,8 @@ def test_best_window_rate_is_the_fastest_stretch():
 def _run(evals: dict, sends: dict | None = None):
     """A ClusterRun of two learners from {learner: [(step, loss, t)]} eval lines; step 1 at
     t = 10 for both; `sends`: {learner: [(t, bytes)]} send lines."""
-    from harness.bench.runs import ClusterRun, LearnerRun
-    from trainer.config import RunConfig
+    from diloco_chaos.harness.bench.runs import ClusterRun, LearnerRun
+    from diloco_chaos.trainer.config import RunConfig
 
     learners = {}
     for name, evs in evals.items():
@@ -48,7 +48,7 @@ def _run(evals: dict, sends: dict | None = None):
 
 
 def test_time_to_target_is_the_first_eval_where_the_learners_mean_reaches_it():
-    from harness.bench.runs import eval_curve, time_to
+    from diloco_chaos.harness.bench.runs import eval_curve, time_to
 
     run = _run({"a": [(10, 2.0, 20.0), (20, 1.8, 31.0), (30, 1.7, 41.0)],
                 "b": [(10, 2.2, 21.0), (20, 1.7, 30.0), (30, 1.7, 40.0)]})
@@ -59,7 +59,7 @@ def test_time_to_target_is_the_first_eval_where_the_learners_mean_reaches_it():
 
 
 def test_bytes_to_target_counts_the_lines_up_to_that_eval():
-    from harness.bench.benches import _bytes_to
+    from diloco_chaos.harness.bench.benches import _bytes_to
 
     run = _run({"a": [(10, 2.0, 20.0), (20, 1.7, 30.0)], "b": [(10, 2.0, 20.0), (20, 1.7, 30.0)]},
                sends={"a": [(15.0, 100), (30.0, 10), (35.0, 1000)], "b": [(29.0, 7)]})
@@ -68,7 +68,7 @@ def test_bytes_to_target_counts_the_lines_up_to_that_eval():
 
 
 def test_crossing_interpolates_the_rate_on_log_scales():
-    from harness.bench.wan import _crossing
+    from diloco_chaos.harness.bench.wan import _crossing
 
     sweep = [{"bandwidth_kbps": k, "speedup_to_target_loss": s} for k, s in ((32000, 2), (8000, 8), (2000, 32))]
     # between 8000 (8x) and 2000 (32x) the speedup goes as 1 / rate: 20x at 8000 * 8 / 20
@@ -77,7 +77,7 @@ def test_crossing_interpolates_the_rate_on_log_scales():
 
 
 def test_the_grace_bench_arms_differ_only_in_quorum_and_grace():
-    from harness.bench.grace import ARMS, _direction, _summary, scenario
+    from diloco_chaos.harness.bench.grace import ARMS, _direction, _summary, scenario
     cfgs = {name: scenario(arm, 4).run_config().diloco for name, arm in ARMS.items()}
     assert {n: (c.quorum, c.grace_factor) for n, c in cfgs.items()} == {
         "K=M": (4, 0.5), "K=1, no grace": (1, 0.0), "K=1, adaptive grace": (1, 0.5)}
@@ -94,7 +94,7 @@ def test_the_grace_bench_arms_differ_only_in_quorum_and_grace():
 
 
 def test_parity_over_seeds_means_the_gaps_and_keeps_each_seed():
-    from harness.bench.benches import seed_means
+    from diloco_chaos.harness.bench.benches import seed_means
 
     def seed(s, dp, ddl, preset):
         return {"seed": s, "dp_loss": dp, "dp_global_loss": dp, "ddl_loss": ddl, "ddl_global_loss": ddl,
@@ -117,7 +117,7 @@ def test_parity_over_markov_seeds_means_the_ratio_and_keeps_the_top_level_keys(m
     """Markov over seeds 0-2 (floor 1.70, DP 1.72): learners at 1.73 / 1.724 / 1.724 have
     ratios 1.5 / 1.2 / 1.2, mean 1.3; the top level keeps its keys (the learners' own
     losses seed 0's) and gap_to_floor is of the mean losses (0.02, 0.026)."""
-    from harness.bench import benches
+    from diloco_chaos.harness.bench import benches
 
     def one(out_dir, task, steps, seed):
         ddl = {0: 1.73, 1: 1.724, 2: 1.724}[seed] if task == "markov" else 2.1
@@ -140,7 +140,7 @@ def test_parity_reports_the_excess_loss_ratio_of_the_learners_and_of_theta():
     DP's excess over the floor, Θ at 1.725 1.25×; no floor (the corpus): no ratio."""
     from types import SimpleNamespace
 
-    from harness.bench.benches import _parity_of
+    from diloco_chaos.harness.bench.benches import _parity_of
 
     run = SimpleNamespace(mean_final_eval=lambda: 1.73, global_loss=1.725,
                           learners={"learner-0": SimpleNamespace(final_eval=1.73)})
@@ -155,9 +155,9 @@ def test_steady_bytes_leave_out_the_fetch_and_the_closing_but_not_the_answers_it
     """One learner, 10 steps of 100 tokens: the start-up fetch (1000 B) and the closing Δ
     (30 B) and its answer (40 B) are left out; the steady Δs (10 + 20 B), their answers
     (5 B, and 7 B for fragment 1, still in flight at `closing`) count: 42 B / 1000 tokens."""
-    from harness.bench.benches import _bytes_per_token
-    from harness.bench.runs import ClusterRun, LearnerRun
-    from trainer.config import RunConfig
+    from diloco_chaos.harness.bench.benches import _bytes_per_token
+    from diloco_chaos.harness.bench.runs import ClusterRun, LearnerRun
+    from diloco_chaos.trainer.config import RunConfig
 
     def line(kind, msg, fragment, nbytes, **kw):
         return {"kind": kind, "msg": msg, "fragment": fragment, "bytes": nbytes, **kw}

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from protocol_link import MemNet, arr, learner_math, syncer_math
 
-from trainer import compression
-from trainer.messages import Contribution, FragmentDelta, FragmentUpdate
-from trainer.protocol import LearnerConfig, LearnerCore, SyncerConfig, SyncerCore
+from diloco_chaos.trainer import compression
+from diloco_chaos.trainer.messages import Contribution, FragmentDelta, FragmentUpdate
+from diloco_chaos.trainer.protocol import LearnerConfig, LearnerCore, SyncerConfig, SyncerCore
 
 P, H = 1, 2
 

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from harness.sim.calibrate import params_from_log
-from harness.sim.world import SimParams
+from diloco_chaos.harness.sim.calibrate import params_from_log
+from diloco_chaos.harness.sim.world import SimParams
 from suites.unit.log_builder import LogBuilder
 
 
@@ -42,8 +42,8 @@ def test_each_parameter_is_measured_from_the_log():
 
 
 def test_the_simulator_takes_the_measured_step_times_and_host_work():
-    from harness.scenarios.scenario import scenario_from_dict
-    from harness.sim.run import simulate
+    from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
+    from diloco_chaos.harness.sim.run import simulate
 
     s = scenario_from_dict({"name": "cal", "seed": 1, "cluster": {"learners": 2},
                             "train": {"task": "quadratic", "steps": 200, "duration": "60s"}})
@@ -77,9 +77,9 @@ def test_a_run_replayed_calibrated_from_its_own_log_comes_back_to_its_goodput(tm
     import json
 
     from diloco_chaos import cli
-    from harness import eventlog
-    from harness.scenarios.scenario import scenario_from_dict
-    from harness.sim.run import run_sim
+    from diloco_chaos.harness import eventlog
+    from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
+    from diloco_chaos.harness.sim.run import run_sim
 
     s = scenario_from_dict({"name": "cal", "seed": 3, "cluster": {"learners": 3},
                             "train": {"task": "quadratic", "steps": 120, "duration": "60s"},

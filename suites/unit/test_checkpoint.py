@@ -15,10 +15,10 @@ import jax
 import numpy as np
 import pytest
 
-from trainer import tasks
-from trainer.checkpoint import Checkpointer
-from trainer.config import InnerOptConfig, ModelConfig, RunConfig, TaskConfig
-from trainer.inner import make_inner, opt_state_to_tree
+from diloco_chaos.trainer import tasks
+from diloco_chaos.trainer.checkpoint import Checkpointer
+from diloco_chaos.trainer.config import InnerOptConfig, ModelConfig, RunConfig, TaskConfig
+from diloco_chaos.trainer.inner import make_inner, opt_state_to_tree
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,7 +102,7 @@ def test_a_save_in_flight_is_the_step_a_learner_has_saved(tmp_path):
     """A unit stopped just after a periodic save, its write in flight: the loop's final save
     asks `saved_step`, which must count that save (orbax refuses its step a second time, and
     the unit died before its `done`: seen on Docker at the run's end)."""
-    from trainer.learner import Learner
+    from diloco_chaos.trainer.learner import Learner
 
     with InFlight(tmp_path) as ck:
         ck.save(100, {"round": 100})
@@ -116,7 +116,7 @@ def test_first_per_interval_keeps_the_first_save_of_each_clock_interval():
     from datetime import datetime, timezone
     from types import SimpleNamespace
 
-    from trainer.checkpoint import FirstPerInterval
+    from diloco_chaos.trainer.checkpoint import FirstPerInterval
 
     def at(s):  # a checkpoint saved at epoch second s
         return SimpleNamespace(step=int(s * 10), time=datetime.fromtimestamp(s, tz=timezone.utc), metrics=None)
@@ -184,7 +184,7 @@ def test_a_learner_resumes_exactly_from_its_checkpoint(tmp_path):
 KILL_MID_SAVE = textwrap.dedent("""
     import json, os, signal, sys
     import numpy as np
-    from trainer.checkpoint import Checkpointer
+    from diloco_chaos.trainer.checkpoint import Checkpointer
     ck = Checkpointer(sys.argv[1])
     ck.save(1, {"x": np.zeros(4, np.float32), "round": 1})
     ck.wait()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from log_builder import LogBuilder
 
-from harness.judging import checks
-from harness.judging.checks import Result, compose, expect_checks
-from harness.judging.metrics import compute
+from diloco_chaos.harness.judging import checks
+from diloco_chaos.harness.judging.checks import Result, compose, expect_checks
+from diloco_chaos.harness.judging.metrics import compute
 
 
 # --- expectations and compose --------------------------------------------------------------------
@@ -88,7 +88,7 @@ def test_compose():
 
 
 def test_a_run_that_ended_before_its_faults_says_so():
-    from harness.judging.judge import faults_seen
+    from diloco_chaos.harness.judging.judge import faults_seen
 
     sched = [{"kind": "kill_unit", "target": "learner-1", "at_s": t, "down_for_s": 5.0} for t in (2.0, 30.0, 50.0)]
     b = LogBuilder(t_start=100.0, t_end=123.0, schedule=sched)
@@ -103,7 +103,7 @@ def test_a_run_that_ended_before_its_faults_says_so():
 
 
 def test_units_sigkilled_after_their_stop_grace_are_noted():
-    from harness.judging.judge import faults_seen
+    from diloco_chaos.harness.judging.judge import faults_seen
 
     kills = [{"unit": "learner-1", "incarnation": 2, "grace_s": 8.0}]
     seen = faults_seen(LogBuilder(t_start=0.0, t_end=10.0, stop_kills=kills).log())

@@ -9,7 +9,7 @@ import math
 import pytest
 from log_builder import LogBuilder, rounds
 
-from harness.judging import checks
+from diloco_chaos.harness.judging import checks
 
 
 # --- global_loss_regression ---------------------------------------------------------------------

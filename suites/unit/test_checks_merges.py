@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from log_builder import LogBuilder, rounds
 
-from harness.judging import checks
+from diloco_chaos.harness.judging import checks
 
 
 # --- merged_at_most_once -------------------------------------------------------------------------

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from protocol_link import arr, learner_math, syncer_math
 
-from trainer import outer
-from trainer.config import RunConfig
-from trainer.fragments import Fragmenter
-from trainer.messages import Contribution, FragmentUpdate
-from trainer.protocol import LearnerConfig, LearnerCore, Log, Send, SetTimer, SyncerConfig, SyncerCore
-from trainer.syncer_core import CLOSE_HOLD_S
-from trainer.wiring import syncer_math as run_math
+from diloco_chaos.trainer import outer
+from diloco_chaos.trainer.config import RunConfig
+from diloco_chaos.trainer.fragments import Fragmenter
+from diloco_chaos.trainer.messages import Contribution, FragmentUpdate
+from diloco_chaos.trainer.protocol import LearnerConfig, LearnerCore, Log, Send, SetTimer, SyncerConfig, SyncerCore
+from diloco_chaos.trainer.syncer_core import CLOSE_HOLD_S
+from diloco_chaos.trainer.wiring import syncer_math as run_math
 
 
 def _learner(mode: str = "decoupled"):

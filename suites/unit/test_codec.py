@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from trainer import codec
-from trainer.codec import FrameDecoder, decode_frame, encode_frame
-from trainer.compression import KINDS, encode
-from trainer.messages import (MESSAGE_TYPES, Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello,
+from diloco_chaos.trainer import codec
+from diloco_chaos.trainer.codec import FrameDecoder, decode_frame, encode_frame
+from diloco_chaos.trainer.compression import KINDS, encode
+from diloco_chaos.trainer.messages import (MESSAGE_TYPES, Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello,
                               Received, RoundOpen, SliceControl, describe)
 
 RUN = "run-7"

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from trainer.config import (DilocoConfig, InnerOptConfig, ModelConfig, OuterOptConfig,
+from diloco_chaos.trainer.config import (DilocoConfig, InnerOptConfig, ModelConfig, OuterOptConfig,
                             RunConfig, TaskConfig)
 
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import docker
 
-from harness.backends.cluster import Member
-from harness.backends.docker_cluster import Containers
+from diloco_chaos.harness.backends.cluster import Member
+from diloco_chaos.harness.backends.docker_cluster import Containers
 
 
 class Sock:

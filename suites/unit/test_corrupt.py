@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from protocol_link import MemNet, arr, syncer_math
 
-from faults.fields import FieldError
-from faults.overlaps import conflict
-from faults.kinds import Corrupt, KillUnit
-from trainer import compression, sdc
-from trainer.messages import Contribution
-from trainer.protocol import SyncerConfig, SyncerCore
+from diloco_chaos.faults.fields import FieldError
+from diloco_chaos.faults.overlaps import conflict
+from diloco_chaos.faults.kinds import Corrupt, KillUnit
+from diloco_chaos.trainer import compression, sdc
+from diloco_chaos.trainer.messages import Contribution
+from diloco_chaos.trainer.protocol import SyncerConfig, SyncerCore
 
 # the guard's size of a Δ: here the L2 norm (the trainer's is the rms, trainer/wiring.py), so
 # the figures below are lengths a person can check by hand
@@ -82,8 +82,8 @@ def test_a_learner_takes_the_shards_answer_to_a_dropped_delta_and_contributes_ag
     turns for the rest of the run.)"""
     from protocol_link import learner_math
 
-    from trainer.messages import FragmentUpdate
-    from trainer.protocol import LearnerConfig, LearnerCore, Send
+    from diloco_chaos.trainer.messages import FragmentUpdate
+    from diloco_chaos.trainer.protocol import LearnerConfig, LearnerCore, Send
     core = LearnerCore(LearnerConfig("A", 0, ("s0",), keep_local=True), learner_math(2, 1))
     s, _ = core.start(core.init([arr(0.0)]), 0.0)
     s, _ = core.receive(s, 0.0, "s0", FragmentUpdate(0, 0, True, [arr(0.0)]))

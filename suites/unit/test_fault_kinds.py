@@ -12,11 +12,11 @@ from typing import ClassVar
 import pytest
 from hypothesis import given, settings
 
-from faults.fields import check_number
-from faults.kinds import FAULT_KINDS, Fault, KillUnit, fault_from_dict
-from faults.overlaps import conflict
-from faults.schedule import RunShape
-from faults.strategies import fault_load, faults
+from diloco_chaos.faults.fields import check_number
+from diloco_chaos.faults.kinds import FAULT_KINDS, Fault, KillUnit, fault_from_dict
+from diloco_chaos.faults.overlaps import conflict
+from diloco_chaos.faults.schedule import RunShape
+from diloco_chaos.faults.strategies import fault_load, faults
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = RunShape(learners=3, run_s=6.5, slices=2, shards=2)
@@ -24,7 +24,7 @@ SHAPE = RunShape(learners=3, run_s=6.5, slices=2, shards=2)
 
 def test_every_kind_lives_in_its_own_module():
     for kind, cls in FAULT_KINDS.items():
-        assert cls.__module__ == f"faults.kinds.{kind}", (kind, cls.__module__)
+        assert cls.__module__ == f"diloco_chaos.faults.kinds.{kind}", (kind, cls.__module__)
         assert (ROOT / "faults" / "kinds" / f"{kind}.py").exists()
         assert cls.__doc__ and cls.__doc__.strip().split(".")[0], f"{kind}: its reference line"
 
@@ -85,9 +85,9 @@ def test_a_kind_defined_outside_the_package_is_read_drawn_priced_and_checked(bro
 def test_the_unchanged_injector_runs_it_in_the_simulator(brownout):
     """It starts and heals through `Control` (World: set_live_slices, set_speed): the
     learner's steps take about twice as long and use one slice while it lasts."""
-    from harness.bench.sim import PROPERTY_BASE
-    from harness.scenarios.scenario import scenario_from_dict
-    from harness.sim.run import simulate
+    from diloco_chaos.harness.bench.sim import PROPERTY_BASE
+    from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
+    from diloco_chaos.harness.sim.run import simulate
 
     s = scenario_from_dict({**PROPERTY_BASE, "faults": [
         {"kind": "brownout", "target": "learner-1", "at_s": 1.0, "duration_s": 2.0}]})

@@ -21,9 +21,9 @@ from collections import Counter
 
 from hypothesis import HealthCheck, Phase, given, settings
 
-from faults.schedule import LinkTarget
-from faults.strategies import schedules, weak_spots
-from harness.bench.sim import PROPERTY_WINDOW
+from diloco_chaos.faults.schedule import LinkTarget
+from diloco_chaos.faults.strategies import schedules, weak_spots
+from diloco_chaos.harness.bench.sim import PROPERTY_WINDOW
 
 DRAWS = 2000
 LONG_S = 2.5

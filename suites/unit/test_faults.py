@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from faults.failures import CAUSES, LLAMA3_COUNTS, FailureProcess
-from faults.fields import FieldError
-from faults.overlaps import conflict, links_intersect
-from faults.kinds import Corrupt, FAULT_KINDS, KillSlice, KillSyncer, KillUnit, Partition, PauseUnit, Reset, SlowUnit, Truncate, Wan, fault_from_dict
-from faults.schedule import RunShape, Schedule, ScheduleError, expand_links, validate
+from diloco_chaos.faults.failures import CAUSES, LLAMA3_COUNTS, FailureProcess
+from diloco_chaos.faults.fields import FieldError
+from diloco_chaos.faults.overlaps import conflict, links_intersect
+from diloco_chaos.faults.kinds import Corrupt, FAULT_KINDS, KillSlice, KillSyncer, KillUnit, Partition, PauseUnit, Reset, SlowUnit, Truncate, Wan, fault_from_dict
+from diloco_chaos.faults.schedule import RunShape, Schedule, ScheduleError, expand_links, validate
 
 ONE_OF_EACH = [
     KillUnit("learner-1", 20.0, down_for_s=15.0),
@@ -125,7 +125,7 @@ def test_expand_links():
 
 
 def test_a_link_target_is_parsed_once_and_read_the_same_everywhere():
-    from faults.overlaps import LinkTarget
+    from diloco_chaos.faults.overlaps import LinkTarget
     every, one, pair = (LinkTarget.parse(t) for t in ("link:*", "link:learner-1", "link:learner-1~syncer-0"))
     assert (every.every, one, pair) == (True, LinkTarget("learner-1"), LinkTarget("learner-1", "syncer-0"))
     assert [every.reaches("learner-3"), one.reaches("learner-1"), one.reaches("learner-2")] == [True, True, False]
@@ -270,8 +270,8 @@ def test_failure_process_dict_round_trip():
 def test_fault_end_is_logged_before_the_undo_acts():
     """A resumed unit steps at once: its first line must not precede the fault's end (a real
     run logged a step 2 ms before a `fault_end` written after SIGCONT returned)."""
-    from faults.kinds import PauseUnit
-    from harness.run.injector import Injector
+    from diloco_chaos.faults.kinds import PauseUnit
+    from diloco_chaos.harness.run.injector import Injector
 
     log: list[str] = []
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from diloco_chaos import cli
-from harness.fleet import model as fleet
-from harness.fleet.model import PAPER, FleetParams, simulate, simulate_elastic, simulate_restart
+from diloco_chaos.harness.fleet import model as fleet
+from diloco_chaos.harness.fleet.model import PAPER, FleetParams, simulate, simulate_elastic, simulate_restart
 
 LEARNERS = [1, 2, 4, 8, 16]
 HAND = dict(job_s=1000.0, detect_s=10.0, restart_s=40.0, checkpoint_every_s=30.0,

@@ -13,10 +13,10 @@ import numpy as np
 import optax
 import pytest
 
-from trainer import tasks
-from trainer.config import InnerOptConfig, ModelConfig, RunConfig, TaskConfig
-from trainer.fleet_adam import scale_by_fleet_adam, split_grad
-from trainer.inner import fleet_of, make_inner, make_optimizer
+from diloco_chaos.trainer import tasks
+from diloco_chaos.trainer.config import InnerOptConfig, ModelConfig, RunConfig, TaskConfig
+from diloco_chaos.trainer.fleet_adam import scale_by_fleet_adam, split_grad
+from diloco_chaos.trainer.inner import fleet_of, make_inner, make_optimizer
 
 TINY = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_ff=32, context=8, vocab=32)
 

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from harness.fleet import scenario as fs
-from harness.fleet.scenario import Pace, predict, predict_ddl, predict_dp
-from harness.scenarios.scenario import scenario_from_dict
+from diloco_chaos.harness.fleet import scenario as fs
+from diloco_chaos.harness.fleet.scenario import Pace, predict, predict_ddl, predict_dp
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
 
 PACE = Pace(job_s=100.0, overhead=0.05, boot_s=1.0, cold_boot_s=4.0, rejoin_s=0.5, checkpoint_every_s=4.0)
 
@@ -92,7 +92,7 @@ def test_dp_stalls_overlap_once():
 def test_the_paper_operating_point_is_priced_per_policy_on_one_draw():
     """paper-1.2m's chip failures: twelve 4.75 s pauses of one learner each for DDL (the
     last, at 76.3 s, cut at the run's 80 s), job-wide restarts for DP."""
-    from harness.scenarios.scenario import load_scenario
+    from diloco_chaos.harness.scenarios.scenario import load_scenario
 
     s = load_scenario("paper-1.2m")
     r = predict(s, dataclasses.replace(PACE, job_s=80.0))
@@ -111,8 +111,8 @@ def test_pace_rejects_nonsense():
 def simulated(tmp_path_factory):
     """A simulated run (every message, link and core played) of a dead unit and a cut
     learner, and the fleet model's pace measured from its log."""
-    from harness.bench.fleet_tier import pace_from_run
-    from harness.sim.run import run_sim
+    from diloco_chaos.harness.bench.fleet_tier import pace_from_run
+    from diloco_chaos.harness.sim.run import run_sim
 
     s = scenario_from_dict({
         "name": "fleet-vs-sim", "seed": 3, "cluster": {"learners": 2},

@@ -5,9 +5,9 @@ import jax
 import numpy as np
 import pytest
 
-from trainer import model
-from trainer.config import ModelConfig
-from trainer.fragments import Fragmenter, due_fragment, due_fragments, flatten_with_paths
+from diloco_chaos.trainer import model
+from diloco_chaos.trainer.config import ModelConfig
+from diloco_chaos.trainer.fragments import Fragmenter, due_fragment, due_fragments, flatten_with_paths
 
 CFG = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_ff=32, context=8, vocab=64)
 

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 from protocol_link import arr, learner_math, syncer_math
 
-from trainer.messages import Contribution, FragmentUpdate, Hello
-from trainer.protocol import LearnerConfig, LearnerCore, Send, SyncerConfig, SyncerCore, UnexpectedMessage
-from trainer.wiring import digest
+from diloco_chaos.trainer.messages import Contribution, FragmentUpdate, Hello
+from diloco_chaos.trainer.protocol import LearnerConfig, LearnerCore, Send, SyncerConfig, SyncerCore, UnexpectedMessage
+from diloco_chaos.trainer.wiring import digest
 
 THETA0 = {0: [arr(1.0)], 1: [arr(2.0)]}
 

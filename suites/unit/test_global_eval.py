@@ -2,7 +2,7 @@
 on real checkpoints in suites/cluster/test_cluster_faults.py)."""
 from __future__ import annotations
 
-from harness.run.global_eval import thin
+from diloco_chaos.harness.run.global_eval import thin
 
 
 def test_thin_keeps_first_and_last_and_spreads_the_rest():
@@ -20,10 +20,10 @@ def test_an_unreadable_checkpoint_costs_only_its_own_point(tmp_path):
     import shutil
     import time
 
-    from harness.run.global_eval import _setup, over_time
-    from trainer.checkpoint import Checkpointer
-    from trainer.config import RunConfig
-    from trainer.shell import to_ckpt
+    from diloco_chaos.harness.run.global_eval import _setup, over_time
+    from diloco_chaos.trainer.checkpoint import Checkpointer
+    from diloco_chaos.trainer.config import RunConfig
+    from diloco_chaos.trainer.shell import to_ckpt
 
     cfg = RunConfig()
     params0, frag, evaluate = _setup(cfg)

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 from protocol_link import MemNet, arr, learner_math, syncer_math
 
-from trainer.config import RunConfig
-from trainer.messages import Contribution, FragmentUpdate
-from trainer.protocol import LearnerConfig, LearnerCore, Log, Send, SyncerConfig, SyncerCore
-from trainer.wiring import learner_config
+from diloco_chaos.trainer.config import RunConfig
+from diloco_chaos.trainer.messages import Contribution, FragmentUpdate
+from diloco_chaos.trainer.protocol import LearnerConfig, LearnerCore, Log, Send, SyncerConfig, SyncerCore
+from diloco_chaos.trainer.wiring import learner_config
 
 
 def _learner(keep_local: bool, bugs=frozenset()):
@@ -178,8 +178,8 @@ def test_a_fetch_keeps_the_progress_within_the_staleness_bound(keep, version, ke
 def test_share_by_merged_counts_the_learners_a_round_merged():
     """K = 1, 4 live, a round of two (grace window long enough): Δ = 4 and 0, token-weighted
     mean 2. share_by "quorum": Θ ← 0 − 1 · (1/4) · 2 = −0.5; "merged": × 2/4 → −1."""
-    from harness.scenarios.scenario import scenario_from_dict
-    from trainer.wiring import syncer_config
+    from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
+    from diloco_chaos.trainer.wiring import syncer_config
 
     d = {"name": "x", "seed": 1, "train": {"steps": 10, "duration": 5, "share_by": "merged"}}
     cfg = scenario_from_dict(d).run_config()   # the scenario key reaches the shard

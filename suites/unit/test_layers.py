@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = ("trainer", "faults", "harness", "reports", "examples")  # diloco_chaos.<folder> installed
 PACKAGES = ("trainer", "faults", "harness", "reports", "diloco_chaos")
 MAY_NOT = {"trainer": {"faults", "harness", "reports", "diloco_chaos"},
            "faults": {"trainer", "harness", "reports", "diloco_chaos"},
@@ -18,20 +19,32 @@ MAY_NOT = {"trainer": {"faults", "harness", "reports", "diloco_chaos"},
            "reports": {"diloco_chaos"}}
 
 
+def top_of(module: str) -> str:
+    """The repository folder a module name lives in: the installed package maps the design's
+    folders under one import name (`diloco_chaos.trainer` is trainer/), and the CLI's own
+    modules (`diloco_chaos.cli`) are diloco_chaos/."""
+    parts = module.split(".")
+    if parts[0] == "diloco_chaos" and len(parts) > 1 and parts[1] in FOLDERS:
+        return parts[1]
+    return parts[0]
+
+
 def imported_packages(source: str) -> set[str]:
-    """The top-level names a module imports (absolute imports), at any depth of the file."""
+    """The repository folders (or other top-level names) a module imports (absolute
+    imports), at any depth of the file."""
     names = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
+            names |= {top_of(a.name) for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            names.add(top_of(node.module))
     return names
 
 
 def test_the_reader_sees_lazy_and_nested_imports():
-    src = "def f():\n    from reports import render_run\n    import harness.judging.checks\n"
-    assert imported_packages(src) == {"reports", "harness"}
+    src = ("def f():\n    from diloco_chaos.reports import render_run\n"
+           "    import diloco_chaos.harness.judging.checks\n    from diloco_chaos.cli import main\n")
+    assert imported_packages(src) == {"reports", "harness", "diloco_chaos"}
 
 
 @pytest.mark.parametrize("package", sorted(MAY_NOT))
@@ -67,6 +80,7 @@ def imported_rooms(source: str) -> set[str]:
             mods = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         else:
             continue
+        mods = [m.removeprefix("diloco_chaos.") for m in mods]
         rooms |= {m.split(".")[1] for m in mods if m.startswith("harness.") and m.split(".")[1] in ROOMS}
     return rooms
 
@@ -77,11 +91,12 @@ def room_of(path: Path) -> str:
 
 
 def test_the_room_reader_sees_each_form_of_import():
-    src = "import harness.sim.run\nfrom harness import bench\ndef f():\n    from harness.judging.checks import x\n"
+    src = ("import diloco_chaos.harness.sim.run\nfrom diloco_chaos.harness import bench\n"
+           "def f():\n    from diloco_chaos.harness.judging.checks import x\n")
     assert imported_rooms(src) == {"sim", "bench", "judging"}
     # planted arrows against the direction: judging importing the run, the sim the backends
-    assert imported_rooms("from harness.run.result import summarize") & ROOM_MAY_NOT["judging"]
-    assert imported_rooms("from harness.backends.cluster import LocalCluster") & ROOM_MAY_NOT["sim"]
+    assert imported_rooms("from diloco_chaos.harness.run.result import summarize") & ROOM_MAY_NOT["judging"]
+    assert imported_rooms("from diloco_chaos.harness.backends.cluster import LocalCluster") & ROOM_MAY_NOT["sim"]
 
 
 def test_every_module_of_harness_lives_in_a_known_room():
@@ -106,7 +121,7 @@ def test_judging_reads_logs_and_runs_no_model():
         source = path.read_text()
         mods = {a.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import) for a in n.names}
         mods |= {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom) and n.module}
-        bad = {m for m in mods if m.split(".")[0] in ("jax", "orbax", "flax") or m == "trainer.checkpoint"}
+        bad = {m for m in mods if m.split(".")[0] in ("jax", "orbax", "flax") or m == "diloco_chaos.trainer.checkpoint"}
         if bad:
             wrong[str(path.relative_to(ROOT))] = sorted(bad)
     assert not wrong, wrong
@@ -118,6 +133,6 @@ def test_every_package_ships_in_the_wheel():
     import tomllib
 
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join(p.parent.relative_to(ROOT).parts) for top in PACKAGES
-             for p in (ROOT / top).glob("**/__init__.py")}
+    found = {".".join(("diloco_chaos",) * (top != "diloco_chaos") + p.parent.relative_to(ROOT).parts)
+             for top in PACKAGES + ("examples",) for p in (ROOT / top).glob("**/__init__.py")}
     assert found <= listed, f"packages missing from pyproject.toml: {sorted(found - listed)}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from trainer.learner_loop import (CKPT_EVERY, CLOSE_WAIT_S, DRAIN_S, FETCH_WAIT_S, STOP_CLOSE_S, Compute, Until,
+from diloco_chaos.trainer.learner_loop import (CKPT_EVERY, CLOSE_WAIT_S, DRAIN_S, FETCH_WAIT_S, STOP_CLOSE_S, Compute, Until,
                                   learner_loop)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.judging.ledger import ledger, tokens_conserved
+from diloco_chaos.harness.judging.ledger import ledger, tokens_conserved
 from suites.unit.log_builder import LogBuilder
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import listeners
+from diloco_chaos.harness import listeners
 
 
 def test_subscribers_hear_each_run_until_they_unsubscribe(tmp_path):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import eventlog
-from harness.judging import history
-from harness.judging.judge import judge
+from diloco_chaos.harness import eventlog
+from diloco_chaos.harness.judging import history
+from diloco_chaos.harness.judging.judge import judge
 
 SAMPLE = Path(__file__).parent / "data" / "fault_free_2learners.jsonl"
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from reports import charts
+from diloco_chaos.reports import charts
 
 ROWS = [{"t": 5.0, "loss": 5.5}, {"t": 30.0, "loss": 1.9}, {"t": 60.0, "loss": 1.8}, {"t": 90.0, "loss": 1.75}]
 

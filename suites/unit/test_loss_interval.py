@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from log_builder import LogBuilder
 
-from harness.judging import checks, losses, metrics
+from diloco_chaos.harness.judging import checks, losses, metrics
 # batches of very different difficulty, as held-out text has
 HARD_EASY = np.array([1.2, 2.4, 1.6, 2.0, 1.4, 2.2, 1.8, 1.0] * 8)
 

@@ -3,7 +3,7 @@ recovery) on small hand-made event logs; every expected number is worked out by 
 comments; the logs come from `LogBuilder` (log_builder.py)."""
 from __future__ import annotations
 
-from harness.judging.metrics import BADPUT, compute
+from diloco_chaos.harness.judging.metrics import BADPUT, compute
 from log_builder import LogBuilder
 from metrics_helpers import approx, total
 

@@ -7,10 +7,10 @@ import json
 import math
 from pathlib import Path
 
-from harness import eventlog
+from diloco_chaos.harness import eventlog
 
-from harness.judging import checks
-from harness.judging.metrics import compute
+from diloco_chaos.harness.judging import checks
+from diloco_chaos.harness.judging.metrics import compute
 from log_builder import LogBuilder
 from metrics_helpers import approx, total
 

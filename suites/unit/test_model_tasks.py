@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trainer import model, tasks
-from trainer.config import ModelConfig, TaskConfig
+from diloco_chaos.trainer import model, tasks
+from diloco_chaos.trainer.config import ModelConfig, TaskConfig
 
 SMALL = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_ff=32, context=8, vocab=256)
 

@@ -12,16 +12,16 @@ import time
 import numpy as np
 import pytest
 
-from harness.sim.net import Net
-from harness.sim.world import Clock
-from harness.links import toxic_spec
-from trainer import auth, compression, transport
-from trainer.codec import encode_frame
-from trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, Received, SliceControl
-from trainer.outbox import Outbox, outbox_key
-from trainer.flow import BufferLog, BufferState
-from trainer.shard_link import ShardLink
-from trainer.transport import ShardServer, wait_until
+from diloco_chaos.harness.sim.net import Net
+from diloco_chaos.harness.sim.world import Clock
+from diloco_chaos.harness.links import toxic_spec
+from diloco_chaos.trainer import auth, compression, transport
+from diloco_chaos.trainer.codec import encode_frame
+from diloco_chaos.trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, Received, SliceControl
+from diloco_chaos.trainer.outbox import Outbox, outbox_key
+from diloco_chaos.trainer.flow import BufferLog, BufferState
+from diloco_chaos.trainer.shard_link import ShardLink
+from diloco_chaos.trainer.transport import ShardServer, wait_until
 
 RUN = "run-transport"
 SECRET = bytes(range(32))  # the run secret every link here proves (trainer/auth.py)
@@ -113,9 +113,9 @@ def test_a_delta_chain_waits_until_it_would_outweigh_the_whole_copy_it_builds():
 def test_two_unsent_contributions_of_a_fragment_are_combined_into_one():
     """A Δ of p waiting unsent is summed with the newer one (their steps are disjoint), never
     replaced: the sum of the payloads, counters added, the older base_version, the newer seq."""
-    from trainer.config import RunConfig
-    from trainer.wiring import contribution_combiner
-    from trainer import compression
+    from diloco_chaos.trainer.config import RunConfig
+    from diloco_chaos.trainer.wiring import contribution_combiner
+    from diloco_chaos.trainer import compression
     combine = contribution_combiner(RunConfig())  # fp32 pseudo-gradients
     one = Contribution("learner-0", 0, 1, 2, 4, 6, 48, 0.1, None, compression.encode([np.full(3, 1.0)], "fp32"))
     two = Contribution("learner-0", 0, 3, 2, 7, 5, 40, 0.2, 0.5, compression.encode([np.full(3, 0.5)], "fp32"))

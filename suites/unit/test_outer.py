@@ -7,8 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from trainer.config import OuterOptConfig
-from trainer.outer import (OuterOptimizer, contribution_weight, fragment_norm, merge, mix,
+from diloco_chaos.trainer.config import OuterOptConfig
+from diloco_chaos.trainer.outer import (OuterOptimizer, contribution_weight, fragment_norm, merge, mix,
                            pseudo_grad)
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from protocol_link import MemNet, arr, syncer_math
 
-from harness.scenarios.scenario import ScenarioError, scenario_from_dict
-from trainer.messages import Contribution
-from trainer.protocol import SyncerConfig, SyncerCore
-from trainer.wiring import syncer_config
+from diloco_chaos.harness.scenarios.scenario import ScenarioError, scenario_from_dict
+from diloco_chaos.trainer.messages import Contribution
+from diloco_chaos.trainer.protocol import SyncerConfig, SyncerCore
+from diloco_chaos.trainer.wiring import syncer_config
 
 TOPOLOGY = {"learners": ["learner-0"], "shards": {"syncer-0": [0, 1, 2]}}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.judging import checks, metrics
-from harness.judging.pace import REFERENCE_LAUNCH_S, REFERENCE_START_S, pace
+from diloco_chaos.harness.judging import checks, metrics
+from diloco_chaos.harness.judging.pace import REFERENCE_LAUNCH_S, REFERENCE_START_S, pace
 
 from log_builder import LogBuilder, rounds
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from log_builder import LogBuilder
 
-from harness.judging.participation import participation
+from diloco_chaos.harness.judging.participation import participation
 
 
 def test_rounds_are_counted_by_how_many_learners_they_merged():
@@ -17,7 +17,7 @@ def test_rounds_are_counted_by_how_many_learners_they_merged():
 
 
 def test_participation_min_holds_the_mean_learners_per_round_to_a_bound():
-    from harness.judging import checks, metrics
+    from diloco_chaos.harness.judging import checks, metrics
     b = LogBuilder(learners=4)
     for t, n in ((1.0, 1), (2.0, 1), (3.0, 3), (4.0, 4), (5.0, 1)):   # mean 2.0
         b.add(t, "syncer-0", "round_commit", fragment=0, version=int(t), n=n, tokens=100 * n)

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 from diloco_chaos.cli import main
-from harness.judging.planted import CATALOGUE, rows
-from trainer.protocol_base import BUGS
+from diloco_chaos.harness.judging.planted import CATALOGUE, rows
+from diloco_chaos.trainer.protocol_base import BUGS
 
 ROOT = Path(__file__).parents[2]
 
@@ -42,8 +42,8 @@ def test_every_check_is_proven_on_both_tiers_by_a_test_that_plants_its_bug():
     planted bug that fails it in the simulator and on processes, in a test that exists
     and plants that bug. global_loss_regression's second proof (restore_oldest) is
     simulator-only, said so; its first is on both tiers."""
-    from harness.judging import checks
-    from harness.judging.planted import PROOFS
+    from diloco_chaos.harness.judging import checks
+    from diloco_chaos.harness.judging.planted import PROOFS
     from log_builder import LogBuilder
 
     log = LogBuilder(crashes=[]).log()

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from harness.run.loop import run_end_s
-from harness.progress import Progress
-from harness.scenarios.scenario import scenario_from_dict
+from diloco_chaos.harness.run.loop import run_end_s
+from diloco_chaos.harness.progress import Progress
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
 
 
 class Clock:

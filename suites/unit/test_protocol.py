@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from protocol_link import MemNet, arr, learner_math, syncer_math
 
-from trainer.messages import Contribution, FragmentUpdate, GradStep, Hello, SliceControl
-from trainer.protocol import (IllegalTransition, LearnerConfig, LearnerCore, NotStarted, SaveCheckpoint,
+from diloco_chaos.trainer.messages import Contribution, FragmentUpdate, GradStep, Hello, SliceControl
+from diloco_chaos.trainer.protocol import (IllegalTransition, LearnerConfig, LearnerCore, NotStarted, SaveCheckpoint,
                               SetSlices, SyncerConfig, SyncerCore, UnexpectedMessage, UnknownFragment,
                               UnknownPeer)
 

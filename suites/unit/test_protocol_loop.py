@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from protocol_link import MemNet, arr, due_fragment, learner_math, syncer_math
 
-from trainer.messages import Contribution, FragmentUpdate
-from trainer.protocol import (ApplyGrads, Block, IllegalTransition, InFlight, LearnerConfig, LearnerCore,
+from diloco_chaos.trainer.messages import Contribution, FragmentUpdate
+from diloco_chaos.trainer.protocol import (ApplyGrads, Block, IllegalTransition, InFlight, LearnerConfig, LearnerCore,
                               SyncerConfig, SyncerCore, Unblock)
 
 P, H = 2, 4

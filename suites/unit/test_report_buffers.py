@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 
-from harness import eventlog
-from harness.judging import checks, model_checks
-from reports import check_rows, render_run, series
+from diloco_chaos.harness import eventlog
+from diloco_chaos.harness.judging import checks, model_checks
+from diloco_chaos.reports import check_rows, render_run, series
 
 FIXTURE = Path(__file__).parent / "data" / "report_run"
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from diloco_chaos import report_cmd
-from harness import eventlog
-from harness.judging import metrics
-from harness.errors import UserError
-from reports import check_rows, page, render_index, render_run, series, timeline
-from reports.runs import load
+from diloco_chaos.harness import eventlog
+from diloco_chaos.harness.judging import metrics
+from diloco_chaos.harness.errors import UserError
+from diloco_chaos.reports import check_rows, page, render_index, render_run, series, timeline
+from diloco_chaos.reports.runs import load
 
 FIXTURE = Path(__file__).parent / "data" / "report_run"
 LANES = ["global model", "learner-0", "learner-1", "learner-0 slices", "learner-1 slices", "syncer-0",

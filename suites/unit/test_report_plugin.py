@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reports import pytest_plugin
+from diloco_chaos.reports import pytest_plugin
 
 FIXTURE = Path(__file__).parent / "data" / "report_run"
 
@@ -35,8 +35,8 @@ def test_property(chaos_report, n):
     assert n < 17
 
 def test_runs_a_scenario_and_records_nothing_itself(tmp_path):
-    from harness.scenarios.scenario import scenario_from_dict
-    from harness.sim.run import run_sim
+    from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
+    from diloco_chaos.harness.sim.run import run_sim
     s = scenario_from_dict({{"name": "plugin-sim", "seed": 3, "cluster": {{"learners": 2, "shards": 1}},
                             "train": {{"task": "quadratic", "steps": 20, "duration": "10s"}},
                             "faults": [{{"kind": "kill_unit", "target": "learner-1", "at": "1s",
@@ -51,7 +51,7 @@ def session(tmp_path_factory):
     (d / "test_made_runs.py").write_text(TESTS)
     out, junit = d / "report", d / "junit.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "reports.pytest_plugin", "-p", "no:cacheprovider", "-q",
+        [sys.executable, "-m", "pytest", "-p", "diloco_chaos.reports.pytest_plugin", "-p", "no:cacheprovider", "-q",
          f"--chaos-report={out}", f"--junitxml={junit}", "test_made_runs.py"],
         cwd=d, capture_output=True, text=True, timeout=300)
     return proc, out, junit

@@ -8,12 +8,12 @@ import tomllib
 
 import pytest
 
-from faults.failures import FailureProcess
-from faults.kinds import KillUnit, Partition
-from harness.scenarios.scenario import (SCENARIOS_DIR, ClusterSpec, Expect, Scenario, ScenarioError, TrainSpec,
+from diloco_chaos.faults.failures import FailureProcess
+from diloco_chaos.faults.kinds import KillUnit, Partition
+from diloco_chaos.harness.scenarios.scenario import (SCENARIOS_DIR, ClusterSpec, Expect, Scenario, ScenarioError, TrainSpec,
                               list_scenarios, load_scenario, scenario_from_dict)
-from harness.scenarios.scenario_toml import scenario_to_toml
-from harness.units import parse_bandwidth_kbps, parse_duration
+from diloco_chaos.harness.scenarios.scenario_toml import scenario_to_toml
+from diloco_chaos.harness.units import parse_bandwidth_kbps, parse_duration
 
 BUILT_INS = [name for name, _ in list_scenarios()]
 REQUIRED = {"baseline", "unit-loss", "rolling-kills", "heterogeneous", "wan-brownout", "partition",
@@ -81,7 +81,7 @@ def test_chaos_draws_the_same_faults_every_time_at_the_documented_rate():
 
 
 def test_paper_operating_point_is_the_fleet_models_at_1_2m_chips_compressed_4x():
-    from harness.run.result import with_mode
+    from diloco_chaos.harness.run.result import with_mode
 
     s = load_scenario("paper-1.2m")
     fp = s.failure_process

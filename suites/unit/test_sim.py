@@ -10,13 +10,13 @@ import jax
 import numpy as np
 import pytest
 
-from harness import eventlog
-from harness.scenarios.scenario import scenario_from_dict
-from harness.sim.run import SimParams, model_for, replay_sim, run_sim, simulate
-from trainer.codec import encode_frame
-from trainer.events import KINDS
-from trainer.inner import make_inner
-from trainer.messages import Hello
+from diloco_chaos.harness import eventlog
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
+from diloco_chaos.harness.sim.run import SimParams, model_for, replay_sim, run_sim, simulate
+from diloco_chaos.trainer.codec import encode_frame
+from diloco_chaos.trainer.events import KINDS
+from diloco_chaos.trainer.inner import make_inner
+from diloco_chaos.trainer.messages import Hello
 
 FAULTS = [
     {"kind": "kill_unit", "target": "learner-1", "at": "0.5s", "down_for": "2s"},
@@ -129,7 +129,7 @@ def test_a_stop_closes_every_live_learner_into_theta():
 
 
 def test_a_learner_still_up_past_its_stop_grace_is_killed_and_noted(monkeypatch):
-    from harness.sim import world
+    from diloco_chaos.harness.sim import world
 
     monkeypatch.setattr(world, "GRACE_S", {"learner": 0.0, "syncer": 5.0})  # no virtual time to close in
     run = simulate(scenario())

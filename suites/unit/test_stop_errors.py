@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from harness.backends import processes
-from harness.backends.cluster import LocalCluster, Member
+from diloco_chaos.harness.backends import processes
+from diloco_chaos.harness.backends.cluster import LocalCluster, Member
 
 # Each unit sets its SIGTERM handling, says so in a file, then idles until stopped.
 # (In this order they are reaped: learner-2 is still up when learner-0 has left, 0.3 s in.)

@@ -10,12 +10,12 @@ import sys
 import textwrap
 import threading
 
-from trainer.events import EventWriter
+from diloco_chaos.trainer.events import EventWriter
 
 CHILD = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
-    from trainer import shell
+    from diloco_chaos.trainer import shell
     run_dir = Path(sys.argv[1])
     ev = shell.open_events(run_dir, "learner-0", 2)
     print("a print goes to stderr")

@@ -13,11 +13,11 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from trainer import outer, tasks
-from trainer.config import (DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig,
+from diloco_chaos.trainer import outer, tasks
+from diloco_chaos.trainer.config import (DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig,
                             TaskConfig)
-from trainer.fragments import Fragmenter, due_fragment
-from trainer.inner import make_inner
+from diloco_chaos.trainer.fragments import Fragmenter, due_fragment
+from diloco_chaos.trainer.inner import make_inner
 
 
 def global_loss(task, params) -> float:

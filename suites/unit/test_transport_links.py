@@ -12,12 +12,12 @@ import time
 import numpy as np
 import pytest
 
-from harness.backends.toxiproxy_server import free_port  # below the ephemeral range: no bind(0) race
-from trainer import auth, transport
-from trainer.messages import FragmentUpdate, Hello
-from trainer.outbox import outbox_key
-from trainer.shard_link import ShardLink
-from trainer.transport import ShardServer, wait_until
+from diloco_chaos.harness.backends.toxiproxy_server import free_port  # below the ephemeral range: no bind(0) race
+from diloco_chaos.trainer import auth, transport
+from diloco_chaos.trainer.messages import FragmentUpdate, Hello
+from diloco_chaos.trainer.outbox import outbox_key
+from diloco_chaos.trainer.shard_link import ShardLink
+from diloco_chaos.trainer.transport import ShardServer, wait_until
 
 RUN = "run-transport"
 SECRET = bytes(range(32))  # the run secret every link here proves (trainer/auth.py)

@@ -13,7 +13,7 @@ import pytest
 
 from diloco_chaos.cli import main
 from diloco_chaos.pytest_plugin import Chaos
-from harness.judging.check_base import Result
+from diloco_chaos.harness.judging.check_base import Result
 
 SCENARIO = """
 name = "no-restart"
@@ -86,7 +86,7 @@ def test_a_recorded_baseline_is_judged_on_the_next_run(scenario, tmp_path, capsy
     tier; the next run is judged against it (baseline_parity_max), on purpose only."""
     import json
 
-    from harness.judging import baseline
+    from diloco_chaos.harness.judging import baseline
 
     monkeypatch.setattr(baseline, "STORE", tmp_path / "baselines.json")
     argv = ["run", str(scenario), "--tier", "sim", "--out", str(tmp_path / "runs"), "--no-live",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from log_builder import LogBuilder
 
-from harness.judging import checks, metrics
-from reports.runs import judge
+from diloco_chaos.harness.judging import checks, metrics
+from diloco_chaos.reports.runs import judge
 
 
 def _log(**header):
@@ -40,7 +40,7 @@ def test_an_unreadable_expect_table_raises_for_the_runner_and_is_skipped_by_a_re
 def test_the_report_judges_a_log_as_the_runner_summarised_it(tmp_path):
     # the runner's summary.json and a report of the same log without it: one function
     # (harness/judging/judge.py); they used to differ (the report's had no faults_scheduled / run_s)
-    from harness.judging.judge import judge as runner_judge
+    from diloco_chaos.harness.judging.judge import judge as runner_judge
     log = _log(crashes=[], t_start=0.0, t_end=7.5, schedule=[{"kind": "kill_unit"}])
     mine, report = runner_judge(log, None, {}), judge(log)
     assert report == mine

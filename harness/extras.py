@@ -1,0 +1,24 @@
+"""Optional parts install as extras (`pip install 'diloco-chaos[docker]'`): a missing one
+is one clear line naming the extra, not a traceback from deep inside a run."""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from diloco_chaos.harness.errors import UserError
+
+# extra: (the package it installs, what needs it). pyproject.toml's optional-dependencies.
+EXTRAS = {"docker": ("docker", "the Docker backend (--backend docker, the multihost tier)"),
+          "browser": ("playwright", "the report's browser check"),
+          "properties": ("hypothesis", "fault-schedule strategies (property tests, bench sim)"),
+          "flax": ("flax", "the Flax example task")}
+
+
+def require(module: str, extra: str) -> ModuleType:
+    """`module` imported, or a UserError naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        package, what = EXTRAS[extra]
+        raise UserError(f"{what} needs {package!r}, which is not installed ({e}); "
+                        f"install it with: pip install 'diloco-chaos[{extra}]'") from None
