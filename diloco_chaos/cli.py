@@ -35,11 +35,22 @@ COMMANDS: list[tuple[str, str, str]] = [
 ]
 
 
+EXIT_CODES = """exit codes:
+  0    every check held (run, check: every file valid; compare: no --fail-on rule failed)
+  1    a check did not hold, or ended UNKNOWN without --allow-unknown; a --fail-on rule failed
+  2    bad input: a scenario, option or file that cannot be used (one line says what and where)
+  130  interrupted (Ctrl-C); 143 terminated (SIGTERM): everything the run started is gone"""
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from diloco_chaos import __version__
+
     parser = argparse.ArgumentParser(
         prog="diloco-chaos",
         description="Chaos-engineering test harness for Decoupled DiLoCo training.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"diloco-chaos {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, target, help_ in COMMANDS:
         module, func = target.split(":")
@@ -47,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
             mod = importlib.import_module(module)
         except ImportError as e:  # a command whose module is absent still shows up
             p = sub.add_parser(name, help=f"{help_} (unavailable: {e})")
+            p.add_argument("args", nargs=argparse.REMAINDER, help="(the command cannot run)")
             p.set_defaults(func=lambda a, e=e: _unavailable(e))
             continue
         getattr(mod, func)(sub, help_)

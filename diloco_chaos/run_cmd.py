@@ -1,11 +1,14 @@
 """`diloco-chaos run | scenarios | replay | demo`."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import sys
 from pathlib import Path
 
+from diloco_chaos import ci_output
 from diloco_chaos.harness.errors import UserError
 
 DEFAULT_SCENARIO = "chaos"
@@ -41,9 +44,18 @@ def _run_options(p) -> None:
     p.add_argument("--backend", choices=["local", "docker"], default=None,
                    help="override the scenario's cluster.backend (docs/DOCKER.md)")
     p.add_argument("--no-live", action="store_true", help="no live progress display")
-    p.add_argument("--baseline", choices=["stored", "none"], default="stored",
-                   help="also judge the final loss against the scenario's known-good baseline, where one is "
-                        "stored for its config and tier (baseline_parity_max; stored: harness/scenarios/baselines.json)")
+    p.add_argument("--baseline", default="stored", metavar="stored|none|RUN",
+                   help="stored (default): also judge the final loss against the scenario's known-good baseline, "
+                        "where one is stored for its config and tier (baseline_parity_max); none: do not; RUN: a "
+                        "run directory or summary.json to gate this run against with --fail-on (e.g. runs/latest "
+                        "of main)")
+    p.add_argument("--fail-on", default=None, metavar="SPEC",
+                   help="with --baseline RUN: what fails the run against it, e.g. goodput:-3pts,parity:+1%% "
+                        "(figure:signed limit; pts = percentage points, %% = relative or points for fractions, "
+                        "s = seconds); default goodput:-3pts")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary (summary.json, with the gate) as JSON on stdout; everything else "
+                        "goes to stderr")
     p.add_argument("--record-baseline", action="store_true",
                    help="store this config's fault-free final loss as its known-good baseline (on purpose only: "
                         "from code you trust)")
@@ -121,10 +133,10 @@ def register_scenarios(sub, help_: str) -> None:
 def register_replay(sub, help_: str) -> None:
     p = sub.add_parser("replay", help=help_, description="Run a stored run again with its recorded config, seed and schedule.")
     p.add_argument("run_dir", type=Path, help="a run directory (holds events.jsonl)")
-    p.add_argument("--out", default="runs", type=Path)
+    p.add_argument("--out", default="runs", type=Path, help="parent folder of the replay's run directory (default runs/)")
     p.add_argument("--tier", choices=["cluster", "sim"], default=None,
                    help="where to replay (default: the tier the run was made on)")
-    p.add_argument("--no-live", action="store_true")
+    p.add_argument("--no-live", action="store_true", help="no live progress display")
     _unknown_option(p)
     p.set_defaults(func=cmd_replay)
 
@@ -151,11 +163,37 @@ def cmd_run(args) -> int:
     s = _load(args.scenario, args.seed)
     if args.backend:
         s = dataclasses.replace(s, cluster=dataclasses.replace(s.cluster, backend=args.backend))
-    return _on_backend(s, args.tier, lambda: _execute(s, args.out, compare=args.compare, reference=args.reference,
-                                                      live=not args.no_live, tier=args.tier,
-                                                      allow_unknown=args.allow_unknown,
-                                                      baseline=getattr(args, "baseline", "stored"),
-                                                      record=getattr(args, "record_baseline", False)))
+    baseline, gate_rules = _baseline_option(args)
+    with _stdout_for(args) as emit:
+        return _on_backend(s, args.tier, lambda: _execute(
+            s, args.out, compare=args.compare, reference=args.reference, live=not args.no_live, tier=args.tier,
+            allow_unknown=args.allow_unknown, baseline=baseline, record=getattr(args, "record_baseline", False),
+            gate_rules=gate_rules, emit=emit))
+
+
+def _baseline_option(args):
+    """(--baseline as stored | none | the baseline run's summary, the --fail-on rules): a bad
+    baseline or rule is bad input before anything runs."""
+    baseline, spec = getattr(args, "baseline", "stored"), getattr(args, "fail_on", None)
+    if baseline in ("stored", "none"):
+        if spec:
+            raise UserError("--fail-on needs --baseline RUN (a run directory or summary.json to compare against)")
+        return baseline, None
+    from diloco_chaos import gate
+
+    return gate.load_summary(Path(baseline)), gate.parse_fail_on(spec or gate.DEFAULT_FAIL_ON)
+
+
+@contextlib.contextmanager
+def _stdout_for(args):
+    """With --json, stdout carries only the summary: what the run prints goes to stderr and
+    `emit(summary)` writes the JSON to the real stdout. Without it, `emit` does nothing."""
+    if not getattr(args, "json", False):
+        yield lambda summary: None
+        return
+    real = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        yield lambda summary: print(json.dumps(summary, indent=1, default=str), file=real, flush=True)
 
 
 def _on_backend(s, tier: str, go) -> int:
@@ -263,16 +301,16 @@ def _reference(s, out: Path, live: bool, tier: str = "cluster") -> Path | None:
 
 
 def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluster", allow_unknown=False,
-             baseline="none", record=False) -> int:
+             baseline="none", record=False, gate_rules=None, emit=lambda summary: None) -> int:
     from diloco_chaos.harness.judging.report_text import print_summary
-    from diloco_chaos.harness.run.result import unique_dir, with_mode
+    from diloco_chaos.harness.run.result import stamped_dir, with_mode
 
     s, note = judged_expect(s, reference)
     if record and reference == "none" and (s.faults or s.failure_process is not None):
         raise UserError("--record-baseline records the fault-free reference run: leave --reference auto")
     run_scenario = _runner(tier)
     ref = _reference(s, out, live, tier) if reference == "auto" else None
-    run_dir = unique_dir(out, label or s.name)
+    run_dir = stamped_dir(out, label or s.name)
     print(f"running {s.name} (seed {s.seed}, {len(s.schedule().faults)} faults, tier {tier}) in {run_dir}")
     if note:
         print(note)
@@ -282,6 +320,8 @@ def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluste
         _record_baseline(s, tier, ref if ref is not None else run_dir)
     if baseline == "stored":
         summary = with_baseline(summary, s, tier, run_dir)
+    elif isinstance(baseline, dict):
+        summary = with_gate(summary, baseline, gate_rules, run_dir)
     if compare == "dp":
         dp_dir = run_dir / "dp"
         dp_dir.mkdir()
@@ -295,7 +335,25 @@ def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluste
     print(f"results: {run_dir}  (events.jsonl, summary.json)")
     report = run_dir / "report.html"
     print(f"report: {report}" if report.exists() else f"report: not written, see {run_dir / 'report_error.txt'}")
-    return exit_code(summary, allow_unknown)
+    code = exit_code(summary, allow_unknown)
+    ci_output.publish(summary, run_dir, scenario=s.name, tier=tier, code=code)
+    emit({**summary, "run_dir": str(run_dir), "exit_code": code})
+    return code
+
+
+def with_gate(summary: dict, baseline: dict, rules, run_dir: Path) -> dict:
+    """The summary with `gate`: each --fail-on rule against the baseline run (diloco_chaos/gate.py);
+    a rule that fails makes the run not valid (exit 1). summary.json rewritten."""
+    from diloco_chaos import gate
+
+    rows = gate.evaluate(summary, baseline, rules)
+    summary["gate"] = rows
+    for row in rows:
+        print(("PASS " if row["held"] else "FAIL ") + "gate: " + row["line"])
+    if not all(row["held"] for row in rows):
+        summary["valid"] = False
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    return summary
 
 
 def render(run_dir: Path) -> Path | None:

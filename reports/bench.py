@@ -20,7 +20,7 @@ GOAL_BYTES, GOAL_S = 5_000_000, 2.0
 
 
 def _newest_run(runs: Path) -> Path | None:
-    cands = [p.parent for p in runs.glob("*/events.jsonl") if p.parent.name not in ("bench", "_reference")]
+    cands = [p.parent for p in runs.glob("*/events.jsonl") if p.parent.name not in ("bench", "_reference", "latest")]
     return max(cands, key=lambda d: (d / "events.jsonl").stat().st_mtime, default=None)
 
 

@@ -17,6 +17,11 @@ shrunk example, which Hypothesis replays last. A failing test's page shows the
 falsifying example, the error and the command that runs the test again; the run's
 own replay command and schedule are on every page.
 
+Under pytest-xdist (`pytest -n N --chaos-report DIR`) each worker writes its tests' pages
+and records each run in a file of its own under DIR/.chaos-entries/; only the controller
+(the process without `workerinput`) writes DIR/index.html, at the session's end, from all
+of them (and then removes DIR/.chaos-entries/).
+
 Key figures of each run become JUnit XML properties (`chaos.goodput`, ... or
 `chaos.<run>.goodput` for a test with several runs) with or without --chaos-report.
 Loaded by diloco_chaos/pytest_plugin.py (the `chaos` fixture), which the package's
@@ -25,8 +30,10 @@ Loaded by diloco_chaos/pytest_plugin.py (the `chaos` fixture), which the package
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -35,6 +42,12 @@ import pytest
 FIGURES = ("valid", "goodput", "uptime", "loss_parity", "recovery_max_s", "bytes_per_token", "restarts")
 _RUNS = pytest.StashKey[list]()
 _REPORTS = pytest.StashKey[dict]()
+ENTRIES_DIR = ".chaos-entries"  # under --chaos-report DIR: the runs xdist workers recorded, a file each
+
+
+def is_worker(config: pytest.Config) -> bool:
+    """A pytest-xdist worker (the controller, or a session without xdist, has no workerinput)."""
+    return hasattr(config, "workerinput")
 
 
 class ChaosReport:
@@ -74,6 +87,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     rec = ChaosReport(config)
     config.stash[_REPORTS] = {"recorder": rec, "unsubscribe": listeners.subscribe(rec.heard)}
+    if rec.out_dir is not None and not is_worker(config):  # before any worker starts: this session's entries only
+        shutil.rmtree(rec.out_dir / ENTRIES_DIR, ignore_errors=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -138,7 +153,42 @@ def _finish(item: pytest.Item) -> None:
             item.user_properties.append((prefix + "report_error", repr(e)))
             continue
         item.user_properties.append((prefix + "report", str(page)))
-        rec.entries.append(IndexEntry(page, run_dir, label=item.nodeid, outcome=test["outcome"]))
+        entry = IndexEntry(page, run_dir, label=item.nodeid, outcome=test["outcome"])
+        if is_worker(item.config):
+            _write_entry(rec.out_dir, item.config.workerinput.get("workerid", "gw"), entry)
+        else:
+            rec.entries.append(entry)
+
+
+def _write_entry(out_dir: Path, worker: str, entry) -> None:
+    """A worker's run, for the controller's index: one file per run, renamed into place
+    whole (the controller never reads half a file)."""
+    d = out_dir / ENTRIES_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    n = len(list(d.glob(f"{worker}-*.json")))
+    data = {"page": str(entry.page), "run_dir": str(entry.run_dir), "label": entry.label, "outcome": entry.outcome}
+    tmp = d / f".{worker}-{n}.tmp"
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, d / f"{worker}-{n}.json")
+
+
+def _read_entries(out_dir: Path) -> list:
+    """The runs the workers recorded (DIR/.chaos-entries/*.json)."""
+    from diloco_chaos.reports import IndexEntry
+
+    entries = []
+    def order(f: Path):  # gw0-2 before gw0-10: each worker's runs in the order it made them
+        worker, _, n = f.stem.rpartition("-")
+        return worker, int(n) if n.isdigit() else 0
+
+    for f in sorted((out_dir / ENTRIES_DIR).glob("*.json"), key=order):
+        try:
+            d = json.loads(f.read_text())
+            entries.append(IndexEntry(Path(d["page"]), Path(d["run_dir"]), label=d.get("label", ""),
+                                      outcome=d.get("outcome")))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return entries
 
 
 def test_info(nodeid: str, reports: dict) -> dict:
@@ -182,12 +232,13 @@ def _slug(nodeid: str) -> str:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     rec = _recorder(session.config)
-    if rec.out_dir is None:
+    if rec.out_dir is None or is_worker(session.config):  # a worker's runs are in its entry files
         return
     from diloco_chaos.reports import render_index
 
-    rec.entries = sorted(rec.entries, key=lambda e: e.label)
+    rec.entries = sorted(rec.entries + _read_entries(rec.out_dir), key=lambda e: e.label)
     index = render_index(rec.entries, rec.out_dir, title=f"pytest session: {len(rec.entries)} run page(s)")
+    shutil.rmtree(rec.out_dir / ENTRIES_DIR, ignore_errors=True)  # in the index now: DIR holds the pages only
     session.config.stash[_REPORTS]["index"] = index
 
 

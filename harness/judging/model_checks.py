@@ -215,6 +215,25 @@ def _loss(e: dict) -> float:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else math.inf
 
 
+def same_batches(log: EventLog, curve: list[tuple[float, float, bool]]) -> list[tuple[float, float, bool]]:
+    """The curve with its final point on the snapshots' batches: the snapshots evaluate
+    the first `task.eval_batches` held-out batches, the final eval more (`final_eval_batches`,
+    the parity interval's), the first of which are the same (docs/TASKS.md). Compared
+    as they are, a task whose batches differ in difficulty would show a rise (or hide
+    one) that is only the sample; the final eval's `batch_losses` give the same-batch loss."""
+    if not curve or not curve[-1][2]:
+        return curve
+    finals = [e for e in log.of("eval", src="harness") if e.get("global") and not e.get("snapshot")]
+    losses = finals[-1].get("batch_losses") if finals else None
+    k = ((log.header.get("config") or {}).get("task") or {}).get("eval_batches")
+    if not losses or not isinstance(k, int) or not 0 < k < len(losses):
+        return curve
+    t, _, _ = curve[-1]
+    head = [float(x) for x in losses[:k]]
+    loss = sum(head) / k if all(math.isfinite(x) for x in head) else math.inf
+    return curve[:-1] + [(t, loss, True)]
+
+
 def global_loss_regression(log: EventLog, rise_max: float = RISE_MAX, end_max: float = END_MAX,
                            warmup: float = WARMUP) -> Result:
     """The global model's held-out loss never rises more than `rise_max` nats above its best
@@ -223,14 +242,15 @@ def global_loss_regression(log: EventLog, rise_max: float = RISE_MAX, end_max: f
     included; rises are judged at points at or after t_start + warmup × (t_end − t_start),
     and always at the final one. A non-finite loss is an infinite rise. value = the worst
     judged rise (0 if the curve only fell); unknown with fewer than 3 points (dp modes:
-    the harness evaluates only the final model).
+    the harness evaluates only the final model). The final point is on the snapshots'
+    batches (`same_batches`).
 
     A data-parallel rollback (the harness's `unit_down` lines with reason `rollback`: the
     job restarts from its last checkpoint, by design) starts the best so far afresh at
     the first point after it: what dp loses there is progress, judged by goodput, not a
     regression of the model. (So a dp bug that rolls back further than it should is not
     seen here.)"""
-    curve = global_curve(log)
+    curve = same_batches(log, global_curve(log))
     t0, t1 = window(log)
     rollbacks = sorted({float(e["t"]) for e in log.of("unit_down") if e.get("reason") == "rollback"})
     if len(curve) < 3:

@@ -44,10 +44,11 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         t.add_row(label, *(_fmt(s, key, fmt) for s in runs.values()))
     t.add_row("learners per round (mean)", *(_fmt(s.get("participation") or {}, "mean", "{:.2f}")
                                              for s in runs.values()))
-    badput = summary.get("badput") or {}
-    for k, v in sorted(badput.items()):
-        if isinstance(v, (int, float)):
-            t.add_row(f"  badput: {k}", *(_fmt(s.get("badput") or {}, k, "{:.1%}") for s in runs.values()))
+    # badput: only the causes that cost something in some run (summary.json keeps every row)
+    causes = sorted({k for s in runs.values() for k, v in (s.get("badput") or {}).items()
+                     if isinstance(v, (int, float)) and round(v, 3) != 0})
+    for k in causes:
+        t.add_row(f"  badput: {k}", *(_fmt(s.get("badput") or {}, k, "{:.1%}") for s in runs.values()))
     console.print(t)
     for name, s in runs.items():
         for note in (faults_note(s), stop_note(s)):
@@ -59,13 +60,32 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
             console.print(f"{colour[verdict]} {name}: {text}")
 
 
+def figure(v, kind: str = "num") -> str:
+    """A figure as a person reads it: rounded (4 significant digits), percent with one
+    decimal, integers as integers; summary.json keeps the full values."""
+    if v is None:
+        return "–"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if kind == "pct":
+        return f"{v:.1%}"
+    if kind == "signed_pct":
+        return f"{v:+.2%}"
+    if kind == "int" or (isinstance(v, int) or float(v).is_integer()) and abs(v) < 1e15:
+        return f"{int(v):,}" if kind != "num" or abs(v) >= 1e4 else str(int(v))
+    if kind == "loss":
+        return f"{v:.4f}"
+    return f"{v:.4g}"
+
+
 def check_rows(summary: dict) -> list[tuple[str, str]]:
-    """(PASS | FAIL | UNKNOWN, "name = value (bound b)") for each of a run's checks."""
+    """(PASS | FAIL | UNKNOWN, "name = value (bound b)") for each of a run's checks, the
+    figures rounded (`figure`)."""
     rows = []
     for c in summary.get("checks", []):
         verdict = {True: "PASS", False: "FAIL"}.get(c.get("valid"), "UNKNOWN")
-        bound = f" (bound {c['bound']})" if c.get("bound") is not None else ""
-        value = f" = {c['value']}" if c.get("value") is not None else ""
+        bound = f" (bound {figure(c['bound'])})" if c.get("bound") is not None else ""
+        value = f" = {figure(c['value'])}" if c.get("value") is not None else ""
         if ci := (c.get("details") or {}).get("ci"):
             value += f", 95 % interval [{ci[0]:.4g}, {ci[1]:.4g}]"
         rows.append((verdict, f"{c['name']}{value}{bound}"))

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from diloco_chaos.harness import eventlog, listeners
@@ -30,6 +32,19 @@ def unique_dir(parent: Path, name: str) -> Path:
         except FileExistsError:
             continue
     raise RuntimeError(f"no free run directory for {name} under {parent}")
+
+
+def stamped_dir(parent: Path, name: str, now: datetime | None = None) -> Path:
+    """parent/NAME-YYYYMMDDTHHMMSSZ (UTC; -2, -3 ... within the same second), and
+    parent/latest pointing at it: runs sort by time and the newest has one name."""
+    now = now or datetime.now(timezone.utc)
+    d = unique_dir(parent, f"{name}-{now.strftime('%Y%m%dT%H%M%SZ')}")
+    link = parent / "latest"
+    tmp = parent / f".latest-{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(d.name)  # relative: the folder can move
+    os.replace(tmp, link)  # atomic: a reader sees the old run or the new one, never none
+    return d
 
 
 def with_mode(s: Scenario, mode: str) -> Scenario:

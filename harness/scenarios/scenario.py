@@ -293,6 +293,13 @@ def _read_faults(entries: Any, source: str) -> tuple[list[Fault], list[dict]]:
 
 def load_scenario(path_or_name: str | Path) -> Scenario:
     """Reads a scenario file; a bare name (no '/', no '.toml') is a built-in."""
+    path, source = locate(path_or_name)
+    return scenario_from_dict(read_toml(path, source), source)
+
+
+def locate(path_or_name) -> tuple[Path, str]:
+    """(the file to read, how errors name it): a bare name (no '/', no '.toml') is a
+    built-in scenario, which must exist."""
     text_name = str(path_or_name)
     if isinstance(path_or_name, str) and "/" not in text_name and not text_name.endswith(".toml"):
         path, source = SCENARIOS_DIR / f"{text_name}.toml", f"scenarios/{text_name}.toml"
@@ -300,8 +307,13 @@ def load_scenario(path_or_name: str | Path) -> Scenario:
             names = [n for n, _ in list_scenarios()]
             raise ScenarioError(source, "", f"no built-in scenario {text_name!r}{suggest(text_name, names)}",
                                 ", ".join(names) + ", or a path to a .toml file")
-    else:
-        path, source = Path(path_or_name), text_name
+        return path, source
+    return Path(path_or_name), text_name
+
+
+def read_toml(path: Path, source: str) -> dict:
+    """The file's TOML as a dict; a file that cannot be read or parsed is one error, with
+    the line and column where it can say."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
@@ -311,13 +323,12 @@ def load_scenario(path_or_name: str | Path) -> Scenario:
         raise ScenarioError(source, f"line {line}", f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
                             f"{e.start})", "a TOML file, which is UTF-8 text") from None
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
         problem = re.sub(r"\s*\(at .*\)$", "", str(e))
         where = f"line {m.group(1)}, column {m.group(2)}" if m else ""
         raise ScenarioError(source, where, f"TOML syntax error: {problem}", "TOML, see https://toml.io") from None
-    return scenario_from_dict(data, source)
 
 
 def list_scenarios() -> list[tuple[str, str]]:

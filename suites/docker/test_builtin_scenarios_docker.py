@@ -1,9 +1,10 @@
 """Built-in scenarios, unchanged but for `backend = "docker"`, judged by their own
 checks (none may fail or end UNKNOWN; loss parity is left out: no fault-free reference run).
-One run each, 60-80 s on 2 cores. `make test` runs unit-loss (a unit's container killed,
-restarted and merged again); hang and syncer-crash run in `make nightly`: their container
-faults (docker pause; a shard's container killed and restored from its checkpoint) are in
-`make test` through test_cluster_faults.py's docker runs and test_pause_docker.py."""
+One run each, 60-80 s on 2 cores, all three in `make nightly`. Their container faults are
+in `make test` elsewhere, each in a run judged by its checks: a unit's container killed,
+restarted and merged again in suites/multihost/test_multihost_run.py (`assert_held`, two
+hosts) and test_spares_docker.py; docker pause in test_pause_docker.py and
+test_cluster_faults.py's docker runs; a shard's container killed and restored likewise."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +26,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.cluster, pytest.mark.slow]
 SCENARIOS = {"unit-loss": "kill_unit", "hang": "pause_unit", "syncer-crash": "kill_syncer"}
 
 
-@pytest.mark.parametrize("name", [n if n == "unit-loss" else pytest.param(n, marks=pytest.mark.nightly)
-                                  for n in sorted(SCENARIOS)])
+@pytest.mark.nightly
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_builtin_scenario_on_docker(name, tmp_path, docker_engine):
     s = load_scenario(name)
     s = dataclasses.replace(s, cluster=dataclasses.replace(s.cluster, backend="docker"))

@@ -47,6 +47,26 @@ def test_global_loss_regression_healthy_model_passes():
     assert (bump.valid, bump.value, bump.details["end_excess"]) == (True, pytest.approx(0.09), pytest.approx(0.03))
 
 
+def test_the_final_point_is_judged_on_the_snapshots_batches():
+    """Snapshots evaluate the first 4 held-out batches, the final eval 64 (their first 4
+    the same). A task whose later batches are harder (here 1.0 on the first 4, 9.0 on the
+    other 60: mean 8.5) showed a final rise of 7.2 that was only the sample (seen on a
+    user's linear-regression task: 3.80 -> 4.25); on the same 4 batches the final model is
+    as good as its best. A real rise on those batches is still seen."""
+    def run(first4):
+        b = _curve([4.0, 2.5, 1.5, 1.3, 0.0], final=True)
+        b.header["config"]["task"] = {"eval_batches": 4, "final_eval_batches": 64}
+        last = b.events[-1]
+        last["batch_losses"] = [first4] * 4 + [9.0] * 60
+        last["loss"] = sum(last["batch_losses"]) / 64
+        return checks.global_loss_regression(b.log())
+
+    same = run(1.0)
+    assert (same.valid, same.value, same.details["final"]) == (True, 0.0, 1.0)
+    worse = run(2.0)  # the final model 0.7 above its best on the snapshots' own batches
+    assert (worse.valid, worse.value) == (False, pytest.approx(0.7))
+
+
 def test_a_data_parallel_rollback_starts_the_best_so_far_afresh():
     # dp: a learner killed at 60 s rolls the job back to its last checkpoint (every unit
     # down, reason "rollback"): the model at 70 s is back at 3.0 from 1.75, by design; what

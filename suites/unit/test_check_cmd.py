@@ -1,0 +1,126 @@
+"""`diloco-chaos check` (every error of a file in one pass, then the drawn schedule) and
+`diloco-chaos faults` (every fault kind with its parameters), called in-process."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from diloco_chaos.cli import main
+from diloco_chaos.faults.kinds import FAULT_KINDS
+from diloco_chaos.harness.scenarios.scenario import SCENARIOS_DIR
+
+BROKEN = """\
+name = "broken"
+seed = 3
+
+[cluster]
+learners = 2
+
+[train]
+steps = 100
+duration = "30s"
+sped = 4
+
+[[faults]]
+kind = "kill_unit"
+target = "learner-0"
+at = "5s"
+down_for = "2s"
+
+[[faults]]
+kind = "pause_unit"
+target = "syncer-0"
+at = "10s"
+duration = "1s"
+
+[[faults]]
+kind = "partition"
+target = "link:learner-1"
+at = "12s"
+duration = "-3s"
+"""
+
+
+def test_a_file_with_three_errors_reports_all_three_at_once(tmp_path, capsys):
+    path = tmp_path / "broken.toml"
+    path.write_text(BROKEN)
+    assert main(["check", str(path)]) == 2
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith(str(path))]
+    assert len(lines) == 3, out
+    assert any(f"{path}: train.sped: unknown key" in line for line in lines), out
+    assert any(f"{path}: faults[1].target: " in line and "valid: learner-N" in line for line in lines), out
+    assert any(f"{path}: faults[2].duration: " in line and "> 0 seconds" in line for line in lines), out
+    assert "3 errors in 1 file" in out
+
+
+def test_the_json_output_lists_each_error_with_its_key(tmp_path, capsys):
+    path = tmp_path / "broken.toml"
+    path.write_text(BROKEN)
+    assert main(["check", "--json", str(path)]) == 2
+    (entry,) = json.loads(capsys.readouterr().out)
+    assert entry["file"] == str(path) and entry["schedule"] == []
+    assert [e["path"] for e in entry["errors"]] == ["train.sped", "faults[1].target", "faults[2].duration"]
+
+
+def test_a_bad_required_value_is_one_error_not_a_missing_key_too(tmp_path, capsys):
+    path = tmp_path / "steps.toml"
+    path.write_text('name = "x"\nseed = 1\n[train]\nsteps = -5\nduration = "1m"\n[cluster]\nlearners = 0\n')
+    assert main(["check", str(path)]) == 2
+    out = capsys.readouterr().out
+    assert "cluster.learners" in out and "train.steps" in out and "missing" not in out
+    assert "2 errors in 1 file" in out
+
+
+def test_a_valid_builtin_scenario_shows_its_shape_and_schedule(capsys):
+    assert main(["check", str(SCENARIOS_DIR / "unit-loss.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "valid: unit-loss" in out and "4 learners" in out and "900 steps" in out
+    (row,) = [line for line in out.splitlines() if "kill_unit" in line]
+    assert row.split()[:2] == ["20", "s"] and "learner-1" in row and "down_for 15 s" in row
+
+
+def test_a_failure_process_shows_its_drawn_faults_and_seed_keeps_the_draw(tmp_path, capsys):
+    """`check --seed` shows what `run --seed` runs: the training's seed changes, the failure
+    process draws from the seed the file gave it (the same faults)."""
+    path = tmp_path / "random.toml"
+    path.write_text('name = "r"\nseed = 1\n[train]\nsteps = 100\nduration = "10m"\n'
+                    '[failure_process]\nmtbi = "20m"\nchips_per_unit = 64\nrepair = "30s"\n')
+    assert main(["check", "--json", str(path)]) == 0
+    first = json.loads(capsys.readouterr().out)[0]["schedule"]
+    assert first and all(row["from"] == "failure_process" for row in first)
+    assert main(["check", "--json", "--seed", "2", str(path)]) == 0
+    again = json.loads(capsys.readouterr().out)[0]
+    assert again["schedule"] == first and again["shape"]["seed"] == 2
+
+
+def test_a_toml_syntax_error_is_one_error_with_its_line(tmp_path, capsys):
+    path = tmp_path / "syntax.toml"
+    path.write_text('name = "x"\nseed = 1\n[train\nsteps = 3\n')
+    assert main(["check", str(path)]) == 2
+    out = capsys.readouterr().out
+    assert f"{path}: line 3, column" in out and "TOML syntax error" in out
+    assert "1 error in 1 file" in out
+
+
+def test_several_files_are_counted_apart(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(BROKEN)
+    assert main(["check", "unit-loss", str(bad), str(tmp_path / "absent.toml")]) == 2
+    out = capsys.readouterr().out
+    assert "cannot read the file" in out and "4 errors in 2 files" in out
+
+
+def test_faults_lists_every_kind_with_its_fields(capsys):
+    assert main(["faults"]) == 0
+    out = capsys.readouterr().out
+    for kind, cls in FAULT_KINDS.items():
+        assert f"{kind}  (target: " in out
+        for f in dataclasses.fields(cls):
+            if f.name not in ("target", "at_s"):
+                assert f.name.removesuffix("_s") in out, (kind, f.name)
+    assert main(["faults", "--json"]) == 0
+    kinds = json.loads(capsys.readouterr().out)
+    assert [k["kind"] for k in kinds] == list(FAULT_KINDS)
+    corrupt = next(k for k in kinds if k["kind"] == "corrupt")
+    assert {p["name"]: p["default"] for p in corrupt["parameters"]}["mode"] == '"scale"'
