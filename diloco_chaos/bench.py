@@ -6,6 +6,7 @@ measured here, never asserted in timed tests.
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import platform
@@ -34,8 +35,13 @@ TAKES_FROM = ("fidelity",)  # benches whose function takes `real_from`
 
 
 def register(sub, help_: str) -> None:
-    p = sub.add_parser("bench", help=help_, description=__doc__)
-    p.add_argument("name", help="one of: " + ", ".join(BENCHES))
+    benches = "\n".join(f"  {name:10s} {line}" for name, (_, line) in BENCHES.items())
+    p = sub.add_parser("bench", help=help_, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Run a benchmark: it writes runs/bench/NAME.json (figures, the machine, "
+                                   "the time it took) and prints it. Methods and current figures: "
+                                   "docs/BENCHMARKS.md.",
+                       epilog="benchmarks:\n" + benches)
+    p.add_argument("name", metavar="NAME", help="the benchmark (listed below)")
     p.add_argument("--out", default="runs/bench", help="folder for NAME.json (default runs/bench)")
     p.add_argument("--from", dest="real_from", metavar="DIR",
                    help=f"({', '.join(TAKES_FROM)} only) take the real runs an earlier bench kept in DIR "

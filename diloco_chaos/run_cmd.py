@@ -23,7 +23,7 @@ def register_run(sub, help_: str) -> None:
 
 def register_demo(sub, help_: str) -> None:
     p = sub.add_parser("demo", help=help_, description=f"`run {DEFAULT_SCENARIO} --compare dp`, fault-free reference included.")
-    _run_options(p)
+    _run_options(p, compare=False)  # the demo always compares with data-parallel
     p.set_defaults(func=lambda a: cmd_run(_demo_args(a)))
 
 
@@ -32,11 +32,12 @@ def _demo_args(a):
     return a
 
 
-def _run_options(p) -> None:
+def _run_options(p, compare: bool = True) -> None:
     p.add_argument("--out", default="runs", type=Path, help="parent folder of run directories (default runs/)")
     p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
-    p.add_argument("--compare", choices=["dp"], default=None,
-                   help="also run the same scenario and fault draw under data-parallel")
+    if compare:
+        p.add_argument("--compare", choices=["dp"], default=None,
+                       help="also run the same scenario and fault draw under data-parallel")
     p.add_argument("--reference", choices=["auto", "none"], default="auto",
                    help="loss parity against the fault-free run of the same scenario (auto: run it once, then reuse)")
     p.add_argument("--tier", choices=["cluster", "sim"], default="cluster",

@@ -59,7 +59,7 @@ def test_sigint_midway_leaves_nothing_behind(tmp_path, sig, code):
     cli = subprocess.Popen([sys.executable, "-m", "diloco_chaos", "run", str(scenario), "--out", str(out),
                             "--reference", "none", "--no-live"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            preexec_fn=_sigint_default)
-    run_dir = out / "interrupted"
+    run_dir = out / "latest"  # the run directory is interrupted-<UTC time>; latest points at it
     try:
         deadline = time.monotonic() + 90  # a give-up timeout, not the property (~5 s idle)
         # wait until both learners and the syncer are up, and the faults are on
