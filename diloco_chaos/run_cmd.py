@@ -202,6 +202,9 @@ def _on_backend(s, tier: str, go) -> int:
     answers, stopped after: harness.backends.docker_engine.engine_for_run)."""
     if s.cluster.backend != "docker" or tier == "sim":
         return go()
+    from diloco_chaos.harness.extras import require
+
+    require("docker", "docker")  # before any engine is looked for or started: one line naming the extra
     from diloco_chaos.harness.backends.docker_engine import engine_for_run
 
     try:

@@ -36,7 +36,16 @@ from diloco_chaos.harness.backends.toxiproxy_server import ToxiproxyServer, free
 from diloco_chaos.harness.run.control import Spawned, apply_profile, link_name, make_topology, mechanism_words
 
 
-JAX_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "jax"
+def _jax_cache() -> Path:
+    """The units' persistent compilation cache: the checkout's .cache/jax, or for an
+    installed package the user's cache folder (never inside site-packages)."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file():
+        return root / ".cache" / "jax"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "diloco-chaos" / "jax"
+
+
+JAX_CACHE = _jax_cache()
 
 
 def unit_jax_env(env: dict, role: str, slices: int, cache_dir: str) -> dict:

@@ -121,6 +121,10 @@ def test_optional_parts_are_extras_named_when_missing(fresh):
     out = subprocess.run([str(fresh["py"]), "-c", code], cwd=fresh["work"], env=fresh["env"],
                          capture_output=True, text=True, check=True).stdout
     assert out.startswith("UserError") and "pip install 'diloco-chaos[docker]'" in out, out
+    run = subprocess.run([str(fresh["venv"] / "bin" / "diloco-chaos"), "run", "unit-loss", "--backend", "docker"],
+                         cwd=fresh["work"], env=fresh["env"], capture_output=True, text=True)
+    assert run.returncode == 2 and "pip install 'diloco-chaos[docker]'" in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr  # one line, no traceback
     r = subprocess.run([str(fresh["py"]), "-c", "import diloco_chaos.examples.flax_mlp"], cwd=fresh["work"],
                        env=fresh["env"], capture_output=True, text=True)
     assert r.returncode != 0 and "pip install 'diloco-chaos[flax]'" in r.stderr, r.stderr
