@@ -22,7 +22,6 @@ import sysconfig
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 try:

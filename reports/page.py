@@ -11,7 +11,7 @@ from diloco_chaos.reports import charts, fates, series
 from diloco_chaos.reports import timeline as tlmod
 from diloco_chaos.reports.runs import Run
 from diloco_chaos.reports.check_rows import STATUS, check_rows, ci_text, fmt
-from diloco_chaos.reports.run_facts import backend_text, facts, versions  # noqa: F401 - backend_text: re-exported
+from diloco_chaos.reports.run_facts import facts, versions
 
 
 SECTIONS = [("verdict", "Verdict"), ("run", "Run"), ("timeline", "Timeline"), ("loss", "Loss"),

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from diloco_chaos.faults.kinds import FAULT_KINDS
+from diloco_chaos.harness import intervals
 from diloco_chaos.harness.judging import history
 from diloco_chaos.harness.eventlog import EventLog
 
@@ -53,12 +54,12 @@ def _paint(layers: list[tuple[str, list, str]]) -> list[tuple[str, float, float,
     """[(state, intervals, detail)] low → high precedence -> disjoint (state, a, b, detail)."""
     out: list[tuple[str, float, float, str]] = []
     for state, iv, detail in layers:
-        iv = history.norm(iv)
+        iv = intervals.norm(iv)
         if not iv:
             continue
         kept = []
         for s, a, b, d in out:
-            kept += [(s, x, y, d) for x, y in history.minus([(a, b)], iv)]
+            kept += [(s, x, y, d) for x, y in intervals.minus([(a, b)], iv)]
         out = kept + [(state, a, b, detail) for a, b in iv]
     return sorted(out, key=lambda r: r[1])
 
@@ -189,7 +190,7 @@ def build(log: EventLog, summary: dict) -> Timeline:
     if slices > 1 or any(lost.values()):
         for name in learners:
             h = hs.get(name, history.UnitHistory(name))
-            alive = history.minus([(i.up_t, i.end_t) for i in h.incs], h.dead)
+            alive = intervals.minus([(i.up_t, i.end_t) for i in h.incs], h.dead)
             layers = [("all live", alive, f"{slices} of {slices} slices")]
             layers += [("slice lost", [(f["a"], f["b"])], f"{f['params'].get('slices', 1)} of {slices} slices lost")
                        for f in lost[name]]

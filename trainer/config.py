@@ -15,7 +15,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from diloco_chaos.trainer.presets import PRESETS, with_preset  # noqa: F401 - re-exported
 from diloco_chaos.trainer.protocol_base import DP_MODES, MODES  # one list of modes for the cores and the config
 
 

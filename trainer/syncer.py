@@ -20,7 +20,8 @@ from diloco_chaos.trainer.outbox import outbox_key
 from diloco_chaos.trainer.protocol import SyncerCore
 from diloco_chaos.trainer.syncer_driver import SyncerDriver
 from diloco_chaos.trainer.tasks import task_for_run
-from diloco_chaos.trainer.transport import BufferLog, ShardServer, parse_addr
+from diloco_chaos.trainer.flow import BufferLog
+from diloco_chaos.trainer.transport import ShardServer, parse_addr
 from diloco_chaos.trainer.wiring import fragmenter_for, syncer_config, syncer_math
 
 

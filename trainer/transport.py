@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from diloco_chaos.trainer import auth
 from diloco_chaos.trainer.codec import FrameDecoder, ProtocolError, encode_frame
-from diloco_chaos.trainer.flow import ACK_EVERY_BYTES, WINDOW_BYTES, BufferLog, BufferState, Flow, LinkStats  # noqa: F401
+from diloco_chaos.trainer.flow import BufferState, Flow, LinkStats
 from diloco_chaos.trainer.messages import Received
 from diloco_chaos.trainer.outbox import Outbox
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from diloco_chaos.harness.bench.runs import (EVAL_EVERY, TARGET_NATS, ClusterRun, bare_process, bare_steps, best_window_rate,
                                 describe, rate_without, run_cluster, time_to, window_rate)
-from diloco_chaos.trainer.config import DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig, with_preset
+from diloco_chaos.trainer.config import DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig
+from diloco_chaos.trainer.presets import with_preset
 from diloco_chaos.trainer.tasks import task_for_run
 
 OUTER = OuterOptConfig(lr=0.7, momentum=0.0)

@@ -27,7 +27,8 @@ def steady_overhead(log) -> float:
     inside it the time blocked on the others (data-parallel's wait for the mean gradient,
     which its `dt` includes). The steady cost of running under this policy on this
     machine, not of a fault: the faults' own costs are what the rules price."""
-    from diloco_chaos.harness.judging.history import clip, histories, measure
+    from diloco_chaos.harness.intervals import clip, measure
+    from diloco_chaos.harness.judging.history import histories
 
     spans = idle = 0.0
     for h in histories(log, math.inf).values():

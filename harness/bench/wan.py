@@ -9,7 +9,8 @@ from pathlib import Path
 
 from diloco_chaos.harness.bench.runs import EVAL_EVERY, TARGET_NATS, ClusterRun, describe, eval_curve, run_cluster, time_to
 from diloco_chaos.harness.links import LinkProfile
-from diloco_chaos.trainer.config import DilocoConfig, InnerOptConfig, RunConfig, with_preset
+from diloco_chaos.trainer.config import DilocoConfig, InnerOptConfig, RunConfig
+from diloco_chaos.trainer.presets import with_preset
 from diloco_chaos.trainer.tasks import task_for_run
 
 WAN_LATENCY_MS = 20                               # one-way, each link

@@ -22,9 +22,10 @@ from dataclasses import asdict
 # (model_checks.py) live beside this file
 from diloco_chaos.faults.overlaps import LinkTarget
 from diloco_chaos.faults.kinds import FAULT_KINDS
-from diloco_chaos.harness.judging.check_base import SHOW, Result, _judge, _shards, compose, shard_lives  # noqa: F401 - compose: re-exported
+from diloco_chaos.harness.judging.check_base import SHOW, Result, _judge, _shards, shard_lives
 from diloco_chaos.harness.eventlog import EventLog
-from diloco_chaos.harness.judging.history import clip, histories, intersect, learner_names, minus, norm, window
+from diloco_chaos.harness.intervals import clip, intersect, minus, norm
+from diloco_chaos.harness.judging.history import histories, learner_names, window
 from diloco_chaos.harness.judging.ledger import tokens_conserved
 from diloco_chaos.harness.judging.metrics import Metrics, commit_gaps
 from diloco_chaos.harness.judging.pace import pace

@@ -7,7 +7,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from diloco_chaos.harness.eventlog import EventLog
-from diloco_chaos.harness.intervals import clip, intersect, measure, minus, norm  # noqa: F401 - used here and re-exported
 
 
 # --- intervals (harness/intervals.py): the vocabulary of the metrics and checks ------------

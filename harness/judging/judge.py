@@ -7,6 +7,7 @@ and the runner cannot disagree on a run (issue 14: judging once).
 from __future__ import annotations
 
 from diloco_chaos.harness.judging import checks, metrics
+from diloco_chaos.harness.judging.check_base import compose
 from diloco_chaos.harness.eventlog import EventLog
 
 
@@ -19,7 +20,7 @@ def judge(log: EventLog, reference: EventLog | None = None, expect: dict | None 
     m = metrics.compute(log, reference)
     results = checks.verdict(log, m, expect, lenient=lenient)
     return {**m.to_dict(), **faults_seen(log), "checks": [r.to_dict() for r in results],
-            "valid": checks.compose(results).valid, "mode": log.config["diloco"]["mode"]}
+            "valid": compose(results).valid, "mode": log.config["diloco"]["mode"]}
 
 
 def unknown_checks(summary: dict) -> list[str]:

@@ -39,8 +39,9 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
 from diloco_chaos.harness.eventlog import EventLog
-from diloco_chaos.harness.judging.history import (UnitHistory, clip, first_step_start, fragment_count, histories,
-                                     learner_names, measure, minus, norm, step_lag, window)
+from diloco_chaos.harness.intervals import clip, measure, minus, norm
+from diloco_chaos.harness.judging.history import (UnitHistory, first_step_start, fragment_count, histories,
+                                                 learner_names, step_lag, window)
 from diloco_chaos.harness.judging.losses import batch_losses, excess_loss_ratio, final_loss, loss_floor, mean_ci, parity_ci
 from diloco_chaos.harness.judging.ledger import ledger
 from diloco_chaos.harness.judging.pace import pace

@@ -36,9 +36,10 @@ from diloco_chaos.faults.fields import FieldError, check_number, suggest
 from diloco_chaos.faults.kinds import FAULT_KINDS, Fault
 from diloco_chaos.faults.schedule import RunShape, Schedule, ScheduleError, validate
 from diloco_chaos.harness.links import LinkProfile
-from diloco_chaos.harness.scenarios.specs import BACKENDS, ENGINE_SCHEMES, ClusterSpec, Expect, TrainSpec  # noqa: F401 - re-exported
+from diloco_chaos.harness.scenarios.specs import ClusterSpec, Expect, TrainSpec
 from diloco_chaos.harness.units import _Bad, _convert, _describe, _shown, _what
-from diloco_chaos.trainer.config import InnerOptConfig, RunConfig, is_plugin, with_preset
+from diloco_chaos.trainer.config import InnerOptConfig, RunConfig, is_plugin
+from diloco_chaos.trainer.presets import with_preset
 
 SCENARIOS_DIR = Path(__file__).resolve().parent / "builtin"  # scenarios/ in a checkout links here
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")

@@ -10,8 +10,9 @@ import ipaddress
 from dataclasses import dataclass
 
 from diloco_chaos.faults.fields import FieldError, check_choice, check_number
-from diloco_chaos.trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, PRESETS, SECOND_MOMENTS, SHARE_BY,
-                            TASK_KINDS, is_plugin)
+from diloco_chaos.trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, SECOND_MOMENTS, SHARE_BY,
+                                         TASK_KINDS, is_plugin)
+from diloco_chaos.trainer.presets import PRESETS
 
 BACKENDS = ("local", "docker")
 ENGINE_SCHEMES = ("unix://", "tcp://", "ssh://")

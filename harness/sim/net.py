@@ -3,7 +3,7 @@
 The simulator's injector is the cluster tier's own `Injector`; it shapes links through
 `SimProxies` (harness/sim/proxies.py, which says what each toxic does to the traffic), and
 `Net` carries that out on the link's connections and frames (their state, `Link`, `Conn`,
-`Wire`, `Frame`, and the transport's constants: harness/sim/wire.py, re-exported here).
+`Wire`, `Frame`, and the transport's constants: harness/sim/wire.py).
 
 Connections follow trainer/shard_link.py: the learner side (`ShardLink`) connects,
 reconnects after a loss (at once if the connection lasted > 1 s, else after a
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from diloco_chaos.harness.sim.proxies import SimProxies
 from diloco_chaos.harness.sim.wire import (ANSWER, BACKOFF_S, CHALLENGE, HELD_BYTES, LASTED_S, PROOF, STREAM, STREAM_OF, Conn,
-                              Exchange, Frame, Link, Wire, proof_bytes)  # noqa: F401 - Wire: re-exported
+                                             Exchange, Frame, Link, proof_bytes)
 from diloco_chaos.trainer import auth
 from diloco_chaos.trainer.codec import encode_frame
 from diloco_chaos.trainer.outbox import outbox_key

@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from diloco_chaos.harness.sim.net import Link, Net
+    from diloco_chaos.harness.sim.net import Net
+    from diloco_chaos.harness.sim.wire import Link
 
 
 class SimProxies:

@@ -20,7 +20,7 @@ import pytest
 
 from diloco_chaos.harness.backends.toxiproxy_server import ToxiproxyServer
 from diloco_chaos.harness.links import toxic_spec
-from diloco_chaos.trainer import transport
+from diloco_chaos.trainer import flow, transport
 from diloco_chaos.trainer.messages import FragmentUpdate
 from diloco_chaos.trainer.outbox import outbox_key
 from diloco_chaos.trainer.shard_link import ShardLink
@@ -89,6 +89,6 @@ def test_an_update_is_never_more_than_the_window_behind_on_a_bloated_link():
     # of each update at the same rate: ~4 s, well past it.
     carried = (len(late) - 1) * frame / (late[-1][0] - late[0][0])
     rate = min(RATE_KB_S * 1000, carried)
-    bound = (transport.WINDOW_BYTES + 2 * frame) / rate + 0.25
+    bound = (flow.WINDOW_BYTES + 2 * frame) / rate + 0.25
     median = statistics.median(age for _, age in late)
     assert median <= bound, (median, bound, carried, late)

@@ -6,7 +6,8 @@ import pytest
 from log_builder import LogBuilder
 
 from diloco_chaos.harness.judging import checks
-from diloco_chaos.harness.judging.checks import Result, compose, expect_checks
+from diloco_chaos.harness.judging.check_base import Result, compose
+from diloco_chaos.harness.judging.checks import expect_checks
 from diloco_chaos.harness.judging.metrics import compute
 
 

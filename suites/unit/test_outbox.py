@@ -15,7 +15,7 @@ import pytest
 from diloco_chaos.harness.sim.net import Net
 from diloco_chaos.harness.sim.world import Clock
 from diloco_chaos.harness.links import toxic_spec
-from diloco_chaos.trainer import auth, compression, transport
+from diloco_chaos.trainer import auth, compression, flow, transport
 from diloco_chaos.trainer.codec import encode_frame
 from diloco_chaos.trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, Received, SliceControl
 from diloco_chaos.trainer.outbox import Outbox, outbox_key
@@ -220,16 +220,16 @@ def test_the_shard_writes_no_more_than_the_window_ahead_of_what_the_learner_read
     reader = Reader(sock)
     frame = max(server.send("learner-0", big(v)) for v in range(40))  # 5 MB, no keys: nothing replaced
     with Polling(server):
-        first = reader.settled(transport.WINDOW_BYTES)
+        first = reader.settled(flow.WINDOW_BYTES)
     # the window, plus the frame that was being started when it filled
-    assert transport.WINDOW_BYTES <= first <= transport.WINDOW_BYTES + frame, (first, frame)
+    assert flow.WINDOW_BYTES <= first <= flow.WINDOW_BYTES + frame, (first, frame)
     buffer = server.buffers()["learner-0"]
     assert buffer.frames >= 30  # the rest waits where it can be replaced
     assert buffer.unread_bytes == first == server.stats["learner-0"].unread_max  # what it says is past the outbox
     reader.ack("learner-0")  # read it all: the shard may write a window more
     with Polling(server):
-        second = reader.settled(first + transport.WINDOW_BYTES)
-    assert first + transport.WINDOW_BYTES <= second <= first + transport.WINDOW_BYTES + frame, (first, second)
+        second = reader.settled(first + flow.WINDOW_BYTES)
+    assert first + flow.WINDOW_BYTES <= second <= first + flow.WINDOW_BYTES + frame, (first, second)
     assert not [e for e in server.poll(0.05) if e.kind == "message"]  # an acknowledgement never reaches the core
 
 
@@ -257,12 +257,12 @@ def test_a_learner_writes_no_more_than_the_window_ahead_of_what_the_shard_read(c
     closing(conn)
     reader = Reader(conn)
     frame = max(link.send(big(v)) for v in range(40))
-    first = reader.settled(transport.WINDOW_BYTES)
-    assert transport.WINDOW_BYTES <= first <= transport.WINDOW_BYTES + frame, (first, frame)
+    first = reader.settled(flow.WINDOW_BYTES)
+    assert flow.WINDOW_BYTES <= first <= flow.WINDOW_BYTES + frame, (first, frame)
     assert link.buffer().frames >= 30 and link.buffer().unread_bytes == first == link.stats.unread_max
     reader.ack("syncer-0")
-    second = reader.settled(first + transport.WINDOW_BYTES)
-    assert first + transport.WINDOW_BYTES <= second <= first + transport.WINDOW_BYTES + frame, (first, second)
+    second = reader.settled(first + flow.WINDOW_BYTES)
+    assert first + flow.WINDOW_BYTES <= second <= first + flow.WINDOW_BYTES + frame, (first, second)
     assert inbox.get(timeout=1).kind == "connected" and inbox.empty()  # the acknowledgement is the link's own
 
 

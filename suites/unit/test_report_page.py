@@ -19,7 +19,7 @@ from diloco_chaos import report_cmd
 from diloco_chaos.harness import eventlog
 from diloco_chaos.harness.judging import metrics
 from diloco_chaos.harness.errors import UserError
-from diloco_chaos.reports import check_rows, page, render_index, render_run, series, timeline
+from diloco_chaos.reports import check_rows, page, render_index, render_run, run_facts, series, timeline
 from diloco_chaos.reports.runs import load
 
 FIXTURE = Path(__file__).parent / "data" / "report_run"
@@ -283,15 +283,15 @@ def test_a_fault_done_another_way_says_so_on_the_timeline():
 
 
 def test_backend_fact_names_where_the_units_ran(run):
-    assert page.backend_text({"name": "docker", "image": "diloco-chaos-host:ab12", "engine": "http+docker://x",
+    assert run_facts.backend_text({"name": "docker", "image": "diloco-chaos-host:ab12", "engine": "http+docker://x",
                               "cpus": 0.5}) == ("docker — a container per unit, image diloco-chaos-host:ab12, "
                                                 "engine http+docker://x, 0.5 CPU each")
     two = {"name": "docker", "image": "i", "engines": ["unix:///a", "ssh://b"],
            "placement": {"learner-0": "unix:///a", "learner-1": "ssh://b", "syncer-0": "unix:///a"}}
-    assert page.backend_text(two) == ("docker — a container per unit, image i, engines unix:///a: learner-0, "
+    assert run_facts.backend_text(two) == ("docker — a container per unit, image i, engines unix:///a: learner-0, "
                                       "syncer-0; ssh://b: learner-1")
-    assert page.backend_text({"name": "local", "host": "ci-1"}) == "local — a process per unit on ci-1"
-    assert page.backend_text(None, "sim").startswith("sim — ")
+    assert run_facts.backend_text({"name": "local", "host": "ci-1"}) == "local — a process per unit on ci-1"
+    assert run_facts.backend_text(None, "sim").startswith("sim — ")
     rows = dict(page.facts(load(run)))
     assert rows["backend"].startswith("local — ")  # the fixture's log predates the field
 
