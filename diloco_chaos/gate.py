@@ -1,7 +1,7 @@
 """The baseline gate: a run's figures judged against a stored run's (`compare --fail-on`,
 `run --baseline RUN --fail-on SPEC`, the `chaos` fixture's `--chaos-baseline`).
 
-Pure functions over summary.json dicts; nothing here imports JAX or the harness.
+Pure functions over summary.json dicts; nothing here imports JAX.
 
     base = load_summary("runs/nightly/chaos")          # a run directory or a summary.json
     rules = parse_fail_on("goodput:-3pts,parity:+1%,recovery:+5s")
@@ -31,16 +31,14 @@ pass.
 """
 from __future__ import annotations
 
-import math
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from diloco_chaos.harness.errors import UserError
-
-BADPUT = ("startup", "waiting_on_sync", "rolled_back", "lost", "stale", "recovery", "paused", "dead",
-          "finished", "other")  # harness/judging/metrics.py BADPUT (kept here: no harness import)
+from diloco_chaos.harness.judging.metrics import BADPUT
 
 # short name → summary key
 FIGURE_ALIASES = {
