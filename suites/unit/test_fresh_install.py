@@ -130,7 +130,7 @@ def test_optional_parts_are_extras_named_when_missing(fresh):
     assert r.returncode != 0 and "pip install 'diloco-chaos[flax]'" in r.stderr, r.stderr
 
 
-def test_a_builtin_scenario_runs_to_a_verdict_on_the_simulator(fresh, record_property):
+def test_a_builtin_scenario_runs_to_a_verdict_on_the_simulator(fresh, request):
     """The README's one-minute path: `diloco-chaos run unit-loss --tier sim` from the installed
     command, in a directory of its own, to a verdict (exit 0: every check held). Its wall time
     is recorded (the goal is <= 90 s on 2 cores, measured in docs/RESULTS.md), not asserted:
@@ -138,7 +138,8 @@ def test_a_builtin_scenario_runs_to_a_verdict_on_the_simulator(fresh, record_pro
     t0 = time.monotonic()
     r = subprocess.run([str(fresh["venv"] / "bin" / "diloco-chaos"), "run", "unit-loss", "--tier", "sim",
                         "--no-live", "--json"], cwd=fresh["work"], env=fresh["env"], capture_output=True, text=True)
-    record_property("fresh_install_unit_loss_s", round(time.monotonic() - t0, 1))
+    # a JUnit property, as the chaos plugin writes its figures (record_property warns under xunit2)
+    request.node.user_properties.append(("fresh_install_unit_loss_s", round(time.monotonic() - t0, 1)))
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout)
     assert summary["valid"] is True and summary["checks"], summary.get("checks")
