@@ -2,17 +2,18 @@
 an `::error` workflow command per failed (or UNKNOWN) check and failed gate rule, which
 the job's page shows as an annotation; and, where `GITHUB_STEP_SUMMARY` names a file, a
 Markdown table of the verdict appended to it (the job's summary page). Elsewhere: nothing.
-The figures are the summary's, rounded for a person (diloco_chaos/figures.py)."""
+The figures are the summary's, rounded for a person as `compare` rounds them (gate.fmt_value)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from diloco_chaos.harness.judging.report_text import check_rows, figure
+from diloco_chaos.gate import fmt_value
+from diloco_chaos.harness.judging.report_text import check_rows
 
 VERDICT = {0: "held", 1: "did not hold"}
-ROWS = [("goodput", "goodput", "pct"), ("final loss", "final_loss", "loss"),
-        ("loss parity vs fault-free", "loss_parity", "signed_pct"), ("restarts", "restarts", "int")]
+ROWS = [("goodput", "goodput"), ("final loss", "final_loss"), ("loss parity vs fault-free", "loss_parity"),
+        ("restarts", "restarts")]
 
 
 def publish(summary: dict, run_dir: Path, *, scenario: str, tier: str, code: int, env=None) -> None:
@@ -48,7 +49,7 @@ def step_summary(summary: dict, run_dir: Path, *, scenario: str, tier: str, code
     mark = "✅" if code == 0 else "❌"
     out = [f"### {mark} diloco-chaos `{scenario}` ({tier}): {verdict}", "",
            "| figure | value |", "|---|---|"]
-    out += [f"| {label} | {figure(summary.get(key), kind)} |" for label, key, kind in ROWS if summary.get(key) is not None]
+    out += [f"| {label} | {fmt_value(key, summary[key])} |" for label, key in ROWS if summary.get(key) is not None]
     out += ["", "| check | verdict | value |", "|---|---|---|"]
     for verdict_, text in check_rows(summary):
         name, _, rest = text.partition(" = ")

@@ -133,11 +133,6 @@ def figure_kind(key: str) -> str:
     return "seconds" if key.endswith("_s") else "number"
 
 
-def known_figures() -> list[str]:
-    """Every FIGURE a SPEC accepts: the aliases, then the summary keys."""
-    return list(FIGURE_ALIASES) + [k for k in FIGURE_KINDS if k not in FIGURE_ALIASES]
-
-
 def _resolve(figure: str) -> str | None:
     if figure in FIGURE_ALIASES:
         return FIGURE_ALIASES[figure]

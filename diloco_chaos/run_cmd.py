@@ -164,17 +164,17 @@ def cmd_run(args) -> int:
     s = _load(args.scenario, args.seed)
     if args.backend:
         s = dataclasses.replace(s, cluster=dataclasses.replace(s.cluster, backend=args.backend))
-    baseline, gate_rules = _baseline_option(args)
+    baseline, gate_spec = _baseline_option(args)
     with _stdout_for(args) as emit:
         return _on_backend(s, args.tier, lambda: _execute(
             s, args.out, compare=args.compare, reference=args.reference, live=not args.no_live, tier=args.tier,
             allow_unknown=args.allow_unknown, baseline=baseline, record=getattr(args, "record_baseline", False),
-            gate_rules=gate_rules, emit=emit))
+            gate_spec=gate_spec, emit=emit))
 
 
 def _baseline_option(args):
-    """(--baseline as stored | none | the baseline run's summary, the --fail-on rules): a bad
-    baseline or rule is bad input before anything runs."""
+    """(--baseline as stored | none | the baseline run's summary, the --fail-on SPEC): a bad
+    SPEC or an unreadable baseline is bad input before anything runs (the SPEC first)."""
     baseline, spec = getattr(args, "baseline", "stored"), getattr(args, "fail_on", None)
     if baseline in ("stored", "none"):
         if spec:
@@ -182,7 +182,9 @@ def _baseline_option(args):
         return baseline, None
     from diloco_chaos import gate
 
-    return gate.load_summary(Path(baseline)), gate.parse_fail_on(spec or gate.DEFAULT_FAIL_ON)
+    spec = spec or gate.DEFAULT_FAIL_ON
+    gate.parse_fail_on(spec)
+    return gate.load_summary(Path(baseline)), spec
 
 
 @contextlib.contextmanager
@@ -305,7 +307,7 @@ def _reference(s, out: Path, live: bool, tier: str = "cluster") -> Path | None:
 
 
 def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluster", allow_unknown=False,
-             baseline="none", record=False, gate_rules=None, emit=lambda summary: None) -> int:
+             baseline="none", record=False, gate_spec=None, emit=lambda summary: None) -> int:
     from diloco_chaos.harness.judging.report_text import print_summary
     from diloco_chaos.harness.run.result import stamped_dir, with_mode
 
@@ -325,7 +327,7 @@ def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluste
     if baseline == "stored":
         summary = with_baseline(summary, s, tier, run_dir)
     elif isinstance(baseline, dict):
-        summary = with_gate(summary, baseline, gate_rules, run_dir)
+        summary = with_gate(summary, baseline, gate_spec, run_dir)
     if compare == "dp":
         dp_dir = run_dir / "dp"
         dp_dir.mkdir()
@@ -345,16 +347,15 @@ def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluste
     return code
 
 
-def with_gate(summary: dict, baseline: dict, rules, run_dir: Path) -> dict:
+def with_gate(summary: dict, baseline: dict, spec: str, run_dir: Path) -> dict:
     """The summary with `gate`: each --fail-on rule against the baseline run (diloco_chaos/gate.py);
     a rule that fails makes the run not valid (exit 1). summary.json rewritten."""
     from diloco_chaos import gate
 
-    rows = gate.evaluate(summary, baseline, rules)
+    rows = gate.run_gate(summary, baseline, spec)
     summary["gate"] = rows
-    for row in rows:
-        print(("PASS " if row["held"] else "FAIL ") + "gate: " + row["line"])
-    if not all(row["held"] for row in rows):
+    print("\n".join(gate.report_lines(rows, spec=spec)))
+    if not gate.gate_held(rows):
         summary["valid"] = False
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     return summary

@@ -7,11 +7,10 @@ from types import ModuleType
 
 from diloco_chaos.harness.errors import UserError
 
-# extra: (the package it installs, what needs it). pyproject.toml's optional-dependencies.
-EXTRAS = {"docker": ("docker", "the Docker backend (--backend docker, the multihost tier)"),
-          "browser": ("playwright", "the report's browser check"),
-          "properties": ("hypothesis", "fault-schedule strategies (property tests, bench sim)"),
-          "flax": ("flax", "the Flax example task")}
+# extra: (the package it installs, what needs it), for the extras harness/ guards. The
+# others say so where they are imported: `browser` in reports/browser.py, `properties` in
+# faults/strategies.py (faults/ imports nothing of harness/), `flax` in examples/flax_mlp.py.
+EXTRAS = {"docker": ("docker", "the Docker backend (--backend docker, the multihost tier)")}
 
 
 def require(module: str, extra: str) -> ModuleType:

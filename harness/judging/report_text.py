@@ -60,21 +60,13 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
             console.print(f"{colour[verdict]} {name}: {text}")
 
 
-def figure(v, kind: str = "num") -> str:
-    """A figure as a person reads it: rounded (4 significant digits), percent with one
-    decimal, integers as integers; summary.json keeps the full values."""
-    if v is None:
-        return "–"
+def figure(v) -> str:
+    """A check's value or bound as a person reads it: whole numbers as integers (thousands
+    grouped from 10,000), others to 4 significant digits; summary.json keeps full values."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return str(v)
-    if kind == "pct":
-        return f"{v:.1%}"
-    if kind == "signed_pct":
-        return f"{v:+.2%}"
-    if kind == "int" or (isinstance(v, int) or float(v).is_integer()) and abs(v) < 1e15:
-        return f"{int(v):,}" if kind != "num" or abs(v) >= 1e4 else str(int(v))
-    if kind == "loss":
-        return f"{v:.4f}"
+    if float(v).is_integer() and abs(v) < 1e15:
+        return f"{int(v):,}" if abs(v) >= 1e4 else str(int(v))
     return f"{v:.4g}"
 
 
