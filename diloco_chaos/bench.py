@@ -21,6 +21,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "overhead": ("diloco_chaos.harness.bench.benches:overhead", "learner tokens/s in the full system / bare inner loop"),
     "bandwidth": ("diloco_chaos.harness.bench.benches:bandwidth", "bytes per trained token, DP vs Decoupled DiLoCo (fp32, int4)"),
     "parity": ("diloco_chaos.harness.bench.benches:parity", "final held-out loss, Decoupled DiLoCo vs DP at equal tokens"),
+    "frontier": ("diloco_chaos.harness.bench.frontier:frontier", "quality against bytes: parity gap vs bytes reduction "
+                 "over H x codec (fp32, int4, sparse), with intervals over seeds; writes frontier.svg"),
     "report": ("diloco_chaos.reports.bench:report", "page weight and time to draw a run's HTML report (<= 5 MB, < 2 s)"),
     "wan": ("diloco_chaos.harness.bench.wan:wan", "time to a target loss over throttled links (rate sweep), DP vs Decoupled DiLoCo"),
     "grace": ("diloco_chaos.harness.bench.grace:grace", "heterogeneous units: K = M vs K = 1 without / with the grace window "

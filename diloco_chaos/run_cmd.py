@@ -35,6 +35,9 @@ def _demo_args(a):
 def _run_options(p, compare: bool = True) -> None:
     p.add_argument("--out", default="runs", type=Path, help="parent folder of run directories (default runs/)")
     p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    p.add_argument("--preset", default=None, metavar="NAME",
+                   help="run the scenario with the trainer preset NAME (paper, sparse) in place of its own "
+                        "[train] preset; keys the scenario sets itself still win")
     if compare:
         p.add_argument("--compare", choices=["dp"], default=None,
                        help="also run the same scenario and fault draw under data-parallel")
@@ -152,6 +155,14 @@ def _load(name_or_path: str, seed: int | None):
         raise UserError(str(e)) from None
 
 
+def _with_preset(s, name: str):
+    from diloco_chaos.trainer.presets import PRESETS
+
+    if name not in PRESETS:
+        raise UserError(f"--preset {name!r} is not a preset; valid: {', '.join(PRESETS)}")
+    return dataclasses.replace(s, train=dataclasses.replace(s.train, preset=name))
+
+
 def cmd_scenarios(args) -> int:
     from diloco_chaos.harness.scenarios.scenario import list_scenarios
 
@@ -162,6 +173,8 @@ def cmd_scenarios(args) -> int:
 
 def cmd_run(args) -> int:
     s = _load(args.scenario, args.seed)
+    if args.preset:
+        s = _with_preset(s, args.preset)
     if args.backend:
         s = dataclasses.replace(s, cluster=dataclasses.replace(s.cluster, backend=args.backend))
     baseline, gate_spec = _baseline_option(args)

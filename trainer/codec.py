@@ -8,7 +8,8 @@
 
 Tensor bytes follow in header order, little-endian, C order. `enc` is null for a raw
 array (dtype × shape bytes) or a compression kind for an `Encoded` one (its storage
-dtype, `shape` the logical shape, nbytes = storage size × itemsize). Integers are
+dtype, `shape` the logical shape, nbytes = storage size × itemsize; a sparse tensor's
+size says its k per chunk, and a size no k gives is refused: trainer/compression.py). Integers are
 big-endian in the frame head, JSON is UTF-8.
 
 `FrameDecoder` is incremental and sans-IO like h11: `feed(bytes)`, then `next()` until it
@@ -160,7 +161,10 @@ def _tensor(spec, buf: memoryview, offset: int, field: str):
     if enc is None:
         count = math.prod(shape)
     elif enc in STORAGE_DTYPE and STORAGE_DTYPE[enc] == dtype:
-        count = storage_size(enc, tuple(shape))
+        try:  # a sparse tensor's size follows from its k, which the size itself declares
+            count = storage_size(enc, tuple(shape), nbytes // dtype.itemsize)
+        except ValueError as e:
+            raise BadTensorSize(f"{field!r}: {e}") from None
     else:
         raise BadHeader(f"encoding {enc!r} with dtype {dtype.name} in {field!r}")
     if nbytes != count * dtype.itemsize:

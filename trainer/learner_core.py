@@ -385,8 +385,9 @@ class LearnerCore(LearnerDP, LearnerClose):
         seq = state.seq + 1
         mine = self.math.get_fragment(state.params, p)
         payload = self.math.pseudo_grad_payload(state.base[p], mine)
-        if self.config.keep_local:
-            state = replace(state, sent_from=_put(state.sent_from, p, list(mine)))
+        if self.config.keep_local:  # (sparse: what the shard will read, so the rest goes out next time)
+            ref = list(mine) if self.math.shard_view is None else self.math.shard_view(state.base[p], payload)
+            state = replace(state, sent_from=_put(state.sent_from, p, ref))
         msg = Contribution(self.config.learner, self.config.incarnation, seq, p, state.base_version[p],
                            state.c_steps[p], state.c_tokens[p], state.step_time_s, state.last_sync_s, payload,
                            closing=state.closing is not None)

@@ -67,6 +67,10 @@ class LearnerMath:
     rebase: Callable[[Any, int, list, list], Any] | None = None
     # digest(arrays) -> str of Θ0 over a shard's fragments, for a fresh Hello (None: never fresh)
     digest: Callable[[list], str] | None = None
+    # shard_view(base, payload) -> θ[p] as the shard reads a Δ: base − decode(payload). With
+    # keep_local it is what the next Δ is measured from, so the part of the progress a lossy
+    # Δ left out goes out with the next one (error feedback). None: θ[p] as sent
+    shard_view: Callable[[list, list], list] | None = None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,10 @@ PRESETS = {
                          "broadcast_compression": "int4", "downlink": "answer", "align": True,
                          "share_by": "merged"},
               "outer": {"lr": 1.3, "momentum": 0.0, "nesterov": True, "warmup": 1}},
+    # "sparse": the project defaults (H = 6, P = 3, K = 1) with sparse pseudo-gradients both
+    # ways, 16 of every 256 entries, error feedback on both ends: the recommended point on
+    # the bytes/quality frontier (docs/BENCHMARKS.md "frontier")
+    "sparse": {"diloco": {"compression": "sparse", "broadcast_compression": "sparse", "sparse_density": 1 / 16}},
 }
 
 

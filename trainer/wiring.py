@@ -35,7 +35,13 @@ def learner_math(cfg: RunConfig, frag: Fragmenter) -> LearnerMath:
 
     def pseudo_grad_payload(base, local):
         # Δ = Θ_base[p] − θ_m[p], compressed for the wire; the syncer decodes to fp32.
-        return compression.encode(outer.pseudo_grad(base, local), d.compression)
+        return compression.encode(outer.pseudo_grad(base, local), d.compression, d.sparse_density)
+
+    def shard_view(base, payload):
+        # θ[p] as the shard sees it once it decodes a sparse Δ: base − Δ̂. Kept as the
+        # reference the next Δ is measured from (keep_local), so what Δ̂ left out goes out
+        # again with the next one: the uplink's error feedback (docs/PROTOCOL.md)
+        return [np.asarray(b, np.float32) - x for b, x in zip(base, compression.decode(payload))]
 
     return LearnerMath(
         get_fragment=frag.get,
@@ -48,6 +54,7 @@ def learner_math(cfg: RunConfig, frag: Fragmenter) -> LearnerMath:
         grad_payload=lambda arrays: compression.encode([np.asarray(a, np.float32) for a in arrays], "fp32"),
         apply_delta=compression.apply_delta,
         digest=digest,
+        shard_view=shard_view if d.compression == "sparse" or (d.compression != "fp32" and d.error_feedback) else None,
     )
 
 
@@ -66,13 +73,15 @@ def contribution_combiner(cfg: RunConfig):
     """(old, new) -> one Contribution: two unsent Δs of one learner and fragment, waiting on a
     slow link, go out as their sum (they hold disjoint steps: docs/PROTOCOL.md), compressed
     as the run compresses pseudo-gradients; counters add up, staleness is the older's."""
-    kind = cfg.diloco.compression
+    kind, density = cfg.diloco.compression, cfg.diloco.sparse_density
 
     def combine(old, new):
         total = [a + b for a, b in zip(compression.decode(old.payload), compression.decode(new.payload))]
+        # sparse: the sum holds at most both Δs' entries per chunk, and keeps them all
+        # (only the 2-bit levels are drawn again)
         return dataclasses.replace(new, base_version=min(old.base_version, new.base_version),
                                    c_steps=old.c_steps + new.c_steps, c_tokens=old.c_tokens + new.c_tokens,
-                                   payload=compression.encode(total, kind))
+                                   payload=compression.encode(total, kind, min(1.0, 2 * density)))
     return combine
 
 
@@ -113,7 +122,7 @@ def syncer_math(cfg: RunConfig, frag: Fragmenter) -> SyncerMath:
         return outer.merge(grads, weights, "mean")
 
     def broadcast_delta(theta, held):
-        return compression.broadcast_delta(theta, held, d.broadcast_compression)
+        return compression.broadcast_delta(theta, held, d.broadcast_compression, d.sparse_density)
 
     def combine(a, b):  # two Δs of one learner with disjoint steps: their sum, kept in fp32
         return compression.encode([x + y for x, y in zip(compression.decode(a), compression.decode(b))], "fp32")

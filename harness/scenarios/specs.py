@@ -87,6 +87,8 @@ class TrainSpec:
     mixing: float | None = None
     compression: str | None = None
     broadcast_compression: str | None = None
+    sparse_density: float | None = None  # "sparse": the share of each 256-entry chunk sent
+    error_feedback: bool | None = None  # a lossy Δ's left-out part goes out with the next (docs/PROTOCOL.md)
     merge: str | None = None
     max_staleness: int | None = None  # versions; 0 = no bound (docs/PROTOCOL.md "Bounded staleness")
     starve_cycles: int | None = None
@@ -113,6 +115,7 @@ class TrainSpec:
         if not is_plugin(self.task):
             check_choice(self, "task", TASK_KINDS + ("'package.module:factory' (your own task: docs/TASKS.md)",))
         check_choice(self, "mode", MODES)
+        check_number(self, "sparse_density", "(0, 1]", lambda v: 0 < v <= 1, optional=True)
         if self.preset is not None:
             check_choice(self, "preset", tuple(PRESETS))
         for name, choices in (("compression", COMPRESSIONS), ("broadcast_compression", COMPRESSIONS),

@@ -111,3 +111,15 @@ def test_every_option_has_help(name):
     missing = [a.option_strings or a.dest for a in parser._actions
                if not isinstance(a, argparse._HelpAction) and not a.help]
     assert not missing, f"{name}: options without help: {missing}"
+
+
+def test_preset_runs_a_scenario_with_a_trainer_preset(tmp_path, capsys):
+    """`--preset sparse`: the same scenario (a kill) with sparse pseudo-gradients both ways;
+    the run's own config line says so, and every check holds in the simulator."""
+    assert _run(tmp_path, "--preset", "sparse", "--json") == 0
+    summary = json.loads(capsys.readouterr().out)
+    head = json.loads((Path(summary["run_dir"]) / "events.jsonl").read_text().splitlines()[0])
+    diloco = json.dumps(head)
+    assert '"compression": "sparse"' in diloco and '"broadcast_compression": "sparse"' in diloco, diloco[:400]
+    assert _run(tmp_path, "--preset", "nothing") == 2
+    assert "valid: paper, sparse" in capsys.readouterr().err
