@@ -1,16 +1,22 @@
 """`diloco-chaos bench wan`: time to a held-out loss target over thin links, DP vs
 Decoupled DiLoCo at the paper preset, swept over the link rate (docs/BENCHMARKS.md,
-"wan"). Registered in diloco_chaos/bench.py; machinery in harness/bench/runs.py."""
+"wan"). Registered in diloco_chaos/bench.py; machinery in harness/bench/runs.py.
+
+DILOCO_WAN_PRESET=NAME runs the Decoupled DiLoCo side at another trainer preset
+(trainer/presets.py, e.g. `sparse`); the result says which (`preset`). Give such a run
+its own `--out`, so that it does not replace the paper preset's wan.json."""
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from pathlib import Path
 
 from diloco_chaos.harness.bench.runs import EVAL_EVERY, TARGET_NATS, ClusterRun, describe, eval_curve, run_cluster, time_to
+from diloco_chaos.harness.errors import UserError
 from diloco_chaos.harness.links import LinkProfile
 from diloco_chaos.trainer.config import DilocoConfig, InnerOptConfig, RunConfig
-from diloco_chaos.trainer.presets import with_preset
+from diloco_chaos.trainer.presets import PRESETS, with_preset
 from diloco_chaos.trainer.tasks import task_for_run
 
 WAN_LATENCY_MS = 20                               # one-way, each link
@@ -34,6 +40,9 @@ def wan(out_dir: Path) -> dict:
     throttled for real at each rate; its time is from its first step to the eval that
     first reaches the target (evals included). DDL at the project defaults runs at the
     first rate only, timed the old way (tokens/s to DDL's tokens)."""
+    preset = os.environ.get("DILOCO_WAN_PRESET", "paper")
+    if preset not in PRESETS:
+        raise UserError(f"DILOCO_WAN_PRESET={preset!r} is not a preset; valid: {', '.join(PRESETS)}")
     ref = run_cluster(out_dir / "wan" / "dp_reference", _wan_cfg("wan-dp-ref", "dp", WAN_STEPS), timeout_s=900)
     floor = task_for_run(ref.cfg).loss_floor()
     target = floor + TARGET_NATS
@@ -48,8 +57,8 @@ def wan(out_dir: Path) -> dict:
         link = LinkProfile(bandwidth_kbps=kbps, latency_ms=WAN_LATENCY_MS)
         dp = run_cluster(out_dir / "wan" / f"dp_{kbps}", timed(kbps), wan=link, timeout_s=900)
         dp_step = _job_rate(dp, skip)["step_s"]
-        ddl = run_cluster(out_dir / "wan" / f"ddl_{kbps}", _wan_cfg(f"wan-ddl-{kbps}", "decoupled", WAN_STEPS),
-                          wan=link, timeout_s=900)
+        ddl = run_cluster(out_dir / "wan" / f"ddl_{kbps}",
+                          _wan_cfg(f"wan-ddl-{kbps}", "decoupled", WAN_STEPS, preset=preset), wan=link, timeout_s=900)
         reached = time_to(ddl, target)
         dp_s = dp_step * dp_steps if dp_steps else None
         rate_ddl = _job_rate(ddl, WAN_SKIP)
@@ -66,7 +75,7 @@ def wan(out_dir: Path) -> dict:
     dp_final = ref.mean_final_eval()
     ddl_final = statistics.mean(r["ddl_final_eval"] for r in sweep)
     return {
-        "target_loss": target, "entropy_floor": floor, "latency_ms": WAN_LATENCY_MS,
+        "preset": preset, "target_loss": target, "entropy_floor": floor, "latency_ms": WAN_LATENCY_MS,
         "speedup_to_target_loss": head["speedup_to_target_loss"], "headline_kbps": head["bandwidth_kbps"],
         "crossing_20x_kbps": _crossing(sweep, 20), "paper_equivalent": head["paper_equivalent"],
         "dp_steps_to_target": dp_steps, "dp_compute_step_s": compute_step_s,
@@ -75,14 +84,14 @@ def wan(out_dir: Path) -> dict:
         "final_eval": {"dp": dp_final, "ddl_mean_over_sweep": ddl_final},
         "final_parity_gap": (ddl_final - dp_final) / dp_final,
         "dp_curve": dp_curve, "sweep": sweep,
-        "config": {"dp": describe(ref.cfg), "ddl": describe(_wan_cfg("wan-ddl", "decoupled", WAN_STEPS))},
+        "config": {"dp": describe(ref.cfg), "ddl": describe(_wan_cfg("wan-ddl", "decoupled", WAN_STEPS, preset=preset))},
         "ddl_defaults": _wan_defaults(out_dir, WAN_RATES_KBPS[0], target),
     }
 
 
-def _wan_cfg(name: str, mode: str, steps: int, eval_every: int = EVAL_EVERY) -> RunConfig:
+def _wan_cfg(name: str, mode: str, steps: int, eval_every: int = EVAL_EVERY, preset: str = "paper") -> RunConfig:
     """M = 4 at the paper preset (DP: the same run, every step averaged), evals every 10 steps."""
-    d = with_preset({"diloco": {"learners": WAN_M, "mode": mode}}, "paper")
+    d = with_preset({"diloco": {"learners": WAN_M, "mode": mode}}, preset)
     return RunConfig.from_dict({**d, "name": name, "seed": 0, "steps": steps, "eval_every": eval_every,
                                 "inner": {"total_steps": max(WAN_STEPS, 21)}})
 

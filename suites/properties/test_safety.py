@@ -43,6 +43,17 @@ def test_decoupled_with_compressed_broadcasts_is_safe_under_any_schedule(schedul
 
 @examples(20)
 @given(schedules(WINDOW, max_faults=5))
+def test_decoupled_with_sparse_pseudo_gradients_is_safe_under_any_schedule(schedule):
+    """Sparse Δs both ways (the `sparse` preset's codec): the learner's error feedback is its
+    kept progress and the shard's is its copies, so kills, cuts and shard crashes meet it
+    where it lives (docs/PROTOCOL.md "Sparse pseudo-gradients")."""
+    case = simulate_case(scenario(schedule, quorum=2, compression="sparse", broadcast_compression="sparse"))
+    with reported(case, "safety"):
+        safety(case)
+
+
+@examples(20)
+@given(schedules(WINDOW, max_faults=5))
 def test_decoupled_with_aligned_rounds_is_safe_under_any_schedule(schedule):
     """The paper preset's rounds: RoundOpens, joins that replace turns, rounds scaled by the
     learners merged, each commit answered only to them (docs/PROTOCOL.md "Aligned rounds")."""
