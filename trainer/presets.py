@@ -18,10 +18,12 @@ from typing import Any
 # that share (lr 1.3, momentum 0: the paper's Nesterov family tuned for this H), after each
 # fragment's first outer step at lr 1 (`warmup` counts versions of a fragment, and at
 # H = 64 a fragment has 6–7 in a 400-step run, so the default 40 would be the whole run).
+# Its figures were measured before the uplink's error feedback existed: it keeps it off
+# until the preset is measured with it (docs/BENCHMARKS.md "frontier").
 PRESETS = {
     "paper": {"diloco": {"sync_every": 64, "fragments": 8, "overlap": 2, "compression": "int4",
                          "broadcast_compression": "int4", "downlink": "answer", "align": True,
-                         "share_by": "merged"},
+                         "share_by": "merged", "error_feedback": False},
               "outer": {"lr": 1.3, "momentum": 0.0, "nesterov": True, "warmup": 1}},
     # "sparse": the project defaults (H = 6, P = 3, K = 1) with sparse pseudo-gradients both
     # ways, 16 of every 256 entries, error feedback on both ends: the recommended point on

@@ -239,10 +239,11 @@ def _star(x: float, y: float) -> str:
 
 
 def _y_range(result: dict) -> tuple[float, float, float]:
-    """The shared y axis in %: (low, high, tick step), holding 0–4 %, every CI and anchor."""
+    """The shared y axis in %: (low, high, tick step), holding 0–4 %, every point's mean and
+    every anchor (an interval wider than that is cut at the panel's edge)."""
     vals = [0.0, 4.0] + [100 * a["parity_gap"] for a in result.get("anchors", ())]
     for p in list(result["points"]) + list(result.get("long") or ()):
-        vals += [100 * v for v in [p["parity_gap"], *(p.get("parity_gap_ci") or ())] if v is not None]
+        vals += [100 * p["parity_gap"]] if p["parity_gap"] is not None else []
     step = next(s for s in (0.5, 1, 2, 5, 10, 20, 50, 100, 1e9) if (max(vals) - min(vals)) / s <= 8)
     return math.floor(min(vals) / step) * step, math.ceil(max(vals) / step) * step, step
 
@@ -288,7 +289,7 @@ def chart_svg(result: dict) -> str:
             for p in (p for p in pts if p["task"] == task and p.get("reduction_steady")):
                 px, py = fx(p["reduction_steady"]), fy(100 * p["parity_gap"])
                 if p.get("parity_gap_ci"):
-                    ya, yb = (fy(100 * v) for v in p["parity_gap_ci"])
+                    ya, yb = (min(max(fy(100 * v), y0), y1) for v in p["parity_gap_ci"])
                     out.append(f'<path class="ci" d="M{px:.1f},{ya:.1f}V{yb:.1f}M{px - 3:.1f},{ya:.1f}h6'
                                f'M{px - 3:.1f},{yb:.1f}h6" stroke="#888" fill="none"/>')
                 label = f'H={p["H"]}' + (f', {p.get("factor", LONG_FACTOR)}× steps' if cls == "long-point" else "")

@@ -25,12 +25,15 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 STEPS = 150
 
 
-@pytest.mark.parametrize("broadcast", ["fp32", "int4"])
+@pytest.mark.parametrize("broadcast", ["fp32", "sparse"])
 def test_kill_and_restart_learner_and_syncer_shard(tmp_path, broadcast):
-    """`broadcast`: how Θ comes back (fp32 whole fragments, or int4 deltas with error
-    feedback, which a restarted learner or shard must re-anchor on a whole fragment)."""
+    """`broadcast`: how Θ and the Δs travel (fp32 whole fragments, or sparse both ways:
+    Θ as deltas against the learner's copy, which a restarted learner or shard must
+    re-anchor on a whole fragment, and sparse Δs whose error feedback a kill throws away
+    with the rest of the learner's local progress; int4 deltas take the same path)."""
     cfg = RunConfig(name="it", seed=3, steps=STEPS,
-                    diloco=DilocoConfig(learners=3, fragments=3, broadcast_compression=broadcast),
+                    diloco=DilocoConfig(learners=3, fragments=3, broadcast_compression=broadcast,
+                                        compression="sparse" if broadcast == "sparse" else "fp32"),
                     inner=InnerOptConfig(total_steps=STEPS), outer=OuterOptConfig(lr=0.7, momentum=0.0))
     run_dir = tmp_path / "run"
     cluster = LocalCluster(run_dir, cfg.to_dict(), shards=2, seed=cfg.seed)
