@@ -204,8 +204,8 @@ class DilocoConfig:
     # "Sparse pseudo-gradients"). 1/16 keeps 16 of 256: 10 bits per kept entry, index included
     sparse_density: float = 1 / 16
     # a lossy Δ (bf16 / int8 / int4 / sparse) is measured as the shard will read it, so what it
-    # left out stays in θ and goes out with the next Δ (docs/PROTOCOL.md "Error feedback");
-    # sparse always. int4 without it rounds every entry under max|Δ|/128 to zero, for good:
+    # left out stays in θ and goes out with the next Δ (docs/PROTOCOL.md "Sparse
+    # pseudo-gradients"); sparse always (`uplink_feedback`). int4 without it rounds every entry under max|Δ|/128 to zero, for good:
     # corpus, H = 6, int4 both ways, seed 0: 2.317 without, 2.076 with (fp32: 1.924)
     error_feedback: bool = True
     fragmentation: str = "balanced"
@@ -241,6 +241,11 @@ class DilocoConfig:
                              "Δ's error feedback is the local progress it did not carry, kept for the next Δ")
         _check_choice(self, "fragmentation", FRAGMENTATIONS)
         _check_choice(self, "mode", MODES)
+
+    @property
+    def uplink_feedback(self) -> bool:
+        """Whether the learner measures its next Δ from θ as the shard read the last one."""
+        return self.compression == "sparse" or (self.compression != "fp32" and self.error_feedback)
 
     def n_fragments(self, model: ModelConfig) -> int:
         """P, with 0 resolved to n_layers + 1 (one fragment per layer plus embed/final)."""

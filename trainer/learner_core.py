@@ -10,7 +10,9 @@ c_steps[p] / c_tokens[p] since p was last sent, and the in-flight record (seq, s
 sent_step). Rules:
 
 - after each inner step, if `due_fragment(step)` names p: send Δ = base[p] − θ[p]
-  (compressed by `pseudo_grad_payload`), reset p's counters, record p in flight;
+  (compressed by `pseudo_grad_payload`), reset p's counters, record p in flight; with
+  keep_local the next Δ is measured from θ[p] as sent, or, with error feedback
+  (`shard_view`), from θ[p] as the shard reads the lossy Δ, so what it left out goes again;
 - on FragmentUpdate(p): θ[p] ← mix(θ[p], Θ[p], α), base[p] ← Θ[p]; if p was awaiting its
   fetch, θ[p] ← Θ[p] (overwrite) and p's counters restart, or, keep_on_fetch and the fetch
   at most keep_gap versions ahead, the progress no Δ holds moves onto Θ[p]; last_sync_s = now − sent_at;
@@ -385,7 +387,7 @@ class LearnerCore(LearnerDP, LearnerClose):
         seq = state.seq + 1
         mine = self.math.get_fragment(state.params, p)
         payload = self.math.pseudo_grad_payload(state.base[p], mine)
-        if self.config.keep_local:  # (sparse: what the shard will read, so the rest goes out next time)
+        if self.config.keep_local:  # (error feedback: θ[p] as the shard will read it; the rest goes out next)
             ref = list(mine) if self.math.shard_view is None else self.math.shard_view(state.base[p], payload)
             state = replace(state, sent_from=_put(state.sent_from, p, ref))
         msg = Contribution(self.config.learner, self.config.incarnation, seq, p, state.base_version[p],

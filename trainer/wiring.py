@@ -38,7 +38,7 @@ def learner_math(cfg: RunConfig, frag: Fragmenter) -> LearnerMath:
         return compression.encode(outer.pseudo_grad(base, local), d.compression, d.sparse_density)
 
     def shard_view(base, payload):
-        # θ[p] as the shard sees it once it decodes a sparse Δ: base − Δ̂. Kept as the
+        # θ[p] as the shard sees it once it decodes a lossy Δ: base − Δ̂. Kept as the
         # reference the next Δ is measured from (keep_local), so what Δ̂ left out goes out
         # again with the next one: the uplink's error feedback (docs/PROTOCOL.md)
         return [np.asarray(b, np.float32) - x for b, x in zip(base, compression.decode(payload))]
@@ -54,7 +54,7 @@ def learner_math(cfg: RunConfig, frag: Fragmenter) -> LearnerMath:
         grad_payload=lambda arrays: compression.encode([np.asarray(a, np.float32) for a in arrays], "fp32"),
         apply_delta=compression.apply_delta,
         digest=digest,
-        shard_view=shard_view if d.compression == "sparse" or (d.compression != "fp32" and d.error_feedback) else None,
+        shard_view=shard_view if d.uplink_feedback else None,
     )
 
 

@@ -337,6 +337,6 @@ def describe(cfg: RunConfig) -> dict:
             "K": d.quorum, "tau": d.overlap, "compression": d.compression,
             "broadcast_compression": d.broadcast_compression, "downlink": d.downlink,
             **({"sparse_density": d.sparse_density} if "sparse" in (d.compression, d.broadcast_compression) else {}),
-            "error_feedback": d.compression == "sparse" or (d.compression != "fp32" and d.error_feedback),
+            "error_feedback": d.uplink_feedback,
             "outer": {"lr": cfg.outer.lr, "momentum": cfg.outer.momentum, "nesterov": cfg.outer.nesterov},
             "tokens_per_step": cfg.task.batch_size * cfg.task.seq_len}
