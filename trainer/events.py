@@ -19,7 +19,7 @@ KINDS = frozenset({
     "config", "step", "send", "recv", "round_open", "round_commit", "merge", "drop",
     "fault_start", "fault_end", "unit_up", "unit_down", "link_up", "link_down",
     "checkpoint_saved", "checkpoint_restored", "eval", "slices", "blocked", "done", "phase",
-    "contribute", "join", "closing", "discard", "corrupt", "starved", "link_buffer", "resources", "auth_refused",
+    "contribute", "join", "closing", "discard", "reanchor", "corrupt", "starved", "link_buffer", "resources", "auth_refused",
 })
 
 

@@ -217,6 +217,9 @@ class LearnerCore(LearnerDP, LearnerClose):
         # would wait for an answer that has already come and never be contributed again
         answer_to_drop = (not fetch and msg.version == state.base_version[p] and p in state.in_flight
                           and bool(msg.params) and sender == self.config.owners[p])
+        if (not fetch and not answer_to_drop and msg.version == state.base_version[p] and msg.params
+                and self.math.apply_delta is not None):
+            return self._reanchor(state, p, list(msg.params))
         if not fetch and not answer_to_drop and msg.version <= state.base_version[p]:
             return state, [Log("drop", {"what": "FragmentUpdate", "fragment": p, "version": msg.version,
                                         "reason": "old_version"})]
@@ -226,6 +229,28 @@ class LearnerCore(LearnerDP, LearnerClose):
                                         f"at version {msg.version}, holding version {state.base_version[p]}")
             return self._take(state, now, p, list(state.base[p]), 0, fetch)
         return self._take(state, now, p, list(msg.params), msg.version, fetch)
+
+    def _reanchor(self, state: LearnerState, p: int, glob: list):
+        """Compressed broadcasts: Θ[p] whole at the version this learner already holds (a
+        shard's answer to a dropped Δ, or a Hello's reply, crossing the delta that brought
+        that version). The shard now records the learner as holding Θ[p] exactly, so the
+        copy becomes it: base[p] ← Θ[p], and θ[p] and the keep_local reference move by the
+        same difference (the local progress is kept). Dropping it, as an old version, left
+        the copy's quantisation error where the shard's deltas never reach it again: int4
+        broadcasts at H = 6 ended up to +34 % above data-parallel (docs/BENCHMARKS.md)."""
+        base = state.base[p]
+        diff = [g - b for g, b in zip(glob, base)]
+        if self.math.rebase is not None:  # θ[p] ← Θ[p] + (θ[p] − base[p])
+            params = self.math.rebase(state.params, p, glob, base)
+        else:
+            mine = self.math.get_fragment(state.params, p)
+            params = self.math.set_fragment(state.params, p, [x + d for x, d in zip(mine, diff)])
+        ref = state.sent_from[p] if state.sent_from else None
+        state = replace(state, params=params, base=_put(state.base, p, glob))
+        if ref is not None:
+            state = replace(state, sent_from=_put(state.sent_from, p, [r + d for r, d in zip(ref, diff)]))
+        gap = max((float(abs(d).max()) for d in diff if getattr(d, "size", 1)), default=0.0)
+        return state, [Log("reanchor", {"fragment": p, "version": state.base_version[p], "max_abs_diff": gap})]
 
     def _on_delta(self, state: LearnerState, now: float, sender: str, msg: FragmentDelta):
         p = self._fragment(msg.fragment, sender)

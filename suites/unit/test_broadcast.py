@@ -147,3 +147,26 @@ def test_fp32_broadcast_sends_whole_fragments_as_before():
     assert not net.sent_msgs(FragmentDelta) and len(net.sent_msgs(FragmentUpdate)) == 4  # the fetch + 3 commits
     assert net.states["s0"].held == {}
     assert [type(m).__name__ for m in net.sent_msgs(Contribution)] == ["Contribution"] * 3
+
+
+def test_theta_whole_at_the_version_held_becomes_the_copy():
+    """A shard that answers a dropped Δ (stale, corrupt) with Θ[p] whole records the learner
+    as holding Θ[p] exactly. When that whole crosses the delta that already brought the same
+    version, the learner must take it as its copy (θ moves with it, local progress kept):
+    dropped as an old version, the delta's quantisation error stayed in the copy where the
+    shard's deltas, computed against Θ[p], never reached it (int4 at H = 6: up to +34 %)."""
+    lmath = learner_math(H, P)
+    lmath = type(lmath)(**{**lmath.__dict__, "apply_delta": compression.apply_delta})
+    core = LearnerCore(LearnerConfig("A", 0, ("s0",), keep_local=True), lmath)
+    s, _ = core.start(core.init([np.zeros(3, np.float32)]), 0.0)
+    s, _ = core.receive(s, 0.0, "s0", FragmentUpdate(0, 0, True, [np.zeros(3, np.float32)]))
+    s, _ = core.after_inner_step(s, 0.0, [np.array([0.5, 0.5, 0.5], np.float32)], 10, 1.0)  # local progress
+    theta1 = [np.array([1.0, -0.3, 0.01], np.float32)]
+    payload, copy = compression.broadcast_delta(theta1, [np.zeros(3, np.float32)], "int4")
+    s, _ = core.receive(s, 0.0, "s0", FragmentDelta(0, 1, 0, payload))
+    assert s.base_version[0] == 1 and s.base[0][0].tobytes() == copy[0].tobytes()
+    assert copy[0][2] != theta1[0][2]                        # int4 rounded 0.01 (under max/128) to 0
+    s, acts = core.receive(s, 0.0, "s0", FragmentUpdate(0, 1, False, theta1))   # the whole, same version
+    assert s.base[0][0].tolist() == theta1[0].tolist()       # the copy is Θ[p] now, as the shard records
+    assert np.allclose(s.params[0], theta1[0] + 0.5)          # and θ kept its local progress on top
+    assert [a.fields["fragment"] for a in acts if getattr(a, "kind", None) == "reanchor"] == [0]
