@@ -173,8 +173,6 @@ def fault_kinds_page() -> str:
 
 # ------------------------------------------------------------------ checks
 PROPERTY_CHECKS = {  # checks the property suites judge (suites/properties/sim_props.py), not a run's verdict
-    "quorum_respected": "Decoupled mode: every round_commit merged at least K contributions (dp modes: all).",
-    "weights_match_staleness": "Every merge's weight is the configured weight of its (c_tokens, c_steps, staleness).",
     "fetched_before_contributing": "A rejoining learner fetches Θ[p] before it contributes p.",
 }
 
@@ -183,7 +181,7 @@ def check_table() -> list[dict]:
     """Every check a run's verdict, a scenario's [expect] or a property suite judges: its
     name, where it is judged, what it holds, its bound, and the evidence it reads as the
     planted-bug catalogue records it."""
-    from diloco_chaos.harness.judging import baseline, checks, ledger, model_checks
+    from diloco_chaos.harness.judging import audits, baseline, checks, ledger, model_checks
     from diloco_chaos.harness.judging.planted import CATALOGUE, PROOFS
 
     safety = {
@@ -203,6 +201,13 @@ def check_table() -> list[dict]:
                                  f"what the kernel and proxy hold ({model_checks.HELD_BYTES} bytes) plus "
                                  "one whole frame per key that can wait"),
         "tokens_conserved": (ledger.tokens_conserved, "0 violations"),
+        "weights_match_staleness": (audits.weights_match_staleness, "0 violations (relative 1e-9)"),
+        "quorum_respected": (audits.quorum_respected, "0 rounds under K"),
+        "commits_audited": (audits.commits_audited,
+                            f"0 violations (a step within {audits.STEP_RTOL:g} of the judge's, relative, "
+                            f"plus {audits.THETA_RTOL:g} of Θ[p])"),
+        "copies_consistent": (audits.copies_consistent, "0 violations (digests equal)"),
+        "guard_decisions": (audits.guard_decisions, "0 violations"),
         "staleness_bounded": (model_checks.staleness_bounded,
                               "`max_staleness`, where a caller gives one (the property suites)"),
         "no_crash": (checks.no_crash, "0 crashes (judged when the log's header records crashes)"),
@@ -275,7 +280,8 @@ EVENT_KINDS: dict[str, tuple[str, str]] = {  # kind -> (who writes it, what it s
                                 "read thread saw it)"),
     "round_open": ("syncer", "a shard announces a round it opens (`diloco.align`)"),
     "round_commit": ("syncer", "a round of a fragment committed: fragment, version, n (contributions "
-                               "merged), tokens"),
+                               "merged), tokens; the audits' evidence: digests of Θ[p] `before` and after "
+                               "(`digest`), `live`, `closed`, `closing`"),
     "merge": ("syncer", "one contribution merged into a round: learner, incarnation, seq, fragment, version, "
                         "base_version, staleness, weight, c_steps, c_tokens"),
     "drop": ("learner, syncer", "a contribution or message dropped, and why (`reason`: stale, corrupt, "
@@ -310,6 +316,14 @@ EVENT_KINDS: dict[str, tuple[str, str]] = {  # kind -> (who writes it, what it s
     "link_buffer": ("learner, syncer", "what waits unsent on a link (the end's own queue)"),
     "resources": ("learner, syncer", "a process's resident memory: rss_kb"),
     "auth_refused": ("learner, syncer", "a connection cut for not proving the run secret"),
+    "copy": ("learner", "the learner took Θ[p] as its copy (`via`: whole, delta, reanchor): fragment, version, "
+                        "digest (copies_consistent)"),
+    "held": ("syncer", "a compressed delta sent: the digest of the copy it builds, `gap` and `error` (rms of "
+                       "Θ[p] − copy before and after) (copies_consistent)"),
+    "guard": ("syncer", "the corrupt guard judged a Δ: rms, c_steps, theta_rms, factor, accepted "
+                        "(guard_decisions)"),
+    "commit_audit": ("syncer", "a commit's arrays (base64 float32: Θ[p], outer state, every Δ, the result; "
+                               "whole, or a 64-coordinate `sample` with the norms) (commits_audited)"),
 }
 
 
@@ -354,6 +368,8 @@ METRICS_NOTES = {  # Metrics fields whose meaning its source does not say on the
     "bytes_total": "bytes on every link", "mean_Bps": "bytes per second over the run",
     "peak_Bps": "the busiest window's bytes per second", "bytes_per_token": "bytes_total / tokens",
     "staleness_hist": "merges by staleness", "staleness_max": "the largest merge staleness",
+    "uplink_lag_s": "seconds from a learner's send of a Δ to its shard's read of it: median, p90, max, n "
+                    "(a shard that falls behind its learners shows here first)",
     "staleness_mean": "the mean merge staleness", "steps": "inner steps of every learner",
     "tokens": "tokens trained", "merges": "merge lines", "commits": "round commits",
     "step_lag": "steps a learner's step line runs ahead of what it applied",

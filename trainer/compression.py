@@ -56,6 +56,9 @@ STORAGE_DTYPE = {
 # int4 magnitude levels / s for codes c = 0..7, ascending, and the midpoints between them.
 _INT4_LEVELS = np.array([0.0] + [2.0 ** (c - 7) for c in range(1, 8)])
 _INT4_MIDS = (_INT4_LEVELS[:-1] + _INT4_LEVELS[1:]) / 2
+# the value of each 4-bit code (bit 3 the sign) as a fraction of s: one gather decodes a tensor
+# (sign × level × s is exact: the levels are powers of two)
+_INT4_SIGNED = np.concatenate([_INT4_LEVELS, -_INT4_LEVELS])
 _FP32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -158,9 +161,7 @@ def _encode_int4(x64: np.ndarray) -> tuple[np.ndarray, float]:
 def _decode_int4(data: np.ndarray, n: int, scale: float) -> np.ndarray:
     code = np.empty(data.size * 2, np.uint8)
     code[0::2], code[1::2] = data & 0x0F, data >> 4
-    code = code[:n]
-    sign = np.where(code & 0x08, -1.0, 1.0)
-    return sign * _INT4_LEVELS[code & 0x07] * scale
+    return _INT4_SIGNED[code[:n]] * scale
 
 
 def _encode_sparse(x64: np.ndarray, density: float) -> tuple[np.ndarray, float]:

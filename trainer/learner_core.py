@@ -250,7 +250,15 @@ class LearnerCore(LearnerDP, LearnerClose):
         if ref is not None:
             state = replace(state, sent_from=_put(state.sent_from, p, [r + d for r, d in zip(ref, diff)]))
         gap = max((float(abs(d).max()) for d in diff if getattr(d, "size", 1)), default=0.0)
-        return state, [Log("reanchor", {"fragment": p, "version": state.base_version[p], "max_abs_diff": gap})]
+        return state, [Log("reanchor", {"fragment": p, "version": state.base_version[p], "max_abs_diff": gap}),
+                       *self._copy_line(p, state.base_version[p], glob, "reanchor")]
+
+    def _copy_line(self, p: int, version: int, glob: list, via: str) -> list:
+        """`copy`: the digest of the Θ[p] this learner now holds as its copy at `version`
+        (whole, rebuilt from a delta, or re-anchored), for the check copies_consistent."""
+        if self.math.digest is None:
+            return []
+        return [Log("copy", {"fragment": p, "version": version, "digest": self.math.digest(glob), "via": via})]
 
     def _on_delta(self, state: LearnerState, now: float, sender: str, msg: FragmentDelta):
         p = self._fragment(msg.fragment, sender)
@@ -261,7 +269,7 @@ class LearnerCore(LearnerDP, LearnerClose):
             raise UnexpectedMessage(f"{self.config.learner} has no apply_delta for a FragmentDelta")
         if why is None:
             return self._take(state, now, p, self.math.apply_delta(state.base[p], list(msg.payload)),
-                              msg.version, fetch=False)
+                              msg.version, fetch=False, via="delta")
         drop = Log("drop", {"what": "FragmentDelta", "fragment": p, "version": msg.version,
                             "base_version": msg.base_version, "reason": why})
         if why != "base_mismatch":
@@ -270,9 +278,10 @@ class LearnerCore(LearnerDP, LearnerClose):
         mine = [q for q, owner in enumerate(self.config.owners) if owner == sender]
         return replace(state, awaiting=state.awaiting | self._to_fetch(mine)), [drop, Send(sender, self._hello(state, sender))]
 
-    def _take(self, state: LearnerState, now: float, p: int, glob: list, version: int, fetch: bool):
+    def _take(self, state: LearnerState, now: float, p: int, glob: list, version: int, fetch: bool,
+              via: str = "whole"):
         """Θ[p] at `version` arrived (whole, or rebuilt from a delta): mix it in, make it the base."""
-        flight, sent = state.in_flight.get(p), []
+        flight, sent = state.in_flight.get(p), self._copy_line(p, version, glob, via)
         if flight is not None:
             state = replace(state, last_sync_s=now - flight.sent_at,
                             in_flight={q: f for q, f in state.in_flight.items() if q != p})
@@ -281,7 +290,8 @@ class LearnerCore(LearnerDP, LearnerClose):
             # other unit: the progress made against the Θ[p] it holds goes out now, before
             # the fetch replaces it (stale by version − base_version, which the shard weighs)
             state = replace(state, deferred=state.deferred - {p}, awaiting=state.awaiting - {p})
-            state, sent = self._contribute(state, now, p)
+            state, out = self._contribute(state, now, p)
+            sent = sent + out
         # progress made while p's link was down, taken onto a Θ[p] that moved on without it:
         # thrown away, not moved onto Θ[p] (its next Δ would go out fresh and add it again
         # on top of the other learners' like progress, merged meanwhile)

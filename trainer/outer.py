@@ -48,7 +48,7 @@ def pseudo_grad(global_frag: Sequence[Any], local_frag: Sequence[Any]) -> Fragme
 
 def contribution_weight(c_tokens: float, c_steps: int, staleness: float = 0.0,
                         weighting: str = "tokens",
-                        staleness_discount: bool = True) -> float:
+                        staleness_discount: bool = True, bugs: frozenset = frozenset()) -> float:
     """w = c_tokens² / c_steps ("tokens") or 1 ("uniform"); times (1 + staleness)^-0.5
     when the discount is on; 0 for a learner that made no step (c_steps == 0).
 
@@ -63,8 +63,8 @@ def contribution_weight(c_tokens: float, c_steps: int, staleness: float = 0.0,
     if c_steps == 0:
         return 0.0
     w = float(c_tokens) ** 2 / c_steps if weighting == "tokens" else 1.0
-    if staleness_discount:
-        w *= (1.0 + staleness) ** -0.5
+    if staleness_discount:  # (planted bug steep_discount: the exponent −1, a stale Δ weighs far less)
+        w *= (1.0 + staleness) ** (-1.0 if "steep_discount" in bugs else -0.5)
     return w
 
 

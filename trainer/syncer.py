@@ -40,7 +40,7 @@ class Syncer:
         params = theta0(self.cfg)
         frag = fragmenter_for(self.cfg, params)
         self.bugs = frozenset(b for b in args.bugs.split(",") if b)
-        core = SyncerCore(syncer_config(self.cfg, topo, self.name, self.bugs), syncer_math(self.cfg, frag))
+        core = SyncerCore(syncer_config(self.cfg, topo, self.name, self.bugs), syncer_math(self.cfg, frag, self.bugs))
         self.ckpt = Checkpointer(self.run_dir / "ckpt" / self.name, keep_every_s=KEEP_EVERY_S,
                                  start_in_thread=True)  # the loop is not held by a save's start
         saved = self.ckpt.latest_step() or 0  # checkpoint step numbers: one per save

@@ -185,9 +185,9 @@ class SyncerCore(SyncerDP):
             why = "empty"
         if why is None and c.base_version > state.version[p]:
             why = "future_base"  # Δ against a version this shard never had (lost in a restart)
-        guard = None
+        guard, judged = None, []
         if why is None:
-            state, guard = self._guard(state, p, c)
+            state, guard, judged = self._guard(state, p, c)
             why = "corrupt" if guard else None
         stale = state.version[p] - c.base_version
         if (why is None and self.config.mode == "decoupled" and self.config.max_staleness
@@ -200,10 +200,10 @@ class SyncerCore(SyncerDP):
             if guard:
                 drop.fields.update(guard)
             if why in ("duplicate", "old_seq") or self.config.mode != "decoupled" or c.learner not in state.live:
-                return state, [drop]
+                return state, judged + [drop]
             # not merged: the learner waits for an answer to p, so it gets Θ[p] to re-anchor on
             state, answer = self._answer(state, p, [c.learner], whole=True)
-            return state, [drop] + answer
+            return state, judged + [drop] + answer
         new = Pending(c.incarnation, c.seq, c.base_version, c.c_steps, c.c_tokens, c.payload, now)
         if prev is not None and self.config.mode == "decoupled" and self.math.combine is not None:
             # the learner contributes p again only after an answer re-anchored it, so the
@@ -219,7 +219,8 @@ class SyncerCore(SyncerDP):
         state = replace(state, xi_step=ema(state.xi_step, c.step_time_s, cw),
                         xi_sync=state.xi_sync if c.last_sync_s is None else ema(state.xi_sync, c.last_sync_s, cw),
                         closed=state.closed | {c.learner} if c.closing else state.closed)
-        return self._add(state, now, p, c.learner, new, prev)
+        state, actions = self._add(state, now, p, c.learner, new, prev)
+        return state, judged + actions
 
     # --- rounds -----------------------------------------------------------------------------
     def _add(self, state: SyncerState, now: float, p: int, learner: str, new: Pending, prev: Pending | None):
@@ -276,14 +277,31 @@ class SyncerCore(SyncerDP):
                 Log("drop", {"what": "contribution", "fragment": p, "learner": learner, "seq": pc.seq,
                              "incarnation": pc.incarnation, "reason": "zero_weight"}) for learner, pc in merged] + answer
         closing = self._closing(state, p)  # its Δs merge by their plain mean (no RDA stretch)
-        theta, outer = self.math.merge_and_step(state.theta[p], state.outer[p],
-                                                [self.math.decode(pc.payload) for _, pc in merged], weights,
-                                                self._share(state, merged) * self._warm(state, p, closing)
-                                                * (0.5 if "damped_outer" in bugs else 1.0), closing)
+        deltas = [self.math.decode(pc.payload) for _, pc in merged]
+        scale = (self._share(state, merged) * self._warm(state, p, closing)
+                 * (0.5 if "damped_outer" in bugs else 1.0))
+        n = len(deltas) - 1 if "drop_last_delta" in bugs and len(deltas) > 1 else len(deltas)  # planted: off by one
+        before = (state.theta[p], state.outer[p])
+        theta, outer = self.math.merge_and_step(*before, deltas[:n], weights[:n], scale, closing)
         state, actions = self._close(replace(state, theta={**state.theta, p: list(theta)},
                                              outer={**state.outer, p: outer}), now, p, weights, stale)
+        actions += self._evidence(state, p, before, deltas, weights, closing, actions[-1])
         state, sends = self._answer(state, p, self._recipients(state, merged))
         return state, actions + sends + [SaveCheckpoint(dict(state.version))]
+
+    def _evidence(self, state: SyncerState, p: int, before: tuple, deltas: list, weights: list,
+                  closing: bool, commit: Log) -> list:
+        """What the commit audit reads (harness/judging/audits.py), added to the round_commit
+        line just written: the digests of Θ[p] before and after, who was live and closed, whether
+        a closing Δ was in; and, where the math samples it, a `commit_audit` line with Θ[p], the
+        outer state, every Δ the merge lines name and the result, for the judge to redo the
+        commit in its own arithmetic."""
+        commit.fields.update(live=sorted(state.live), closed=sorted(state.closed), closing=closing)
+        if self.math.digest is not None:
+            commit.fields.update(before=self.math.digest(before[0]), digest=self.math.digest(state.theta[p]))
+        sample = None if self.math.audit is None else self.math.audit(
+            before[0], before[1], deltas, weights, state.theta[p], state.outer[p], closing)
+        return [] if sample is None else [Log("commit_audit", {"fragment": p, "version": state.version[p], **sample})]
 
     def _recipients(self, state: SyncerState, merged: list) -> list:
         """Who gets a commit's Θ[p]: every live learner, or (downlink "answer", decoupled) the
@@ -334,19 +352,42 @@ class SyncerCore(SyncerDP):
                 held.update({(learner, p): (v, theta) for learner in learners})
             return replace(state, held=held), [Send(learner, update) for learner in sorted(learners)]
         held, actions = dict(state.held), []
+        # Learners that hold the same copy (the same object: every learner that took the same
+        # deltas since its last whole Θ[p]) get the same delta, encoded once: a shard encoding
+        # one delta per learner per commit fell behind its learners on a busy machine
+        # (docs/BENCHMARKS.md "int4 at H = 6"). `evidence`: the `held` line's figures, per copy.
+        memo: dict = {}
         for learner in sorted(learners):
             had = held.get((learner, p))
             if had is None:  # no Hello answered since it connected: the whole fragment
                 held[(learner, p)] = (v, theta)
                 actions.append(Send(learner, FragmentUpdate(p, v, False, theta)))
                 continue
-            payload, copy = send(theta, had[1])
+            key = (had[0], id(had[1]))
+            if key not in memo:
+                payload, copy = send(theta, had[1])
+                if "held_as_exact" in self.config.bugs:  # planted: records Θ[p], not the copy the delta builds
+                    copy = theta
+                memo[key] = (payload, copy, self._held_figures(theta, had[1], copy))
+            payload, copy, figures = memo[key]
             held[(learner, p)] = (v, copy)
+            if figures:  # the copy it will hold (copies_consistent)
+                actions.append(Log("held", {"learner": learner, "fragment": p, "version": v, "from_version": had[0],
+                                            **figures}))
             # on a link that falls behind, a chain of deltas of p gives way to the learner's
             # resulting copy, whole, once it would outweigh it (trainer/outbox.py)
             whole = FragmentUpdate(p, v, False, copy)
             actions.append(Send(learner, FragmentDelta(p, v, had[0], payload), whole=whole))
         return replace(state, held=held), actions
+
+    def _held_figures(self, theta: list, had: list, copy: list) -> dict:
+        """The digest of the copy a learner will hold, and how far it and the copy before were
+        from Θ[p] (rms): what copies_consistent reads."""
+        if self.math.rms is None or self.math.digest is None:
+            return {}
+        return {"digest": self.math.digest(copy), "theta_rms": self.math.rms(theta),
+                "gap": self.math.rms([t - h for t, h in zip(theta, had)]),
+                "error": self.math.rms([t - x for t, x in zip(theta, copy)])}
 
     def _close(self, state: SyncerState, now: float, p: int, weights: list, stale: list):
         """Bookkeeping of every commit: version + 1, who was merged, merge/round_commit lines."""
@@ -368,15 +409,24 @@ class SyncerCore(SyncerDP):
         return state, logs
 
     # --- checks -----------------------------------------------------------------------------
-    def _guard(self, state: SyncerState, p: int, c: Contribution) -> tuple[SyncerState, dict | None]:
-        """Silent data corruption (trainer/guard.py): (state, why) for a corrupt Δ, else (state
-        with its size remembered, None). Bug `trust_payloads`: no guard."""
+    def _guard(self, state: SyncerState, p: int, c: Contribution) -> tuple[SyncerState, dict | None, list]:
+        """Silent data corruption (trainer/guard.py): (state, why, [guard line]) for a corrupt Δ,
+        else (state with its size remembered, None, [guard line]). The `guard` line holds what
+        the decision read (the Δ's rms, its steps, Θ[p]'s rms) for the judge to redo it
+        (harness/judging/audits.py guard_decisions). Bug `trust_payloads`: no guard; bug
+        `guard_ignores_steps`: the bounds judge the Δ's whole size, not its size per inner step."""
         if self.math.rms is None or self.config.mode != "decoupled" or "trust_payloads" in self.config.bugs:
-            return state, None  # (streaming / sync_diloco rounds need every unit: a drop would stall them)
+            return state, None, []  # (streaming / sync_diloco rounds need every unit: a drop would stall them)
         size = float(self.math.rms(self.math.decode(c.payload)))
         theta = float(self.math.rms(state.theta[p])) if math.isfinite(size) else 0.0
-        why = guard.judge(size, c.c_steps, state.norms, theta, self.config.guard_factor)
-        return (state, why) if why else (replace(state, norms=guard.remember(state.norms, size, c.c_steps)), None)
+        steps = 1 if "guard_ignores_steps" in self.config.bugs else c.c_steps  # planted: the Δ's size, not per step
+        why = guard.judge(size, steps, state.norms, theta, self.config.guard_factor)
+        line = [Log("guard", {"fragment": p, "learner": c.learner, "incarnation": c.incarnation, "seq": c.seq,
+                              "rms": size if math.isfinite(size) else str(size), "c_steps": c.c_steps,
+                              "theta_rms": theta, "factor": self.config.guard_factor, "accepted": why is None})]
+        if why is None:
+            state = replace(state, norms=guard.remember(state.norms, size, c.c_steps))
+        return state, why, line
 
     def _seen(self, state: SyncerState, p: int, msg, prev: Pending | None) -> str | None:
         """'duplicate' / 'old_seq' if (incarnation, seq) is not newer than what was merged or

@@ -90,6 +90,9 @@ class SyncerMath:
     # rms(arrays) -> float, the root mean square of every value (nan / inf for a non-finite
     # Δ): the corrupt guard's size of a Δ or a Θ[p], comparable across fragments (None: no guard)
     rms: Callable[[list], float] | None = None
+    # audit(Θ[p], outer_p, deltas, weights, Θ[p] after, outer_p after, closing) -> dict | None: a
+    # commit's arrays for the `commit_audit` line (None: this commit not sampled; trainer/wiring.py)
+    audit: Callable[..., dict | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from dataclasses import asdict
 # (model_checks.py) live beside this file
 from diloco_chaos.faults.overlaps import LinkTarget
 from diloco_chaos.faults.kinds import FAULT_KINDS
+from diloco_chaos.harness.judging.audits import audit_checks
 from diloco_chaos.harness.judging.check_base import SHOW, Result, _judge, _shards, shard_lives
 from diloco_chaos.harness.eventlog import EventLog
 from diloco_chaos.harness.intervals import clip, intersect, minus, norm
@@ -202,7 +203,7 @@ def safety_checks(log: EventLog, metrics: Metrics | None = None, *, max_stalenes
            durable_rounds_kept(log), no_global_downtime(log, downtime_bound_s),
            global_loss_regression(log, RISE_MAX if rise_max is None else rise_max,
                                   END_MAX if end_max is None else end_max),
-           link_buffers_bounded(log), tokens_conserved(log)]
+           link_buffers_bounded(log), tokens_conserved(log), *audit_checks(log)]
     if max_staleness is not None:
         out.append(staleness_bounded(log, max_staleness))
     return out

@@ -273,6 +273,10 @@ class Metrics:
     # goodput with the CPU-bound badput off the protocol (startup, recovery, other) at the
     # reference pace: what goodput_min judges (the raw goodput beside it)
     goodput_paced: float | None = None
+    # how late the shards read the learners' Δs: a Contribution's `send` line at its learner to
+    # its `recv` line at the shard, in seconds (median, p90, max, n). A shard that falls behind
+    # its learners (CPU-bound) shows here before it shows in the loss (docs/BENCHMARKS.md)
+    uplink_lag_s: dict | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -369,7 +373,21 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
         staleness_mean=(sum(k * v for k, v in stale.items()) / sum(stale.values())) if stale else None,
         steps=len(steps), tokens=tokens, merges=len(merges), commits=len(commits), dropped=dict(dropped),
         restarts=sum(1 for h in hs.values() for inc in h.incs if inc.n >= 1), step_lag=lag,
-        participation=participation(log), ledger=ledger(log),
+        participation=participation(log), ledger=ledger(log), uplink_lag_s=uplink_lag(log),
         pace=paced["pace"], pace_start_s=paced["start_s"],
         goodput_paced=(sec["productive"] + sum(sec[k] for k in PACED_BADPUT) * (1 - 1 / paced["pace"])) / alloc
         if alloc else 0.0)
+
+
+def uplink_lag(log: EventLog) -> dict | None:
+    """{median, p90, max, n} of the seconds from a learner's `send` of a Contribution to the
+    shard's `recv` of it (one host's clock: a multi-host run's clocks may differ); None
+    without such pairs."""
+    sent = {(e["src"], e.get("incarnation"), e["seq"]): e["t"] for e in log.of("send")
+            if e.get("msg") == "Contribution" and "seq" in e}
+    lags = sorted(e["t"] - sent[k] for e in log.of("recv") if e.get("msg") == "Contribution"
+                  and (k := (e.get("learner"), e.get("incarnation"), e.get("seq"))) in sent)
+    if not lags:
+        return None
+    return {"median": round(lags[len(lags) // 2], 4), "p90": round(lags[int(0.9 * (len(lags) - 1))], 4),
+            "max": round(lags[-1], 4), "n": len(lags)}

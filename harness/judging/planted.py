@@ -76,7 +76,7 @@ CATALOGUE: dict[str, Planted] = {
         "a restarted shard restores its oldest kept checkpoint (an index off), its restored line naming the latest",
         "durable_rounds_kept", "the shard's own lines: the versions its checkpoint_saved lines made durable against "
         "the versions its core holds after the restore (its checkpoint_restored line's versions)",
-        f"{SIM_BUGS}[restore_oldest]", f"{PROCS}[restore_oldest]"),
+        f"{SIM_BUGS}[restore_oldest]", f"{PROCS}[restore_oldest,steep_discount]"),
     "shared_version": Planted(
         "syncer", "one version counter for the shard, not one per fragment: a fragment's versions skip",
         "versions_monotonic", "the shard's own merge and round_commit lines", f"{SIM_BUGS}[shared_version]",
@@ -86,6 +86,25 @@ CATALOGUE: dict[str, Planted] = {
         "at its first fetch, and the process dies", "no_crash",
         "independent: the harness's record of process exits (the simulator's of incarnations an exception ended)",
         f"{SIM_BUGS}[rejoin_reads_in_flight]", f"{RESTART_DIES}[rejoin_reads_in_flight,trust_payloads]"),
+    "steep_discount": Planted(
+        "outer math (trainer/outer.py contribution_weight, the shard's weight)",
+        "discounts staleness by (1 + s)^-1, not (1 + s)^-1/2: the formula the old weights check reused",
+        "weights_match_staleness", "independent: the shard's merge lines, weighed by the judge's own formula "
+        "(harness/judging/spec.py)", f"{SIM_BUGS}[steep_discount]", f"{PROCS}[restore_oldest,steep_discount]"),
+    "drop_last_delta": Planted(
+        "syncer", "the commit's merge leaves out its last Δ (an off-by-one) while the merge lines name it",
+        "commits_audited", "independent: the shard's commit_audit arrays (Θ[p], the Δs, the result) redone in the "
+        "judge's arithmetic", f"{SIM_BUGS}[drop_last_delta]", f"{PROCS}[drop_last_delta,held_as_exact]"),
+    "held_as_exact": Planted(
+        "syncer", "after a compressed broadcast it records the learner as holding Θ[p] exactly, not the copy the "
+        "delta builds: the quantisation error is never sent again", "copies_consistent",
+        "independent: the learners' copy digests against the shard's held digests", f"{SIM_BUGS}[held_as_exact]",
+        f"{PROCS}[drop_last_delta,held_as_exact]"),
+    "guard_ignores_steps": Planted(
+        "syncer", "the corrupt guard judges a Δ's whole size against its per-step bounds: honest Δs dropped",
+        "guard_decisions", "the shard's guard lines (sizes), judged again from the judge's own history and bound",
+        f"{SIM_BUGS}[guard_ignores_steps]",
+        f"{CLUSTER}test_a_guard_that_ignores_steps_is_seen_on_real_processes[guard_ignores_steps]"),
     "resend_drift": Planted(
         "learner", "no answer gate, bookkeeping kept: re-sends its drift while its contribute lines look right",
         "delta_bases_advance", "independent: the shards' merge, recv and send lines only",
@@ -148,6 +167,9 @@ PROOFS: dict[str, tuple[Proof, ...]] = {
                               f"{CLUSTER}test_a_merged_corruption_fails_loss_parity_on_real_processes"),),
     "baseline_parity_max": (_main("damped_outer"),),
     "quorum_respected": (_main("ignore_quorum"),),
-    "weights_match_staleness": (_main("stale_as_fresh"),),
+    "weights_match_staleness": (_main("stale_as_fresh"), _main("steep_discount")),
     "fetched_before_contributing": (_main("rejoin_without_fetch"),),
+    "commits_audited": (_main("drop_last_delta"),),
+    "copies_consistent": (_main("held_as_exact"),),
+    "guard_decisions": (_main("guard_ignores_steps"),),
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 from diloco_chaos.trainer.protocol import SyncerCore
 from diloco_chaos.trainer.syncer_driver import SyncerDriver
 from diloco_chaos.trainer.transport import LinkStats
-from diloco_chaos.trainer.wiring import syncer_config
+from diloco_chaos.trainer.wiring import MATH_BUGS, syncer_config, syncer_math
 
 
 class SyncerProc:
@@ -34,7 +34,8 @@ class SyncerProc:
         if not self.alive:
             return
         unit, w = self.unit, self.world
-        core = SyncerCore(syncer_config(w.cfg, w.topology, unit.name, w.syncer_bugs), w.model.smath)
+        math = w.model.smath if not w.syncer_bugs & MATH_BUGS else syncer_math(w.cfg, w.model.frag, w.syncer_bugs)
+        core = SyncerCore(syncer_config(w.cfg, w.topology, unit.name, w.syncer_bugs), math)
         if unit.durable is not None:
             snap, step = unit.durable
             if "restore_oldest" in w.syncer_bugs:  # planted: the oldest save, the line naming the latest

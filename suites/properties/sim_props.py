@@ -14,7 +14,6 @@ from diloco_chaos.faults.kinds import Reset
 from diloco_chaos.faults.strategies import fault_load, unit_seconds
 from diloco_chaos.harness.judging import checks
 from sim_cases import H, SIM, WINDOW, Case, reference
-from diloco_chaos.trainer.outer import contribution_weight
 
 # What one fault costs a learner beyond its own span: a restart (learner_startup_s),
 # then the reconnect backoff, the fetch that overwrites local progress and the H steps
@@ -163,38 +162,15 @@ def loss_parity(case: Case) -> None:
 def safety(case: Case) -> None:
     """Each contribution merged at most once, versions never go back, no NaN, no durable
     round lost across a syncer restart, staleness bounded, no round under quorum, each
-    merge weighted by its true staleness, no learner dead of its own exception."""
+    merge weighted by its true staleness, every commit redone by the judge, every copy of
+    Θ[p] the shard's, every guard decision redone, no learner dead of its own exception."""
     for r in checks.safety_checks(case.log, max_staleness=staleness_bound(case)):
         if r.name != "no_global_downtime":  # a liveness property: zero_downtime judges it
-            case.check(r)
-    case.check(quorum_respected(case.log))
-    case.check(weights_match_staleness(case.log))
+            case.check(r)  # (quorum_respected, weights_match_staleness and the audits among them)
     case.check(checks.no_crash(case.log))  # an exception out of a learner's own code
 
 
 # --- checks harness/judging/checks.py does not have (yet) ----------------------------------------------
-def quorum_respected(log) -> checks.Result:
-    """Decoupled mode: every round_commit merged ≥ K contributions (dp modes: all M / all live)."""
-    k = checks.quorum_k(log) if log.config["diloco"]["mode"] == "decoupled" else 1
-    bad = [{"src": e["src"], "fragment": e["fragment"], "version": e["version"], "n": e["n"], "t": e["t"]}
-           for e in log.of("round_commit") if e["n"] < k]
-    return checks.Result("quorum_respected", not bad, len(bad), k, {"violations": bad[:10]})
-
-
-def weights_match_staleness(log) -> checks.Result:
-    """Every merge's weight is the configured weight of its (c_tokens, c_steps, staleness)."""
-    d = log.config["diloco"]
-    bad = []
-    for e in log.of("merge"):
-        if log.config["diloco"]["mode"] not in ("decoupled", "streaming", "sync_diloco"):
-            break
-        want = contribution_weight(e["c_tokens"], e["c_steps"], e["staleness"], d["weighting"], d["staleness_discount"])
-        if not math.isclose(e["weight"], want, rel_tol=1e-9):
-            bad.append({"learner": e["learner"], "seq": e["seq"], "fragment": e["fragment"],
-                        "staleness": e["staleness"], "weight": e["weight"], "expected": want})
-    return checks.Result("weights_match_staleness", not bad, len(bad), 0, {"violations": bad[:10]})
-
-
 THETA_MSGS = ("FragmentUpdate", "FragmentDelta")
 
 

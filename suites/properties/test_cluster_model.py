@@ -25,7 +25,7 @@ from diloco_chaos.harness.judging import checks
 from diloco_chaos.harness.eventlog import EventLog
 from diloco_chaos.harness.sim.run import finish, launch, simulate
 from sim_cases import REPORTS, SIM, Case, RejoinProbe, examples, report, scenario
-from sim_props import quorum_respected, weights_match_staleness
+from diloco_chaos.harness.judging.audits import quorum_respected, weights_match_staleness
 from diloco_chaos.trainer.learner_loop import FETCH_WAIT_S
 
 LEARNERS = [f"learner-{i}" for i in range(3)]

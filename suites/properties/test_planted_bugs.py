@@ -14,6 +14,10 @@ finds; and the same schedule passes without the bug, so it is the bug that is ca
 | restore_oldest       | safety: durable_rounds_kept                         | decoupled, kill_syncer |
 | shared_version       | safety: versions_monotonic                          | decoupled (always on) |
 | rejoin_reads_in_flight | safety: no_crash (and recovery, goodput below)    | decoupled, kill_unit |
+| steep_discount       | safety: weights_match_staleness (the judge's formula) | decoupled          |
+| drop_last_delta      | safety: commits_audited                             | decoupled            |
+| held_as_exact        | safety: copies_consistent                           | int4 broadcasts      |
+| guard_ignores_steps  | safety: guard_decisions                             | decoupled            |
 
 Where a bug also proves an `[expect]` check, the same found schedule is judged by it
 (EXPECT_TOO): it fails with the bug and holds without. uptime_min by the out-of-phase
@@ -64,6 +68,11 @@ BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure na
     "restore_oldest": (safety, {}, ("kill_syncer",), "durable_rounds_kept"),
     "shared_version": (safety, {}, KINDS, "versions_monotonic"),
     "rejoin_reads_in_flight": (safety, {}, ("kill_unit",), "no_crash"),
+    # the audits (harness/judging/audits.py): the judge's own arithmetic against the shards' lines
+    "steep_discount": (safety, {}, KINDS, "weights_match_staleness"),
+    "drop_last_delta": (safety, {}, KINDS, "commits_audited"),
+    "held_as_exact": (safety, {"broadcast_compression": "int4"}, KINDS, "copies_consistent"),
+    "guard_ignores_steps": (safety, {}, KINDS, "guard_decisions"),
 }
 # [expect] checks the same found schedule proves (bound: fails with the bug, holds without;
 # measured: uptime 0.08 vs 0.56 (streaming stops while a unit is down, by design; on
@@ -183,3 +192,24 @@ def test_a_merged_corruption_is_seen_by_loss_parity_and_global_loss_regression()
         parity, = checks.expect_checks({"loss_parity_max": 0.05}, case.metrics)
         assert parity.valid is held, (bugs, parity)
         assert checks.global_loss_regression(case.log).valid is held, (bugs, checks.global_loss_regression(case.log))
+
+
+def test_a_bug_in_the_weight_formula_agrees_with_the_trainer_and_not_with_the_judge():
+    """steep_discount lives in trainer/outer.py's contribution_weight, the function the old
+    weights_match_staleness called to compute its expectation: that formula reproduces every
+    weight the buggy run logged (the old check passed it), while the judge's own arithmetic
+    (harness/judging/spec.py) names the stale merges. Measured on the fault-free base: 38 of
+    97 merges (every stale one) weighed (1 + s)^-1 instead of (1 + s)^-1/2."""
+    from diloco_chaos.harness.judging import audits
+    from diloco_chaos.harness.sim.run import model_for
+    from diloco_chaos.trainer.wiring import syncer_math
+
+    case = simulate_case(scenario(()), bugs={"steep_discount"})
+    cfg = case.scenario.run_config()
+    trainers = syncer_math(cfg, model_for(cfg).frag, frozenset({"steep_discount"})).weight
+    merges = case.log.of("merge")
+    assert all(abs(e["weight"] - trainers(e["c_tokens"], e["c_steps"], e["staleness"])) < 1e-9 for e in merges)
+    judged = audits.weights_match_staleness(case.log)
+    stale = sum(e["staleness"] > 0 for e in merges)
+    assert judged.valid is False and judged.value == stale > 0, judged
+    assert audits.weights_match_staleness(simulate_case(scenario(())).log).valid is True

@@ -170,3 +170,35 @@ def test_theta_whole_at_the_version_held_becomes_the_copy():
     assert s.base[0][0].tolist() == theta1[0].tolist()       # the copy is Θ[p] now, as the shard records
     assert np.allclose(s.params[0], theta1[0] + 0.5)          # and θ kept its local progress on top
     assert [a.fields["fragment"] for a in acts if getattr(a, "kind", None) == "reanchor"] == [0]
+
+
+def test_learners_holding_the_same_copy_share_one_encoded_delta():
+    """A commit encodes one delta per distinct copy, not per learner: A and B took the same
+    deltas, so they hold the same copy and get the same payload object (encoded once); C,
+    who took Θ[p] whole since, holds another copy and gets its own. Each learner's copy is
+    still the shard's record of it bit for bit. (Encoding one delta per learner per commit
+    made a shard fall behind its learners on a busy machine: docs/BENCHMARKS.md.)"""
+    calls = []
+
+    def counted(t, h):
+        calls.append(1)
+        return compression.broadcast_delta(t, h, "int4")
+
+    math = syncer_math()
+    math = type(math)(**{**math.__dict__, "decode": compression.decode, "broadcast_delta": counted})
+    core = SyncerCore(SyncerConfig("s0", (0,), ("A", "B", "C")), math)
+    theta0 = [np.array([0.3, -0.7, 0.1], np.float32)]
+    state = core.init({0: theta0})
+    for name in "ABC":
+        state, _ = core.learner_connected(state, 0.0, name)
+    shared, other = [np.zeros(3, np.float32)], [np.ones(3, np.float32)]
+    state = type(state)(**{**state.__dict__, "version": {0: 1},  # Θ[p] at version 1; the copies at 0
+                           "held": {("A", 0): (0, shared), ("B", 0): (0, shared), ("C", 0): (0, other)}})
+    state, actions = core._answer(state, 0, ["A", "B", "C"])
+    sends = {a.to: a.msg for a in actions if type(a).__name__ == "Send"}
+    assert len(calls) == 2                                   # one per distinct copy
+    assert sends["A"].payload is sends["B"].payload and sends["C"].payload is not sends["A"].payload
+    assert state.held[("A", 0)][1] is state.held[("B", 0)][1]
+    for name, had in (("A", shared), ("B", shared), ("C", other)):
+        rebuilt = compression.apply_delta(had, sends[name].payload)
+        assert rebuilt[0].tobytes() == state.held[(name, 0)][1][0].tobytes()

@@ -129,5 +129,9 @@ def test_real_fault_free_sample():
         "tokens_conserved": None,      # and before they carried token counts
         # and before the answer gate: the shard merged Δs of learner-1 from Θ0 twice (seq 1
         # and 4 of fragment 1), each carrying its drift since Θ0; the shard's lines show it
-        "delta_bases_advance": False}
+        "delta_bases_advance": False,
+        # and before the audits' evidence (digests, commit_audit, copy lines): UNKNOWN, not judged
+        "commits_audited": None, "copies_consistent": None,
+        "weights_match_staleness": True, "quorum_respected": True,
+        "guard_decisions": True}  # (no guard in that version: its config has no guard_factor)
     assert m.badput_s["stale"] == 0

@@ -1,0 +1,285 @@
+"""Audits: each shard's arithmetic redone by the judge, from the log's evidence, in the judge's
+own arithmetic (harness/judging/spec.py), never the trainer's.
+
+- weights_match_staleness  every merge's staleness (version − 1 − base) and weight, recomputed
+- quorum_respected         every decoupled round merged ≥ K contributions
+- commits_audited          every commit's Θ[p] chain (the digest before = the digest the last
+                           commit left), and every sampled commit redone: weights, fleet share,
+                           warm-up, merge (mean / RDA), outer step, against Θ[p] and the outer
+                           state after
+- copies_consistent        every learner's copy of Θ[p] at version v is a Θ[p] its shard held
+                           at v (fp32 broadcasts), or the copy the shard recorded it sending
+                           (compressed broadcasts, where the error is carried, never grown)
+- guard_decisions          every Δ the corrupt guard judged, judged again from the shard's
+                           history of accepted sizes
+
+What each reads, and whose word it is, is in docs/METRICS.md ("What each check reads").
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from diloco_chaos.harness.eventlog import EventLog
+from diloco_chaos.harness.judging import spec
+from diloco_chaos.harness.judging.check_base import SHOW, Result, _shards
+from diloco_chaos.harness.judging.history import is_process_up, learner_names
+
+DILOCO = ("decoupled", "streaming", "sync_diloco")
+STEP_RTOL = 1e-3      # a commit's step may differ from the judge's by float32 rounding, far below this
+THETA_RTOL = 1e-6     # ... plus the rounding of Θ[p] itself (float32: 6e-8 of each value)
+WEIGHT_RTOL = 1e-9
+
+
+def _mode(log: EventLog) -> str:
+    return log.config["diloco"].get("mode", "decoupled")
+
+
+def _not_applicable(name: str, log: EventLog) -> Result | None:
+    if _mode(log) not in DILOCO:
+        return Result(name, True, 0, 0, {"why": f"{_mode(log)}: gradients, not progress; not applicable"})
+    return None
+
+
+# --- weights and quorum ----------------------------------------------------------------------------
+def weights_match_staleness(log: EventLog) -> Result:
+    """Every merge's staleness is version − 1 − base_version, and its weight the judge's
+    (spec.weight) of its (c_tokens, c_steps, staleness): the shard's merge lines only."""
+    if na := _not_applicable("weights_match_staleness", log):
+        return na
+    d, bad, n = log.config["diloco"], [], 0
+    for e in log.of("merge"):
+        n += 1
+        s = spec.staleness(e["version"], e["base_version"])
+        want = spec.weight(e["c_tokens"], e["c_steps"], s, d.get("weighting", "tokens"), d.get("staleness_discount", True))
+        if e["staleness"] != s or not math.isclose(e["weight"], want, rel_tol=WEIGHT_RTOL):
+            bad.append({"shard": e["src"], "learner": e["learner"], "seq": e["seq"], "fragment": e["fragment"],
+                        "version": e["version"], "staleness": e["staleness"], "expected_staleness": s,
+                        "weight": e["weight"], "expected": want})
+    return Result("weights_match_staleness", not bad, len(bad), 0, {"violations": bad[:SHOW], "merges": n})
+
+
+def quorum_k(log: EventLog) -> int:
+    return int(log.config["diloco"].get("quorum", 1)) if _mode(log) == "decoupled" else 1
+
+
+def quorum_respected(log: EventLog) -> Result:
+    """Decoupled mode: every round_commit merged ≥ K contributions (the other modes: ≥ 1)."""
+    k = quorum_k(log)
+    bad = [{"src": e["src"], "fragment": e["fragment"], "version": e["version"], "n": e["n"], "t": e["t"]}
+           for e in log.of("round_commit") if e["n"] < k]
+    return Result("quorum_respected", not bad, len(bad), k, {"violations": bad[:SHOW]})
+
+
+# --- commits ----------------------------------------------------------------------------------------
+def _lives(log: EventLog, src: str) -> list[list[dict]]:
+    """A unit's lines cut at its own unit_up lines."""
+    lives: list[list[dict]] = [[]]
+    for e in log.events:
+        if e["src"] == src:
+            if is_process_up(e):
+                lives.append([])
+            lives[-1].append(e)
+    return [life for life in lives if life]
+
+
+def _restored_digests(e: dict) -> dict:
+    """{fragment: digest} of a shard's checkpoint_restored line, where it carries them."""
+    theta = (e.get("digests") or {}).get("theta") or {}
+    return {int(p): d for p, d in theta.items()}
+
+
+def _redo(a: dict, merges: list[dict], commit: dict, log: EventLog) -> str | None:
+    """One sampled commit redone in the judge's arithmetic: None, or what disagrees."""
+    d, outer = log.config["diloco"], log.config["outer"]
+    weights = [spec.weight(m["c_tokens"], m["c_steps"], spec.staleness(m["version"], m["base_version"]),
+                           d.get("weighting", "tokens"), d.get("staleness_discount", True)) for m in merges]
+    if len(a["deltas"]) != len(merges):
+        return f"{len(a['deltas'])} Δs in the audit, {len(merges)} merge lines"
+    if not np.allclose(a["weights"], weights, rtol=WEIGHT_RTOL):
+        return f"weights {a['weights']} ≠ the judge's {weights}"
+    closing = bool(commit.get("closing"))
+    if a["merge"] not in (("mean",) if closing else (d["merge"], "mean")):
+        return f"merge kind {a['merge']!r} (closing {closing}, configured {d['merge']!r})"
+    pool = set(commit.get("live") or ()) | set(commit.get("closed") or ()) | {m["learner"] for m in merges}
+    scale = (spec.fleet_share(d, len({m["learner"] for m in merges}), len(pool))
+             * spec.warm(d, outer, a_version(a) - 1, closing))
+    theta, trace = spec.arrays_of([a["theta"]])[0], spec.arrays_of([a["trace"]])[0]
+    deltas = spec.arrays_of(a["deltas"])
+    if a.get("sample") is None:
+        if commit.get("before") and _leaf_digest(theta, a) != commit["before"]:
+            return "the audit's Θ[p] is not the Θ[p] the round_commit line names (before)"
+        merged = spec.merge([[x] for x in deltas], weights, a["merge"])[0]
+    else:  # a sample of coordinates: the norms over the whole fragment are the shard's
+        live = [(w, x, n) for w, x, n in zip(weights, deltas, a["norms"]) if w > 0]
+        total = sum(w for w, _, _ in live)
+        if a["merge"] == "mean":
+            merged = sum(w / total * np.asarray(x, np.float64) for w, x, _ in live)
+        else:
+            radius = sum(w / total * n for w, _, n in live)
+            direction = sum(w / total * np.asarray(x, np.float64) / n for w, x, n in live if n > 1e-12)
+            dn = a.get("direction_norm") or 0.0
+            merged = np.zeros(theta.shape) if dn <= 1e-12 else direction * (radius / dn)
+    want_theta, want_trace = spec.outer_step([theta], [trace] if trace.size else [], [scale * merged], outer)
+    got = spec.arrays_of([a["theta_after"]])[0].astype(np.float64)
+    step_j, step_s = want_theta[0] - theta, got - theta
+    err = float(np.linalg.norm(step_s - step_j))
+    tol = STEP_RTOL * float(np.linalg.norm(step_j)) + THETA_RTOL * float(np.linalg.norm(theta)) + 1e-12
+    if not err <= tol:
+        return (f"Θ[p] moved {float(np.linalg.norm(step_s)):.6g}, the judge's step {float(np.linalg.norm(step_j)):.6g}; "
+                f"they differ by {err:.3g} (tolerance {tol:.3g}; scale {scale:.4g}, {len(merges)} Δs, {a['merge']})")
+    if want_trace:
+        t_got = spec.arrays_of([a["trace_after"]])[0].astype(np.float64)
+        if not np.allclose(t_got, want_trace[0], rtol=STEP_RTOL, atol=1e-9):
+            return "the outer momentum after the step is not the judge's"
+    if a.get("sample") is None and commit.get("digest") and _leaf_digest(got.astype(np.float32), a) != commit["digest"]:
+        return "the audit's Θ[p] after is not the Θ[p] the round_commit line names (digest)"
+    return None
+
+
+def a_version(a: dict) -> int:
+    return int(a["version"])
+
+
+def _leaf_digest(flat: np.ndarray, a: dict) -> str:
+    """The digest of a flattened fragment cut back into its leaves."""
+    leaves, at = [], 0
+    for shape in a.get("shapes") or [[flat.size]]:
+        n = int(np.prod(shape)) if shape else 1
+        leaves.append(np.asarray(flat[at:at + n], np.float32).reshape(shape))
+        at += n
+    return spec.digest(leaves)
+
+
+def commits_audited(log: EventLog) -> Result:
+    """Every commit continues its fragment's chain (the digest of Θ[p] before it is the digest
+    the shard's previous commit, or its restore, left) and every commit_audit line redone in
+    the judge's arithmetic agrees with the Θ[p] (and outer state) the shard ended with."""
+    if na := _not_applicable("commits_audited", log):
+        return na
+    bad, chained, redone, commits = [], 0, 0, 0
+    for shard in _shards(log):
+        for life in _lives(log, shard):
+            last: dict = {}
+            commit_of: dict = {}
+            merges = defaultdict(list)  # (fragment, version) -> this incarnation's merge lines
+            for e in life:
+                if e["kind"] == "merge":
+                    merges[(e["fragment"], e["version"])].append(e)
+                elif e["kind"] == "checkpoint_restored":
+                    last.update(_restored_digests(e))
+                elif e["kind"] == "round_commit":
+                    commits += 1
+                    p = e["fragment"]
+                    commit_of[(p, e["version"])] = e
+                    if "before" in e and p in last:
+                        chained += 1
+                        if e["before"] != last[p]:
+                            bad.append({"shard": shard, "fragment": p, "version": e["version"], "t": e["t"],
+                                        "why": f"Θ[p] before this commit ({e['before']}) is not what the last "
+                                               f"commit or restore left ({last[p]})"})
+                    if "digest" in e:
+                        last[p] = e["digest"]
+                elif e["kind"] == "commit_audit":
+                    key = (e["fragment"], e["version"])
+                    commit = commit_of.get(key, {})
+                    why = _redo(e, merges.get(key, []), commit, log)
+                    redone += 1
+                    if why:
+                        bad.append({"shard": shard, "fragment": key[0], "version": key[1], "t": e["t"], "why": why})
+    if commits and not chained and not redone:
+        return Result("commits_audited", None, None, 0, {"why": "no commit evidence in this log (digests, audits)",
+                                                          "commits": commits})
+    return Result("commits_audited", not bad, len(bad), 0, {"violations": bad[:SHOW], "commits": commits,
+                                                            "chained": chained, "redone": redone})
+
+
+# --- copies -----------------------------------------------------------------------------------------------
+def copies_consistent(log: EventLog) -> Result:
+    """A learner's copy of Θ[p] at version v (its `copy` line's digest) is a Θ[p] a shard held at
+    v (its round_commit digests, before and after, and its restores), or, for a copy rebuilt
+    from a compressed delta, the copy the shard recorded it sending (`held`; a whole update of
+    a learner's copy too). Compressed broadcasts: no delta leaves the copy further from Θ[p]
+    than the copy it corrected (int8, int4, bf16: |x̂ − x| ≤ |x| per value; sparse: unbounded)."""
+    if na := _not_applicable("copies_consistent", log):
+        return na
+    known, held = defaultdict(set), defaultdict(set)
+    for e in log.of("round_commit"):
+        if "digest" in e:
+            known[(e["fragment"], e["version"])].add(e["digest"])
+            known[(e["fragment"], e["version"] - 1)].add(e["before"])
+    for e in log.of("checkpoint_restored"):
+        versions = {int(p): int(v) for p, v in (e.get("versions") or {}).items()}
+        for p, dg in _restored_digests(e).items():
+            if p in versions:
+                known[(p, versions[p])].add(dg)
+    bad = []
+    kind = log.config["diloco"].get("broadcast_compression", "fp32")
+    for e in log.of("held"):
+        held[(e["learner"], e["fragment"], e["version"])].add(e["digest"])
+        if kind != "sparse" and not e["error"] <= e["gap"] * (1 + 1e-6) + 1e-12:
+            bad.append({"shard": e["src"], "learner": e["learner"], "fragment": e["fragment"], "version": e["version"],
+                        "why": f"the delta left the copy {e['error']:.3g} from Θ[p], further than before it ({e['gap']:.3g})"})
+    learners = set(learner_names(log))
+    checked = unverified = 0
+    for e in log.of("copy"):
+        if e["src"] not in learners:
+            continue
+        key = (e["fragment"], e["version"])
+        mine = held.get((e["src"], *key), set())
+        ok = mine if e["via"] == "delta" else known.get(key, set()) | mine
+        if not ok:
+            unverified += 1
+            continue
+        checked += 1
+        if e["digest"] not in ok:
+            bad.append({"learner": e["src"], "fragment": key[0], "version": key[1], "t": e["t"], "via": e["via"],
+                        "digest": e["digest"], "shard_has": sorted(ok)[:3]})
+    if not checked and not bad:
+        copies = len(log.of("copy"))
+        return Result("copies_consistent", None if copies else None, None, 0,
+                      {"why": "no learner copy the shards' lines name" if copies else "no copy lines in this log",
+                       "unverified": unverified})
+    return Result("copies_consistent", not bad, len(bad), 0,
+                  {"violations": bad[:SHOW], "checked": checked, "unverified": unverified, "broadcasts": kind})
+
+
+# --- the corrupt guard ------------------------------------------------------------------------------------
+def guard_decisions(log: EventLog) -> Result:
+    """Every Δ a shard's guard judged (its `guard` lines: the Δ's rms, steps and Θ[p]'s rms),
+    judged again by the judge's rule (spec.guard_accepts) against the judge's own history of
+    that shard incarnation's accepted sizes: an accepted Δ over the bound, or a dropped one
+    within it, fails. The sizes are the shard's word; the history and the bound are not."""
+    if na := _not_applicable("guard_decisions", log):
+        return na
+    if _mode(log) != "decoupled":  # streaming / sync_diloco rounds need every unit: the guard is off
+        return Result("guard_decisions", True, 0, 0, {"why": f"{_mode(log)}: no corrupt guard"})
+    factor = float(log.config["diloco"].get("guard_factor") or 0.0)
+    bad, judged = [], 0
+    for shard in _shards(log):
+        for life in _lives(log, shard):
+            seen: tuple = ()
+            for e in life:
+                if e["kind"] != "guard":
+                    continue
+                judged += 1
+                size = float(e["rms"])
+                want = spec.guard_accepts(size, e["c_steps"], seen, float(e["theta_rms"]), factor)
+                if want != e["accepted"]:
+                    bad.append({"shard": shard, "learner": e["learner"], "seq": e["seq"], "fragment": e["fragment"],
+                                "t": e["t"], "accepted": e["accepted"], "expected": want,
+                                "rms_per_step": size / max(e["c_steps"], 1),
+                                "bound": factor * max(seen) if len(seen) >= spec.GUARD_WARMUP else None})
+                if want:
+                    seen = spec.guard_remember(seen, size, e["c_steps"])
+    if not judged:
+        why = "no guard in this run" if not factor else "no guard lines in this log"
+        return Result("guard_decisions", True if not factor or not log.of("merge") else None, 0, 0, {"why": why})
+    return Result("guard_decisions", not bad, len(bad), 0, {"violations": bad[:SHOW], "judged": judged})
+
+
+def audit_checks(log: EventLog) -> list[Result]:
+    return [weights_match_staleness(log), quorum_respected(log), commits_audited(log), copies_consistent(log),
+            guard_decisions(log)]
