@@ -10,6 +10,7 @@ from __future__ import annotations
 import _thread
 import argparse
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -103,8 +104,15 @@ def _redeliver_interrupts(previous):
     return hook
 
 
+RUNS_SOMETHING = ("run", "replay", "demo", "bench")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--allow-unknown" in argv:
+        from diloco_chaos.run_cmd import bare_allow_unknown
+        argv = bare_allow_unknown(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -119,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"diloco-chaos {args.command}: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`... | head`): no traceback, and nothing more written to it. A
+        # command that only prints exits 0 (the reader took what it wanted); one that runs
+        # something (run, replay, demo, bench) 1: its verdict was never printed, so it never held
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1 if args.command in RUNS_SOMETHING else 0
     except KeyboardInterrupt as e:
         term = isinstance(e, Terminated)
         print(f"diloco-chaos {args.command}: {'terminated' if term else 'interrupted'}", file=sys.stderr)

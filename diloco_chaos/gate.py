@@ -166,6 +166,10 @@ def parse_fail_on(spec: str) -> list[Rule]:
             why.append(f"pts (percentage points) is for fractions; {fig} is not one: use % (relative) or a bare number")
         if key is not None and unit == "s" and figure_kind(key) != "seconds":
             why.append(f"s (seconds) is for time figures; {fig} is not one")
+        if key is not None and not unit and figure_kind(key) == "fraction" and float(m["num"]) >= 1:
+            # a bare number is an absolute change: a fraction (0 to 1) never moves by 1 or more
+            why.append(f"{fig} is a fraction (0 to 1), so a change of {m['num']} can never happen; "
+                       f"did you mean {sign or '-'}{m['num']}pts (percentage points)?")
         if why:
             bad.append(f"{part.strip()!r}: " + "; ".join(why))
             continue

@@ -208,6 +208,11 @@ def check_table() -> list[dict]:
                             f"plus {audits.THETA_RTOL:g} of Θ[p])"),
         "copies_consistent": (audits.copies_consistent, "0 violations (digests equal)"),
         "guard_decisions": (audits.guard_decisions, "0 violations"),
+        "restores_faithful": (audits.restores_faithful, "0 violations"),
+        "membership_follows_links": (audits.membership_follows_links, "0 violations"),
+        "starved_learners_reanchor": (audits.starved_learners_reanchor,
+                                      f"a Hello within starve_cycles (×2 after an unanswered one) + "
+                                      f"{audits.STARVE_SLACK_CYCLES} fragment cycles of silence"),
         "staleness_bounded": (model_checks.staleness_bounded,
                               "`max_staleness`, where a caller gives one (the property suites)"),
         "no_crash": (checks.no_crash, "0 crashes (judged when the log's header records crashes)"),
@@ -232,7 +237,13 @@ def check_table() -> list[dict]:
         evidence = _evidence(name, CATALOGUE)
         rows.append({"name": name, "where": where, "holds": holds, "bound": bound, "evidence": evidence,
                      "account": _account(evidence), "proven_by": ", ".join(p.bug for p in PROOFS[name])})
-    return rows
+    # a check of the run itself, not of the trainer: no planted bug, a run that ends too soon
+    rows.append({"name": "faults_applied", "where": "the verdict", "holds": first_sentence(checks.faults_applied.__doc__),
+                 "bound": "every scheduled fault started (UNKNOWN otherwise: not a pass)",
+                 "evidence": "independent: the harness's fault_start lines against the schedule in the header",
+                 "account": "independent", "proven_by": "a run that ends before its last fault "
+                                                          "(suites/cluster/test_faults_applied.py, both tiers)"})
+    return sorted(rows, key=lambda r: r["name"])
 
 
 def _evidence(check: str, catalogue: dict) -> str:
@@ -294,7 +305,10 @@ EVENT_KINDS: dict[str, tuple[str, str]] = {  # kind -> (who writes it, what it s
                              "rollback, ...)"),
     "link_up": ("learner", "a learner's link to a shard connected: peer"),
     "link_down": ("learner", "a learner's link to a shard cut: peer (`at`: when its read thread saw it)"),
-    "checkpoint_saved": ("learner, syncer", "a checkpoint on disk: step (a shard's: the versions made durable)"),
+    "checkpoint_saved": ("learner, syncer", "a checkpoint on disk: step (a shard's: the versions made durable, "
+                                            "its save `number`)"),
+    "checkpoint_started": ("syncer", "a shard starts a save: number, versions, digests of Θ[p] and the outer "
+                                     "state it holds (restores_faithful)"),
     "checkpoint_restored": ("learner, syncer", "a (re)started unit restored a checkpoint: step (a shard's: "
                                                "versions)"),
     "eval": ("learner, harness", "a held-out loss: a learner's of its local θ, or the harness's of the global "

@@ -66,9 +66,33 @@ def _run_options(p, compare: bool = True) -> None:
     _unknown_option(p)
 
 
+ANY = "*"  # `--allow-unknown=*`: what a bare --allow-unknown before the scenario is read as
+
+
+def check_names() -> set[str]:
+    """Every check a verdict can hold (what --allow-unknown may name)."""
+    from diloco_chaos.harness.judging import checks
+    from diloco_chaos.harness.judging.planted import PROOFS
+
+    return set(PROOFS) | set(checks.EXPECT) | {"faults_applied", "no_crash", "baseline_parity_max"}
+
+
+def bare_allow_unknown(argv: list[str]) -> list[str]:
+    """`run --allow-unknown unit-loss`: a value that names no check is the scenario after a bare
+    flag, not a list of checks (argparse took it as the flag's value, then missed the scenario)."""
+    if "--allow-unknown" not in argv:
+        return argv
+    names, out = check_names(), list(argv)
+    for i, tok in enumerate(out[:-1]):
+        nxt = out[i + 1]
+        if tok == "--allow-unknown" and not nxt.startswith("-") and not set(filter(None, nxt.split(","))) <= names:
+            out[i] = f"--allow-unknown={ANY}"
+    return out
+
+
 def _unknown_option(p) -> None:
     p.add_argument("--allow-unknown", nargs="?", const=True, default=False, metavar="CHECK[,CHECK]",
-                   type=lambda v: tuple(x for x in v.split(",") if x),
+                   type=lambda v: True if v == ANY else tuple(x for x in v.split(",") if x),
                    help="exit 0 although checks ended UNKNOWN (the run could not judge them); by default "
                         "UNKNOWN is not a pass and the exit code is 1. Bare: any check; else only those named")
 

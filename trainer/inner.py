@@ -248,5 +248,15 @@ def opt_state_to_tree(opt_state: Any) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(opt_state)]
 
 
+def state_digests(params: Any, opt_state: Any) -> dict:
+    """{"params": digest, "opt": digest} of a learner's parameters and inner optimizer state,
+    leaves in tree order (trainer/wiring.py `digest`): its `checkpoint_saved` line's of what a
+    save writes and its `checkpoint_restored` line's of what a restore loaded (restores_faithful)."""
+    from diloco_chaos.trainer.wiring import digest
+
+    return {"params": digest([np.asarray(x) for x in jax.tree.leaves(params)]),
+            "opt": digest(opt_state_to_tree(opt_state))}
+
+
 def make_inner(cfg: RunConfig, loss_fn: LossFn) -> InnerLoop:
     return InnerLoop(cfg, loss_fn)

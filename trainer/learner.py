@@ -22,7 +22,7 @@ import numpy as np
 
 from diloco_chaos.trainer import auth, shell
 from diloco_chaos.trainer.checkpoint import Checkpointer
-from diloco_chaos.trainer.inner import make_inner, opt_state_to_tree
+from diloco_chaos.trainer.inner import make_inner, opt_state_to_tree, state_digests
 from diloco_chaos.trainer.outbox import outbox_key
 from diloco_chaos.trainer.learner_driver import LearnerDriver, LearnerHost
 from diloco_chaos.trainer.learner_loop import POLL_S, Compute, Idle, Spent, learner_loop
@@ -71,7 +71,7 @@ class Learner(LearnerHost):
             params = restored["params"]
             self.opt_state = self.inner.opt_state_from_tree(params, restored["opt"])
             self.step = int(restored["step"])
-            self.ev.emit("checkpoint_restored", step=self.step)
+            self.ev.emit("checkpoint_restored", step=self.step, digests=state_digests(params, self.opt_state))
         bugs = self.bugs = frozenset(b for b in args.bugs.split(",") if b)
         core = LearnerCore(learner_config(self.cfg, topo, self.name, self.incarnation, bugs),
                            learner_math(self.cfg, self.frag))
@@ -219,7 +219,8 @@ class Learner(LearnerHost):
         params = self.core.params(self.state)
         self.ckpt.save(self.step, {"params": jax.tree.map(np.asarray, params),
                                    "opt": opt_state_to_tree(self.opt_state), "step": np.int64(self.step)})
-        self.ev.emit("checkpoint_saved", step=self.step, durable=durable)
+        self.ev.emit("checkpoint_saved", step=self.step, durable=durable,
+                     digests=state_digests(params, self.opt_state))
 
     def close(self, finished: bool) -> None:
         deadline = time.monotonic() + LEAVE_DRAIN_S  # what was sent reaches the shards first

@@ -200,7 +200,7 @@ class LearnerCore(LearnerDP, LearnerClose):
         if self.config.mode not in modes:
             raise UnexpectedMessage(f"learner ({self.config.mode}) never receives {type(msg).__name__}")
         self._started(state)
-        if sender in self.config.shards and not isinstance(msg, RoundOpen):
+        if sender in self.config.shards and (not isinstance(msg, RoundOpen) or "roundopen_heard" in self.config.bugs):
             # (a RoundOpen answers nothing of ours: a learner whose uplink is cut still
             # hears them, and must still find itself starved)
             state = replace(state, heard={**state.heard, sender: state.step},

@@ -44,14 +44,29 @@ class Syncer:
         self.ckpt = Checkpointer(self.run_dir / "ckpt" / self.name, keep_every_s=KEEP_EVERY_S,
                                  start_in_thread=True)  # the loop is not held by a save's start
         saved = self.ckpt.latest_step() or 0  # checkpoint step numbers: one per save
+        kept = self.ckpt.steps()
         if "restore_oldest" in self.bugs:  # planted: an index off, the oldest kept save, logged as the latest
-            kept = self.ckpt.steps()
             restored = self.ckpt.restore(kept[0], listed=kept) if kept else None
         else:
             restored = self.ckpt.restore()
+        if restored is not None and "restore_mixed" in self.bugs and len(kept) > 1:
+            # planted: Θ read from the oldest kept save, everything else (versions too) from the latest
+            oldest = shell.from_ckpt(self.ckpt.restore(kept[0], listed=kept))
+            restored = shell.from_ckpt(restored)
+            for p, f in restored["fragments"].items():
+                f["theta"] = oldest["fragments"][p]["theta"]
+        elif restored is not None and "restore_stale_outer" in self.bugs and len(kept) > 1:
+            # planted: Θ and versions from the latest save, the outer momentum from the oldest kept
+            oldest = shell.from_ckpt(self.ckpt.restore(kept[0], listed=kept))
+            restored = shell.from_ckpt(restored)
+            for p, f in restored["fragments"].items():
+                f["outer"] = oldest["fragments"][p]["outer"]
+        elif restored is not None:
+            restored = shell.from_ckpt(restored)
         if restored is not None:
-            self.driver = SyncerDriver(core, core.restore(shell.from_ckpt(restored)), self, saved)
-            self.ev.emit("checkpoint_restored", step=saved, versions=self.driver.versions())
+            self.driver = SyncerDriver(core, core.restore(restored), self, saved)
+            self.ev.emit("checkpoint_restored", step=saved, versions=self.driver.versions(),
+                         digests=self.driver.digests())  # of what it loaded (restores_faithful)
         else:
             self.driver = SyncerDriver(core, core.init({p: frag.get(params, p) for p in topo["shards"][self.name]}),
                                        self, saved)

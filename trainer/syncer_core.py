@@ -96,7 +96,8 @@ class SyncerCore(SyncerDP):
         """The live set shrinks: a round waiting for 'all live learners' may now commit."""
         self._known(learner)
         held = {k: v for k, v in state.held.items() if k[0] != learner}  # it fetches afresh
-        state, actions = replace(state, live=state.live - {learner}, held=held), []
+        live = state.live if "sticky_membership" in self.config.bugs else state.live - {learner}  # planted
+        state, actions = replace(state, live=live, held=held), []
         for p in sorted(state.rounds):
             state, more = self._advance(state, now, p)
             actions += more

@@ -12,6 +12,11 @@ own arithmetic (harness/judging/spec.py), never the trainer's.
                            (compressed broadcasts, where the error is carried, never grown)
 - guard_decisions          every Δ the corrupt guard judged, judged again from the shard's
                            history of accepted sizes
+- restores_faithful        (harness/judging/restores.py) what a restarted unit loaded is what
+                           the save it names wrote, and that save is the newest that had landed
+- membership_follows_links a learner whose link went down (or that the harness killed) stops
+                           counting in the shards' live sets
+- starved_learners_reanchor a learner that hears nothing from a shard asks it again in time
 
 What each reads, and whose word it is, is in docs/METRICS.md ("What each check reads").
 """
@@ -26,6 +31,7 @@ from diloco_chaos.harness.eventlog import EventLog
 from diloco_chaos.harness.judging import spec
 from diloco_chaos.harness.judging.check_base import SHOW, Result, _shards
 from diloco_chaos.harness.judging.history import is_process_up, learner_names
+from diloco_chaos.harness.judging.restores import restores_faithful
 
 DILOCO = ("decoupled", "streaming", "sync_diloco")
 STEP_RTOL = 1e-3      # a commit's step may differ from the judge's by float32 rounding, far below this
@@ -130,10 +136,14 @@ def _redo(a: dict, merges: list[dict], commit: dict, log: EventLog) -> str | Non
     if not err <= tol:
         return (f"Θ[p] moved {float(np.linalg.norm(step_s)):.6g}, the judge's step {float(np.linalg.norm(step_j)):.6g}; "
                 f"they differ by {err:.3g} (tolerance {tol:.3g}; scale {scale:.4g}, {len(merges)} Δs, {a['merge']})")
-    if want_trace:
+    if want_trace:  # the same tolerance, on the trace's own scale (m' = μ·m + g may cancel to ~0)
         t_got = spec.arrays_of([a["trace_after"]])[0].astype(np.float64)
-        if not np.allclose(t_got, want_trace[0], rtol=STEP_RTOL, atol=1e-9):
-            return "the outer momentum after the step is not the judge's"
+        t_err = float(np.linalg.norm(t_got - want_trace[0]))
+        t_tol = STEP_RTOL * (float(np.linalg.norm(want_trace[0])) + float(np.linalg.norm(trace))
+                             + float(np.linalg.norm(scale * merged))) + 1e-12
+        if not t_err <= t_tol:
+            return (f"the outer momentum after the step is not the judge's: off by {t_err:.3g} "
+                    f"(tolerance {t_tol:.3g})")
     if a.get("sample") is None and commit.get("digest") and _leaf_digest(got.astype(np.float32), a) != commit["digest"]:
         return "the audit's Θ[p] after is not the Θ[p] the round_commit line names (digest)"
     return None
@@ -280,6 +290,108 @@ def guard_decisions(log: EventLog) -> Result:
     return Result("guard_decisions", not bad, len(bad), 0, {"violations": bad[:SHOW], "judged": judged})
 
 
+# --- liveness -------------------------------------------------------------------------------------------------
+KILLED = ("killed", "preempted", "crashed")
+END_SETTLE_S = 2.0  # a kill this close to the run's end may not reach a shard's lines before it stops
+
+
+def membership_follows_links(log: EventLog) -> Result:
+    """A dead learner stops counting toward quorums and fleet shares: (1) no shard's
+    round_commit lists a learner in `live` after that shard's link_down line for it (until its
+    link_up), and (2) every learner the harness killed while a shard held its link is seen
+    down by that shard (a link_down line before the learner's next unit_up; kills within
+    END_SETTLE_S of the run's end are not judged). The kills are the harness's lines; the
+    links and the live sets the shard's."""
+    if na := _not_applicable("membership_follows_links", log):
+        return na
+    learners = set(learner_names(log))
+    t_end = log.header.get("t_end", log.events[-1]["t"] if log.events else 0.0)
+    bad, commits, kills = [], 0, 0
+    for shard in _shards(log):
+        linked: set = set()      # learners whose link this shard holds, by its own lines
+        waiting: dict = {}       # learner -> the harness's kill line this shard has not yet seen down
+        for e in log.events:
+            src, kind = e["src"], e["kind"]
+            if src == shard and kind in ("link_up", "link_down") and e.get("peer") in learners:
+                (linked.add if kind == "link_up" else linked.discard)(e["peer"])
+                if kind == "link_down":
+                    waiting.pop(e["peer"], None)
+            elif src == shard and is_process_up(e):
+                linked, waiting = set(), {}  # a restarted shard holds no link
+            elif src == shard and kind == "round_commit" and "live" in e:
+                commits += 1
+                ghosts = sorted(set(e["live"]) - linked)
+                if ghosts:
+                    bad.append({"shard": shard, "t": e["t"], "fragment": e["fragment"], "version": e["version"],
+                                "live": e["live"], "why": f"counts {', '.join(ghosts)} live after its link went down"})
+            elif src in learners and kind == "unit_down" and e.get("reason") in KILLED:
+                kills += 1
+                if src in linked and t_end - e["t"] >= END_SETTLE_S:
+                    waiting[src] = e
+            elif src in learners and is_process_up(e) and src in waiting:
+                kill = waiting.pop(src)
+                bad.append({"shard": shard, "learner": src, "killed_at": kill["t"], "up_again": e["t"],
+                            "why": "the shard never saw the killed learner's link go down"})
+        bad += [{"shard": shard, "learner": who, "killed_at": kill["t"],
+                 "why": "the shard never saw the killed learner's link go down"} for who, kill in waiting.items()]
+    if not commits and not kills:
+        return Result("membership_follows_links", None, None, 0, {"why": "no commits with live sets in this log"})
+    return Result("membership_follows_links", not bad, len(bad), 0,
+                  {"violations": bad[:SHOW], "commits": commits, "kills": kills})
+
+
+STARVE_SLACK_CYCLES = 2  # the core looks when a fragment of the shard comes due (once a cycle), then once more
+
+
+def starved_learners_reanchor(log: EventLog) -> Result:
+    """A learner that hears nothing from a shard (no line it `recv`s from it but RoundOpens,
+    which answer nothing of its own) for `diloco.starve_cycles` fragment cycles, while its link
+    to that shard is up, asks the shard again (a Hello it sends, or tries to) within
+    STARVE_SLACK_CYCLES more cycles; after an unanswered Hello the wait doubles, as the rule
+    says (docs/PROTOCOL.md). Counted in the learner's own inner steps (its `step` lines), so a
+    slow machine does not move the bound. The learner's own lines, but not its own verdict:
+    the check never reads its `starved` lines."""
+    mode = _mode(log)
+    d = log.config["diloco"]
+    starve, H = int(d.get("starve_cycles") or 0), int(d.get("sync_every") or 0)
+    if mode != "decoupled" or not starve or not H:
+        return Result("starved_learners_reanchor", True, 0, 0, {"why": f"{mode}, starve_cycles {starve}: no rule"})
+    shards, learners = set(_shards(log)), set(learner_names(log))
+    bad, silences = [], 0
+    for learner in sorted(learners):
+        step, linked, heard, asked = 0, set(), {}, {}
+        for e in log.events:
+            if e["src"] != learner:
+                continue
+            kind, peer = e["kind"], e.get("peer")
+            if is_process_up(e):
+                step, linked, heard, asked = int(e.get("step") or 0), set(), {}, {}
+            elif kind == "step":
+                step = int(e["step"])
+                for shard in sorted(linked):
+                    since = max(heard.get(shard, step), asked.get(shard, (step, 0))[0])
+                    tries = asked.get(shard, (0, 0))[1]
+                    bound = starve * H * (2 if tries else 1) + STARVE_SLACK_CYCLES * H
+                    if step - since > bound:
+                        silences += 1
+                        bad.append({"learner": learner, "shard": shard, "t": e["t"], "step": step,
+                                    "silent_since_step": since, "bound_steps": bound,
+                                    "why": f"heard nothing from {shard} for {step - since} steps and did not ask again"})
+                        asked[shard] = (step, tries)  # one violation per silence
+            elif peer in shards and kind == "link_up":
+                linked.add(peer)
+                heard[peer] = step
+            elif peer in shards and kind == "link_down":
+                linked.discard(peer)
+            elif peer in shards and kind == "recv" and e.get("msg") != "RoundOpen":
+                heard[peer], asked[peer] = step, (step, 0)
+            elif peer in shards and kind in ("send", "drop") and e.get("msg") == "Hello":
+                silences += 1
+                asked[peer] = (step, asked.get(peer, (step, 0))[1] + 1)
+    return Result("starved_learners_reanchor", not bad, len(bad), 0, {"violations": bad[:SHOW], "asked": silences})
+
+
 def audit_checks(log: EventLog) -> list[Result]:
     return [weights_match_staleness(log), quorum_respected(log), commits_audited(log), copies_consistent(log),
-            guard_decisions(log)]
+            guard_decisions(log), restores_faithful(log), membership_follows_links(log),
+            starved_learners_reanchor(log)]

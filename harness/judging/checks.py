@@ -15,7 +15,9 @@ Exact definitions: docs/METRICS.md.
 """
 from __future__ import annotations
 
+import json
 import math
+from collections import Counter
 from dataclasses import asdict
 
 # the Result vocabulary (check_base.py) and the checks on what reached the model
@@ -311,8 +313,9 @@ def verdict(log: EventLog, metrics: Metrics, expect: dict | None, *, lenient: bo
     """Every check of one run, for the runner's summary and a report alike: the safety
     checks; the scenario's `expect` thresholds (None: not judged; lenient: an expect table
     this version cannot read is left out instead of raising, as for a log of another
-    version); and `no_crash` when the log's header says which processes crashed (a log
-    without that entry, e.g. a hand-made one, is not judged on it)."""
+    version); `no_crash` when the log's header says which processes crashed (a log
+    without that entry, e.g. a hand-made one, is not judged on it); and `faults_applied`
+    when the header holds the schedule."""
     results = safety_checks(log, metrics)
     if expect is not None:
         try:
@@ -320,10 +323,35 @@ def verdict(log: EventLog, metrics: Metrics, expect: dict | None, *, lenient: bo
         except ValueError:
             if not lenient:
                 raise
-    crash = no_crash(log)
-    if crash is not None:
-        results.append(crash)
+    for extra in (no_crash(log), faults_applied(log)):
+        if extra is not None:
+            results.append(extra)
     return results
+
+
+def faults_applied(log: EventLog) -> Result | None:
+    """Every fault of the run's schedule happened (the harness's `fault_start` lines against the
+    schedule in the log's header). A run that ended at its token budget before a fault was due
+    did not test what it was asked to: UNKNOWN, not a pass (`--allow-unknown faults_applied`
+    accepts it), naming the faults that never started. None for a log without a schedule."""
+    schedule = log.header.get("schedule")
+    if schedule is None:
+        return None
+    left = Counter(json.dumps(f, sort_keys=True) for f in schedule)
+    for e in log.of("fault_start", src="harness"):
+        key = json.dumps(e.get("fault"), sort_keys=True)
+        if left[key]:
+            left[key] -= 1
+    missing = [json.loads(k) for k, n in left.items() for _ in range(n)]
+    applied = len(schedule) - len(missing)
+    if not missing:
+        return Result("faults_applied", True, applied, len(schedule))
+    ends = log.header.get("t_end"), log.header.get("t_start")
+    run_s = ends[0] - ends[1] if None not in ends else None
+    return Result("faults_applied", None, applied, len(schedule), {
+        "not_applied": missing[:SHOW], "run_s": run_s,
+        "why": f"{len(missing)} of the {len(schedule)} scheduled faults never started: the run ended first "
+               "(it ends at its token budget: raise train.steps to keep it running through the schedule)"})
 
 
 def no_crash(log: EventLog) -> Result | None:

@@ -51,7 +51,7 @@ CATALOGUE: dict[str, Planted] = {
         "the learners' contribute lines and the shard's merge and drop lines", f"{SIM_BUGS}[trust_payloads]", f"{PROCS}[trust_payloads]"),
     "rejoin_without_fetch": Planted(
         "learner", "a restarted learner contributes without fetching Θ first", "fetched_before_contributing",
-        "the learner's own recv and contribute lines (the simulator's property also probes the core)", f"{SIM_BUGS}[rejoin_without_fetch]", f"{PROCS}[rejoin_without_fetch,shared_version]"),
+        "the learner's own recv and contribute lines (the simulator's property also probes the core)", f"{SIM_BUGS}[rejoin_without_fetch]", f"{PROCS}[rejoin_without_fetch,shared_version,sticky_membership]"),
     "rejoin_out_of_phase": Planted(
         "learner", "a restarted streaming learner keeps its fragment schedule out of phase (deadlock)",
         "no_global_downtime", "independent: the shards' commit lines and the harness's fault lines",
@@ -80,7 +80,7 @@ CATALOGUE: dict[str, Planted] = {
     "shared_version": Planted(
         "syncer", "one version counter for the shard, not one per fragment: a fragment's versions skip",
         "versions_monotonic", "the shard's own merge and round_commit lines", f"{SIM_BUGS}[shared_version]",
-        f"{PROCS}[rejoin_without_fetch,shared_version]"),
+        f"{PROCS}[rejoin_without_fetch,shared_version,sticky_membership]"),
     "rejoin_reads_in_flight": Planted(
         "learner", "a restarted learner reads the Δ its checkpoint had in flight (none is kept): a KeyError "
         "at its first fetch, and the process dies", "no_crash",
@@ -105,6 +105,34 @@ CATALOGUE: dict[str, Planted] = {
         "guard_decisions", "the shard's guard lines (sizes), judged again from the judge's own history and bound",
         f"{SIM_BUGS}[guard_ignores_steps]",
         f"{CLUSTER}test_a_guard_that_ignores_steps_is_seen_on_real_processes[guard_ignores_steps]"),
+    "restore_stale_outer": Planted(
+        "syncer host (trainer/syncer.py, harness/sim/syncer.py)",
+        "a restarted shard reads Θ and its versions from the latest checkpoint and the outer momentum from the "
+        "oldest kept one (inert at the default momentum 0)", "restores_faithful",
+        "the shard's own lines at two moments: the digests its save wrote (checkpoint_started) against the digests "
+        "of the state it restored (checkpoint_restored)",
+        "suites/properties/test_restore_audit.py::test_a_shard_host_that_restores_another_save_is_caught"
+        "[restore_stale_outer]",
+        "suites/cluster/test_restore_audit_cluster.py::"
+        "test_a_shard_that_restores_a_stale_momentum_is_seen_on_real_processes"),
+    "restore_mixed": Planted(
+        "syncer host (trainer/syncer.py, harness/sim/syncer.py)",
+        "a restarted shard reads Θ from its oldest kept checkpoint and everything else (versions too) from the "
+        "latest", "restores_faithful", "the shard's own lines at two moments: the digests its save wrote "
+        "(checkpoint_saved) against the digests of the state it restored (checkpoint_restored)",
+        f"{SIM_BUGS}[restore_mixed]", f"{PROCS}[restore_mixed]"),
+    "sticky_membership": Planted(
+        "syncer", "a learner whose link went down stays in the shard's live set (it keeps counting toward the "
+        "fleet share and the rounds that wait for every live learner)", "membership_follows_links",
+        "the shard's own link lines against its round_commit live sets, and the harness's kill lines",
+        f"{SIM_BUGS}[sticky_membership]", f"{PROCS}[rejoin_without_fetch,shared_version,sticky_membership]"),
+    "roundopen_heard": Planted(
+        "learner", "a RoundOpen counts as hearing from its shard: a learner whose Δs are lost (an upstream cut, the "
+        "answer downlink) never finds itself starved and never asks again", "starved_learners_reanchor",
+        "the learner's own step, recv and send lines (not its `starved` lines): what answered it, counted in its "
+        "own steps", f"{SIM_FILE}test_a_learner_that_takes_round_openings_for_answers_never_reanchors[roundopen_heard]",
+        f"{CLUSTER}test_a_learner_that_takes_round_openings_for_answers_never_reanchors_on_real_processes"
+        "[roundopen_heard]"),
     "resend_drift": Planted(
         "learner", "no answer gate, bookkeeping kept: re-sends its drift while its contribute lines look right",
         "delta_bases_advance", "independent: the shards' merge, recv and send lines only",
@@ -172,4 +200,7 @@ PROOFS: dict[str, tuple[Proof, ...]] = {
     "commits_audited": (_main("drop_last_delta"),),
     "copies_consistent": (_main("held_as_exact"),),
     "guard_decisions": (_main("guard_ignores_steps"),),
+    "restores_faithful": (_main("restore_mixed"), _main("restore_stale_outer"), _main("restore_oldest")),
+    "membership_follows_links": (_main("sticky_membership"),),
+    "starved_learners_reanchor": (_main("roundopen_heard"),),
 }

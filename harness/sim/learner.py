@@ -26,6 +26,7 @@ import traceback
 import jax
 import numpy as np
 
+from diloco_chaos.trainer.inner import state_digests
 from diloco_chaos.trainer.learner_driver import LearnerDriver, LearnerHost
 from diloco_chaos.trainer.learner_loop import Compute, Idle, Spent, Until, learner_loop
 from diloco_chaos.trainer.messages import SliceControl
@@ -143,7 +144,7 @@ class LearnerProc(LearnerHost):
         params, self.opt_state, self.step = m.params0, m.inner.init(m.params0), 0
         if unit.ckpt is not None:
             params, self.opt_state, self.step = unit.ckpt
-            self.emit("checkpoint_restored", step=self.step)
+            self.emit("checkpoint_restored", step=self.step, digests=state_digests(params, self.opt_state))
         self.last_save, self.saving = self.step, None  # the newest save's step (written or not), its snapshot if not
         core = LearnerCore(learner_config(w.cfg, w.topology, unit.name, self.incarnation, w.learner_bugs), m.lmath)
         self.driver = LearnerDriver(core, core.init(params), self,
@@ -250,7 +251,8 @@ class LearnerProc(LearnerHost):
     def save(self, final: bool = False) -> None:
         snap = (self.core.params(self.state), self.opt_state, self.step)
         self.last_save = self.step
-        self.emit("checkpoint_saved", step=self.step, durable=self.unit.ckpt[2] if self.unit.ckpt is not None else 0)
+        self.emit("checkpoint_saved", step=self.step, durable=self.unit.ckpt[2] if self.unit.ckpt is not None else 0,
+                  digests=state_digests(snap[0], snap[1]))
         if final:  # the process waits for it, and for a save before it, before it exits
             self.unit.ckpt, self.saving = snap, None
         else:

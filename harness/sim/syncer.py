@@ -40,8 +40,15 @@ class SyncerProc:
             snap, step = unit.durable
             if "restore_oldest" in w.syncer_bugs:  # planted: the oldest save, the line naming the latest
                 snap = unit.oldest[0]
+            elif "restore_mixed" in w.syncer_bugs:  # planted: Θ from the oldest save, the rest from the latest
+                snap = {**snap, "fragments": {p: {**f, "theta": unit.oldest[0]["fragments"][p]["theta"]}
+                                              for p, f in snap["fragments"].items()}}
+            elif "restore_stale_outer" in w.syncer_bugs:  # planted: Θ and versions from the latest, momentum not
+                snap = {**snap, "fragments": {p: {**f, "outer": unit.oldest[0]["fragments"][p]["outer"]}
+                                              for p, f in snap["fragments"].items()}}
             self.driver = SyncerDriver(core, core.restore(snap), self, unit.saved)
-            self.emit("checkpoint_restored", step=step, versions=self.driver.versions())
+            self.emit("checkpoint_restored", step=step, versions=self.driver.versions(),
+                      digests=self.driver.digests())  # of what it loaded (restores_faithful)
         else:
             frags = w.topology["shards"][unit.name]
             self.driver = SyncerDriver(core, core.init({p: w.model.frag.get(w.model.params0, p) for p in frags}),

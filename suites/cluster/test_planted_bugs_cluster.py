@@ -22,6 +22,9 @@ built-in scenario runs.
 - `ignore_quorum` and `stale_as_fresh` together (K = 2): rounds commit with one
   contribution, and stale ones are weighed as fresh.
 - `rejoin_without_fetch`: a restarted learner contributes against a Θ[p] it never fetched.
+- `restore_mixed`: syncer-0, killed at 8 s, restores Θ from its oldest kept checkpoint and
+  its versions from the latest: `durable_rounds_kept` (versions) passes, `restores_faithful`
+  (the digests its save wrote against those of what it loaded) fails.
 - `drop_last_delta` and `held_as_exact` (int4 broadcasts): a commit leaves out its last Δ
   while its merge lines name it (`commits_audited` redoes the sampled commits), and the shard
   records a learner as holding Θ[p] exactly after a compressed delta (`copies_consistent`:
@@ -33,6 +36,8 @@ built-in scenario runs.
   judges a Δ's whole size against its per-step bounds; on the property base (quadratic, inner
   lr 0.1), whose Θ[p] is small against a cycle's Δ, honest Δs are dropped (`guard_decisions`).
   On the LM scenarios a cycle's Δ stays far below Θ[p] and 30× a step, so the bug is silent there.
+- `sticky_membership` (in the `rejoin_without_fetch` run: a learner is killed there): the
+  shards keep a learner whose link went down in their live sets (`membership_follows_links`).
 - `restore_oldest`: syncer-0, killed at 8 s, restarts from its oldest kept checkpoint
   (an index off) while its `checkpoint_restored` line names the latest: the versions it
   restored (0 and 1) fall below the rounds it had made durable. (The global model falls
@@ -103,11 +108,14 @@ CASES = {  # bugs -> (built-in scenario, its fault kept, that fault (at, for) s,
                                            ("staleness_bounded", "link_buffers_bounded"), ()),
     "ignore_quorum,stale_as_fresh": ("one-way-cut", 0, (5.0, 7.0), {"quorum": 2},
                                      ("quorum_respected", "weights_match_staleness", "participation_min"), ()),
-    "rejoin_without_fetch,shared_version": ("unit-loss", 0, (5.0, 4.0), {"mixing": 0.5},
-                                            ("fetched_before_contributing", "versions_monotonic"), ()),
+    "rejoin_without_fetch,shared_version,sticky_membership": (
+        "unit-loss", 0, (5.0, 4.0), {"mixing": 0.5},
+        ("fetched_before_contributing", "versions_monotonic", "membership_follows_links"), ()),
     # steep_discount rides along (its check reads merge weights, restore_oldest's the versions)
     "restore_oldest,steep_discount": ("syncer-crash", 0, (8.0, 3.0), {},
                                       ("durable_rounds_kept", "weights_match_staleness"), ()),
+    # Θ from the oldest kept checkpoint, the versions from the latest: the versions check passes
+    "restore_mixed": ("syncer-crash", 0, (8.0, 3.0), {}, ("restores_faithful",), ("durable_rounds_kept",)),
     # the audits: the judge's own arithmetic over the shards' lines (harness/judging/audits.py)
     "drop_last_delta,held_as_exact": ("one-way-cut", 0, (5.0, 7.0), {"broadcast_compression": "int4"},
                                       ("commits_audited", "copies_consistent"), ()),
@@ -288,3 +296,19 @@ def test_a_guard_that_ignores_steps_is_seen_on_real_processes(bugs, tmp_path, mo
     by = {c["name"]: c for c in result.summary["checks"]}
     assert by["guard_decisions"]["valid"] is False and by["guard_decisions"]["value"] >= 1, \
         (by["guard_decisions"], str(result.run_dir))
+
+
+@pytest.mark.parametrize("bugs", ["roundopen_heard"])
+def test_a_learner_that_takes_round_openings_for_answers_never_reanchors_on_real_processes(bugs, tmp_path,
+                                                                                        monkeypatch):
+    """one-way-cut turned around: learner-2's *upstream* cut 5-12 s, with aligned rounds and the
+    answer downlink (the paper preset's), starve_cycles 2. Its Δs are lost, so no answer comes;
+    it still hears the other learners' RoundOpens. The correct learner finds itself starved and
+    asks again; with the bug it takes the RoundOpens for answers and never does:
+    starved_learners_reanchor, which counts only what answers it, fails."""
+    monkeypatch.setenv(BUGS_ENV, bugs)
+    s = _shortened("one-way-cut", 0, (5.0, 7.0), {"align": True, "downlink": "answer", "starve_cycles": 2})
+    s = dataclasses.replace(s, faults=(dataclasses.replace(s.faults[0], direction="upstream"),))
+    result = runner.run_scenario(s, tmp_path, live=False)
+    by = {c["name"]: c for c in result.summary["checks"]}
+    assert by["starved_learners_reanchor"]["valid"] is False, (by["starved_learners_reanchor"], str(result.run_dir))

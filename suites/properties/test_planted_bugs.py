@@ -18,6 +18,8 @@ finds; and the same schedule passes without the bug, so it is the bug that is ca
 | drop_last_delta      | safety: commits_audited                             | decoupled            |
 | held_as_exact        | safety: copies_consistent                           | int4 broadcasts      |
 | guard_ignores_steps  | safety: guard_decisions                             | decoupled            |
+| restore_mixed        | safety: restores_faithful                           | decoupled, kill_syncer |
+| sticky_membership    | safety: membership_follows_links                    | decoupled, kill_unit |
 
 Where a bug also proves an `[expect]` check, the same found schedule is judged by it
 (EXPECT_TOO): it fails with the bug and holds without. uptime_min by the out-of-phase
@@ -38,7 +40,8 @@ import pytest
 from hypothesis import Phase, find, given, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from diloco_chaos.faults.kinds import KillSyncer
+from diloco_chaos.faults.kinds import KillSyncer, Partition
+from diloco_chaos.harness.judging import audits
 from diloco_chaos.faults.strategies import KINDS, fault_load, schedules
 from diloco_chaos.harness import eventlog
 from diloco_chaos.faults.kinds import Corrupt
@@ -73,6 +76,8 @@ BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure na
     "drop_last_delta": (safety, {}, KINDS, "commits_audited"),
     "held_as_exact": (safety, {"broadcast_compression": "int4"}, KINDS, "copies_consistent"),
     "guard_ignores_steps": (safety, {}, KINDS, "guard_decisions"),
+    "restore_mixed": (safety, {}, ("kill_syncer",), "restores_faithful"),
+    "sticky_membership": (safety, {}, ("kill_unit",), "membership_follows_links"),
 }
 # [expect] checks the same found schedule proves (bound: fails with the bug, holds without;
 # measured: uptime 0.08 vs 0.56 (streaming stops while a unit is down, by design; on
@@ -213,3 +218,18 @@ def test_a_bug_in_the_weight_formula_agrees_with_the_trainer_and_not_with_the_ju
     stale = sum(e["staleness"] > 0 for e in merges)
     assert judged.valid is False and judged.value == stale > 0, judged
     assert audits.weights_match_staleness(simulate_case(scenario(())).log).valid is True
+
+
+@pytest.mark.parametrize("bug", ["roundopen_heard"])
+def test_a_learner_that_takes_round_openings_for_answers_never_reanchors(bug):
+    """Aligned rounds and the answer downlink (the paper preset's), starve_cycles 2, learner-0's
+    upstream to syncer-0 cut 1-5.5 s: its Δs are lost and no answer comes, while it still hears
+    the other learners' RoundOpens. The correct learner finds itself starved (a `starved` line,
+    a Hello) and the check holds; with the bug it takes RoundOpens for answers, never asks, and
+    starved_learners_reanchor names it (measured: silent from step 11 to 36, bound 24)."""
+    cut = (Partition(target="link:learner-0~syncer-0", at_s=1.0, duration_s=4.5, direction="upstream"),)
+    s = scenario(cut, align=True, downlink="answer", starve_cycles=2)
+    buggy, good = simulate_case(s, bugs={bug}), simulate_case(s)
+    assert audits.starved_learners_reanchor(buggy.log).valid is False
+    assert audits.starved_learners_reanchor(good.log).valid is True and good.log.of("starved")
+    assert failure(safety, good) is None

@@ -150,3 +150,12 @@ def test_run_gate_and_report_lines_for_a_command_line(tmp_path):
     assert gate.gate_held(gate.run_gate(_base(goodput=0.933), _base(goodput=0.953)))  # default goodput:-3pts
     with pytest.raises(UserError, match="unknown figure"):
         gate.run_gate(_base(), tmp_path / "missing", "nope:+1")  # the SPEC is checked before the baseline is read
+
+
+def test_a_bare_number_on_a_fraction_that_can_never_fail_is_refused_with_the_unit_meant():
+    """goodput:-3 (no unit) is an absolute change of 3 in a 0-1 fraction: a rule that never
+    fails. It is refused, naming the spelling meant; goodput:-0.03 (the same as -3pts) is not."""
+    with pytest.raises(UserError, match=r"goodput is a fraction .* did you mean -3pts"):
+        gate.parse_fail_on("goodput:-3")
+    assert gate.parse_fail_on("goodput:-0.03")[0].amount == 0.03
+    assert gate.parse_fail_on("restarts:+1")[0].amount == 1.0  # a count: a bare number is its unit

@@ -133,5 +133,8 @@ def test_real_fault_free_sample():
         # and before the audits' evidence (digests, commit_audit, copy lines): UNKNOWN, not judged
         "commits_audited": None, "copies_consistent": None,
         "weights_match_staleness": True, "quorum_respected": True,
-        "guard_decisions": True}  # (no guard in that version: its config has no guard_factor)
+        "guard_decisions": True,  # (no guard in that version: its config has no guard_factor)
+        "restores_faithful": True,  # (no shard restarted)
+        "membership_follows_links": None,  # (no live sets on its round_commit lines)
+        "starved_learners_reanchor": True}
     assert m.badput_s["stale"] == 0

@@ -1,0 +1,165 @@
+"""The audits (harness/judging/audits.py) on hand-made logs: values a person can check by hand,
+each check once holding and once failing for the reason it is named for."""
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+from log_builder import LogBuilder
+
+from diloco_chaos.harness.judging import audits, spec
+
+
+def _b64(x) -> dict:
+    x = np.asarray(x, np.float32)
+    return {"dtype": "float32", "shape": list(x.shape), "b64": base64.b64encode(x.tobytes()).decode()}
+
+
+def _config(b: LogBuilder, **diloco) -> LogBuilder:
+    b.header["config"]["diloco"].update({"weighting": "tokens", "staleness_discount": True, "merge": "mean",
+                                         "fleet_share": False, "guard_factor": 30.0, "starve_cycles": 2,
+                                         "sync_every": 2, **diloco})
+    b.header["config"]["outer"] = {"lr": 0.5, "momentum": 0.0, "nesterov": True, "warmup": 0}
+    return b
+
+
+def _merge(b, t, learner, seq, version, base, weight, c_tokens=32, c_steps=2):
+    return b.add(t, "syncer-0", "merge", fragment=0, version=version, learner=learner, incarnation=0, seq=seq,
+                 base_version=base, staleness=version - 1 - base, weight=weight, c_steps=c_steps, c_tokens=c_tokens)
+
+
+def test_weights_by_hand_and_a_stale_merge_weighed_as_fresh():
+    # c_tokens 32, c_steps 2: 32² / 2 = 512; staleness 3: 512 / √4 = 256
+    ok = _merge(_merge(_config(LogBuilder()), 1.0, "learner-0", 1, 1, 0, 512.0), 2.0, "learner-1", 1, 4, 0, 256.0)
+    assert audits.weights_match_staleness(ok.log()).valid is True
+    bad = _merge(_config(LogBuilder()), 2.0, "learner-1", 1, 4, 0, 512.0).log()
+    r = audits.weights_match_staleness(bad)
+    assert r.valid is False and r.details["violations"][0]["expected"] == 256.0
+
+
+def _commit(b, t, before, after, deltas, weights, version=1, digest=True):
+    theta, theta2 = np.array(before, np.float32), np.array(after, np.float32)
+    fields = {"live": ["learner-0", "learner-1"], "closed": [], "closing": False}
+    if digest:
+        fields.update(before=spec.digest([theta]), digest=spec.digest([theta2]))
+    b.add(t, "syncer-0", "round_commit", fragment=0, version=version, n=len(deltas), tokens=32, **fields)
+    return b.add(t, "syncer-0", "commit_audit", fragment=0, version=version, merge="mean",
+                 weights=list(weights), theta=_b64(theta), trace=_b64(np.zeros(0)), theta_after=_b64(theta2),
+                 trace_after=_b64(np.zeros(0)), deltas=[_b64(d) for d in deltas], sample=None, size=2,
+                 shapes=[[2]])
+
+
+def test_a_commit_redone_by_hand_and_one_that_dropped_a_delta():
+    """Θ = (1, 2); Δs (0.2, 0) and (0, 0.4), equal weight: mean (0.1, 0.2); outer lr 0.5:
+    Θ' = (0.95, 1.9). A shard that left out the second Δ moved Θ to (0.9, 2.0)."""
+    def log(after):
+        b = _config(LogBuilder())
+        _merge(b, 1.0, "learner-0", 1, 1, 0, 512.0)
+        _merge(b, 1.0, "learner-1", 1, 1, 0, 512.0)
+        return _commit(b, 1.0, [1, 2], after, [[0.2, 0], [0, 0.4]], [512.0, 512.0]).log()
+
+    assert audits.commits_audited(log([0.95, 1.9])).valid is True
+    r = audits.commits_audited(log([0.9, 2.0]))
+    assert r.valid is False and "the judge's step" in r.details["violations"][0]["why"]
+
+
+def test_a_commit_that_does_not_start_where_the_last_one_ended_breaks_the_chain():
+    b = _config(LogBuilder())
+    for v in (1, 2):
+        _merge(b, float(v), "learner-0", v, v, v - 1, 512.0)
+    _commit(b, 1.0, [1, 2], [0.9, 2.0], [[0.2, 0]], [512.0], version=1)
+    _commit(b, 2.0, [5, 5], [4.9, 5.0], [[0.2, 0]], [512.0], version=2)  # Θ jumped between commits
+    r = audits.commits_audited(b.log())
+    assert r.valid is False and "is not what the last commit" in r.details["violations"][0]["why"]
+
+
+def test_copies_against_the_shards_record():
+    theta = [np.array([1.0, 2.0], np.float32)]
+    d = spec.digest(theta)
+    b = _config(LogBuilder())
+    b.add(1.0, "syncer-0", "round_commit", fragment=0, version=1, n=1, tokens=1, before="0" * 16, digest=d)
+    b.add(1.1, "learner-0", "copy", fragment=0, version=1, digest=d, via="whole")
+    assert audits.copies_consistent(b.log()).valid is True
+    b.add(1.2, "learner-1", "copy", fragment=0, version=1, digest="f" * 16, via="whole")
+    r = audits.copies_consistent(b.log())
+    assert r.valid is False and r.details["violations"][0]["learner"] == "learner-1"
+
+
+def test_a_compressed_delta_may_not_leave_the_copy_further_from_theta():
+    b = _config(LogBuilder(), broadcast_compression="int4")
+    b.add(1.0, "syncer-0", "held", learner="learner-0", fragment=0, version=1, from_version=0, digest="a" * 16,
+          theta_rms=1.0, gap=0.1, error=0.2)
+    b.add(1.1, "learner-0", "copy", fragment=0, version=1, digest="a" * 16, via="delta")
+    r = audits.copies_consistent(b.log())
+    assert r.valid is False and "further than before" in r.details["violations"][0]["why"]
+
+
+def _guard(b, t, rms, c_steps, accepted, theta_rms=10.0):
+    return b.add(t, "syncer-0", "guard", fragment=0, learner="learner-0", incarnation=0, seq=int(t), rms=rms,
+                 c_steps=c_steps, theta_rms=theta_rms, factor=30.0, accepted=accepted)
+
+
+def test_guard_decisions_redone_by_hand():
+    """Four accepted sizes of 0.01 per step: the bound is 30 × 0.01 = 0.3 per step. A Δ of
+    1.2 over 6 steps (0.2 per step) is within it; one of 2.4 over 6 (0.4) is over it."""
+    def log(size, accepted):
+        b = _config(LogBuilder())
+        for t in (1.0, 2.0, 3.0, 4.0):
+            _guard(b, t, 0.06, 6, True)
+        return _guard(b, 5.0, size, 6, accepted).log()
+
+    assert audits.guard_decisions(log(1.2, True)).valid is True
+    assert audits.guard_decisions(log(2.4, False)).valid is True
+    dropped = audits.guard_decisions(log(1.2, False))   # an honest Δ dropped (its whole size judged)
+    assert dropped.valid is False and dropped.details["violations"][0]["expected"] is True
+    let_in = audits.guard_decisions(log(2.4, True))     # a Δ over the bound let in
+    assert let_in.valid is False and let_in.details["violations"][0]["bound"] == 30 * 0.01
+
+
+def test_a_restore_must_load_what_its_save_wrote_and_the_newest_that_landed():
+    def log(restored_step, digests):
+        b = _config(LogBuilder())
+        for n, dg in ((1, "a"), (2, "b")):
+            b.add(float(n), "syncer-0", "checkpoint_started", number=n, versions={"0": n},
+                  digests={"theta": {"0": dg * 16}, "outer": {"0": "0" * 16}})
+            b.add(n + 0.5, "syncer-0", "checkpoint_saved", versions={"0": n}, number=n)
+        b.up(3.0, "syncer-0", inc=1)
+        return b.add(3.1, "syncer-0", "checkpoint_restored", step=restored_step, versions={"0": 2},
+                     digests={"theta": {"0": digests * 16}, "outer": {"0": "0" * 16}}).log()
+
+    assert audits.restores_faithful(log(2, "b")).valid is True
+    mixed = audits.restores_faithful(log(2, "a"))           # names save 2, loaded save 1's Θ
+    assert mixed.valid is False and mixed.details["violations"][0]["differs"] == ["theta[0]"]
+    older = audits.restores_faithful(log(1, "a"))           # save 2 had landed
+    assert older.valid is False and older.details["violations"][0]["newest_landed"] == 2
+
+
+def test_a_shard_that_keeps_a_dead_learner_live():
+    b = _config(LogBuilder())
+    b.add(0.5, "syncer-0", "link_up", peer="learner-0").add(0.5, "syncer-0", "link_up", peer="learner-1")
+    live = ["learner-0", "learner-1"]
+    b.add(1.0, "syncer-0", "round_commit", fragment=0, version=1, n=1, tokens=1, live=live)
+    b.add(2.0, "syncer-0", "link_down", peer="learner-1").down(2.0, "learner-1")
+    b.add(3.0, "syncer-0", "round_commit", fragment=0, version=2, n=1, tokens=1, live=["learner-0"])
+    assert audits.membership_follows_links(b.log()).valid is True
+    b.add(4.0, "syncer-0", "round_commit", fragment=0, version=3, n=1, tokens=1, live=live)
+    r = audits.membership_follows_links(b.log())
+    assert r.valid is False and "learner-1" in r.details["violations"][0]["why"]
+
+
+def test_a_learner_that_never_asks_again():
+    """starve_cycles 2, H = 2: silent for 2 × 2 + 2 slack cycles × 2 = 8 steps at most."""
+    def log(hello_at):
+        b = _config(LogBuilder(learners=1))
+        b.up(0.0, "learner-0").add(0.1, "learner-0", "link_up", peer="syncer-0")
+        b.add(0.2, "learner-0", "recv", peer="syncer-0", msg="FragmentUpdate", fragment=0, version=0)
+        for s in range(1, 12):
+            b.step(float(s), "learner-0", s)
+            b.add(s + 0.5, "learner-0", "recv", peer="syncer-0", msg="RoundOpen", fragment=0, version=s)
+            if s == hello_at:
+                b.add(s + 0.6, "learner-0", "send", peer="syncer-0", msg="Hello", bytes=10)
+        return b.log()
+
+    assert audits.starved_learners_reanchor(log(hello_at=5)).valid is True
+    r = audits.starved_learners_reanchor(log(hello_at=None))  # RoundOpens answer nothing of its own
+    assert r.valid is False and r.details["violations"][0]["step"] == 9
