@@ -284,22 +284,26 @@ class SyncerCore(SyncerDP):
         n = len(deltas) - 1 if "drop_last_delta" in bugs and len(deltas) > 1 else len(deltas)  # planted: off by one
         before = (state.theta[p], state.outer[p])
         theta, outer = self.math.merge_and_step(*before, deltas[:n], weights[:n], scale, closing)
-        state, actions = self._close(replace(state, theta={**state.theta, p: list(theta)},
-                                             outer={**state.outer, p: outer}), now, p, weights, stale)
-        actions += self._evidence(state, p, before, deltas, weights, closing, actions[-1])
+        state = replace(state, theta={**state.theta, p: list(theta)}, outer={**state.outer, p: outer})
+        state, actions = self._close(state, now, p, weights, stale, self._evidence(state, p, before, closing))
+        actions += self._commit_audit(state, p, before, deltas, weights, closing)
         state, sends = self._answer(state, p, self._recipients(state, merged))
         return state, actions + sends + [SaveCheckpoint(dict(state.version))]
 
-    def _evidence(self, state: SyncerState, p: int, before: tuple, deltas: list, weights: list,
-                  closing: bool, commit: Log) -> list:
-        """What the commit audit reads (harness/judging/audits.py), added to the round_commit
-        line just written: the digests of Θ[p] before and after, who was live and closed, whether
-        a closing Δ was in; and, where the math samples it, a `commit_audit` line with Θ[p], the
-        outer state, every Δ the merge lines name and the result, for the judge to redo the
-        commit in its own arithmetic."""
-        commit.fields.update(live=sorted(state.live), closed=sorted(state.closed), closing=closing)
+    def _evidence(self, state: SyncerState, p: int, before: tuple, closing: bool) -> dict:
+        """What the commit audit reads (harness/judging/audits.py) on the round_commit line:
+        who was live and closed, whether a closing Δ was in, and the digests of Θ[p] before
+        and after (`state` holds Θ[p] after)."""
+        fields = {"live": sorted(state.live), "closed": sorted(state.closed), "closing": closing}
         if self.math.digest is not None:
-            commit.fields.update(before=self.math.digest(before[0]), digest=self.math.digest(state.theta[p]))
+            fields.update(before=self.math.digest(before[0]), digest=self.math.digest(state.theta[p]))
+        return fields
+
+    def _commit_audit(self, state: SyncerState, p: int, before: tuple, deltas: list, weights: list,
+                      closing: bool) -> list:
+        """Where the math samples it, a `commit_audit` line with Θ[p], the outer state, every Δ
+        the merge lines name and the result, for the judge to redo the commit in its own
+        arithmetic."""
         sample = None if self.math.audit is None else self.math.audit(
             before[0], before[1], deltas, weights, state.theta[p], state.outer[p], closing)
         return [] if sample is None else [Log("commit_audit", {"fragment": p, "version": state.version[p], **sample})]
@@ -390,8 +394,9 @@ class SyncerCore(SyncerDP):
                 "gap": self.math.rms([t - h for t, h in zip(theta, had)]),
                 "error": self.math.rms([t - x for t, x in zip(theta, copy)])}
 
-    def _close(self, state: SyncerState, now: float, p: int, weights: list, stale: list):
-        """Bookkeeping of every commit: version + 1, who was merged, merge/round_commit lines."""
+    def _close(self, state: SyncerState, now: float, p: int, weights: list, stale: list, evidence: dict | None = None):
+        """Bookkeeping of every commit: version + 1, who was merged, merge/round_commit lines
+        (`evidence`: the audit's fields for the round_commit line)."""
         rnd, v = state.rounds[p], state.version[p] + 1
         if "shared_version" in self.config.bugs:  # planted: one counter for the shard, not one per fragment
             v = max(state.version.values()) + 1
@@ -403,7 +408,7 @@ class SyncerCore(SyncerDP):
         logs.append(Log("round_commit", {
             "fragment": p, "version": v, "n": len(merged), "tokens": sum(pc.c_tokens for _, pc in merged),
             "opened_at": rnd.opened_at, "quorum_at": rnd.quorum_at,
-            "grace_s": None if rnd.quorum_at is None else rnd.deadline - rnd.quorum_at}))
+            "grace_s": None if rnd.quorum_at is None else rnd.deadline - rnd.quorum_at, **(evidence or {})}))
         state = replace(state, version={**state.version, p: v}, rounds=_without(state.rounds, p),
                         last_merged={**state.last_merged,
                                      **{(learner, p): (pc.incarnation, pc.seq) for learner, pc in merged}})

@@ -111,7 +111,7 @@ def _redo(a: dict, merges: list[dict], commit: dict, log: EventLog) -> str | Non
         return f"merge kind {a['merge']!r} (closing {closing}, configured {d['merge']!r})"
     pool = set(commit.get("live") or ()) | set(commit.get("closed") or ()) | {m["learner"] for m in merges}
     scale = (spec.fleet_share(d, len({m["learner"] for m in merges}), len(pool))
-             * spec.warm(d, outer, a_version(a) - 1, closing))
+             * spec.warm(d, outer, int(a["version"]) - 1, closing))
     theta, trace = spec.arrays_of([a["theta"]])[0], spec.arrays_of([a["trace"]])[0]
     deltas = spec.arrays_of(a["deltas"])
     if a.get("sample") is None:
@@ -147,10 +147,6 @@ def _redo(a: dict, merges: list[dict], commit: dict, log: EventLog) -> str | Non
     if a.get("sample") is None and commit.get("digest") and _leaf_digest(got.astype(np.float32), a) != commit["digest"]:
         return "the audit's Θ[p] after is not the Θ[p] the round_commit line names (digest)"
     return None
-
-
-def a_version(a: dict) -> int:
-    return int(a["version"])
 
 
 def _leaf_digest(flat: np.ndarray, a: dict) -> str:
@@ -249,7 +245,7 @@ def copies_consistent(log: EventLog) -> Result:
                         "digest": e["digest"], "shard_has": sorted(ok)[:3]})
     if not checked and not bad:
         copies = len(log.of("copy"))
-        return Result("copies_consistent", None if copies else None, None, 0,
+        return Result("copies_consistent", None, None, 0,
                       {"why": "no learner copy the shards' lines name" if copies else "no copy lines in this log",
                        "unverified": unverified})
     return Result("copies_consistent", not bad, len(bad), 0,
@@ -316,8 +312,8 @@ def membership_follows_links(log: EventLog) -> Result:
                 (linked.add if kind == "link_up" else linked.discard)(e["peer"])
                 if kind == "link_down":
                     waiting.pop(e["peer"], None)
-            elif src == shard and is_process_up(e):
-                linked, waiting = set(), {}  # a restarted shard holds no link
+            elif src == shard and (is_process_up(e) or kind == "unit_down"):
+                linked, waiting = set(), {}  # a dead or restarted shard holds no link, sees none go down
             elif src == shard and kind == "round_commit" and "live" in e:
                 commits += 1
                 ghosts = sorted(set(e["live"]) - linked)

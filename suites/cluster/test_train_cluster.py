@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import json
 import math
-import time
 
 import pytest
 
@@ -45,8 +44,22 @@ def test_kill_and_restart_learner_and_syncer_shard(tmp_path, broadcast):
         wait_for(lambda: any(e["kind"] == "checkpoint_saved" for e in events(run_dir, "syncer-1")), 60,
                   "a durable checkpoint of syncer-1")
         cluster.kill("syncer-1")
-        time.sleep(1.0)   # learners keep stepping with one shard gone
+        # the learners keep stepping with one shard gone (10 steps of theirs, whatever the
+        # pace), then wait, stopped, while its new process boots: how many steps they have
+        # left when it is back is the machine's pace otherwise (in a loaded CI run two of
+        # them finished before it was back, and the global model ended 0.27 above the floor).
+        # What a late return loses is issue 54's recovery at any pace, not this test's.
+        at_kill = last_step(run_dir, "learner-0")
+        wait_for(lambda: last_step(run_dir, "learner-0") >= min(at_kill + 10, STEPS - 40), 60,
+                 "learner-0 stepping without syncer-1")
+        held = ["learner-0", "learner-2"]
+        for name in held:
+            cluster.pause(name)
         cluster.spawn("syncer-1")
+        wait_for(lambda: any(e["kind"] == "unit_up" and e.get("incarnation") == 1
+                             for e in events(run_dir, "syncer-1")), 120, "syncer-1 back")
+        for name in held:
+            cluster.resume(name)
         cluster.spawn("learner-1")
         # a give-up timeout (the units end at their step budget), not the property
         assert cluster.wait_exit(["learner-0", "learner-1", "learner-2"], timeout_s=240)

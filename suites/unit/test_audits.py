@@ -149,6 +149,24 @@ def test_a_shard_that_keeps_a_dead_learner_live():
 
 def test_a_learner_that_never_asks_again():
     """starve_cycles 2, H = 2: silent for 2 × 2 + 2 slack cycles × 2 = 8 steps at most."""
+
+
+def test_a_learner_killed_with_its_shard_is_not_a_link_the_shard_missed():
+    """A CI draw: syncer-0 and learner-0 killed in the same instant, the learner back first.
+    The dead shard saw no link go down; its restart holds none. A learner killed while the
+    shard is up and seen by nobody stays a violation."""
+    def log(shard_dies):
+        b = _config(LogBuilder())
+        b.add(0.5, "syncer-0", "link_up", peer="learner-0")
+        b.add(1.0, "syncer-0", "round_commit", fragment=0, version=1, n=1, tokens=1, live=["learner-0"])
+        if shard_dies:
+            b.down(2.0, "syncer-0")
+        b.down(2.0, "learner-0").up(2.5, "learner-0", inc=1)
+        b.up(3.0, "syncer-0", inc=1).add(3.1, "syncer-0", "link_up", peer="learner-0")
+        return b.log()
+    assert audits.membership_follows_links(log(shard_dies=True)).valid is True
+    r = audits.membership_follows_links(log(shard_dies=False))
+    assert r.valid is False and r.details["violations"][0]["up_again"] == 2.5
     def log(hello_at):
         b = _config(LogBuilder(learners=1))
         b.up(0.0, "learner-0").add(0.1, "learner-0", "link_up", peer="syncer-0")
