@@ -18,6 +18,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from diloco_chaos.trainer.shell import use_compile_cache
+
+use_compile_cache()  # the suites' simulations and the units they start load earlier compiles
+
 pytest_plugins = ["diloco_chaos.pytest_plugin"]  # the `chaos` fixture, `pytest --chaos-report DIR`
 
 settings.register_profile("dev", max_examples=20, deadline=None)

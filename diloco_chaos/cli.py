@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         from diloco_chaos.run_cmd import bare_allow_unknown
         argv = bare_allow_unknown(argv)
     args = parser.parse_args(argv)
+    from diloco_chaos.trainer.shell import use_compile_cache
+    use_compile_cache()  # for the simulator, the evals and every unit process it starts
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

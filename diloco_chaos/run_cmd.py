@@ -324,8 +324,9 @@ def _runner(tier: str):
     return run_scenario
 
 
-def _reference(s, out: Path, live: bool, tier: str = "cluster") -> Path | None:
-    """The fault-free run of `s` (same config, seed and tier), made once and reused."""
+def _reference(s, out: Path, live: bool, tier: str = "cluster", beside: bool = False):
+    """The fault-free run of `s` (same config, seed and tier), made once and reused: its
+    folder, or (sim tier, `beside`) a `_SimReference` running it while the caller runs `s`."""
     run_scenario = _runner(tier)
 
     if not s.faults and s.failure_process is None:
@@ -338,9 +339,50 @@ def _reference(s, out: Path, live: bool, tier: str = "cluster") -> Path | None:
         return ref_dir
     print(f"reference (fault-free) run: {ref_dir}")
     ref_dir.mkdir(parents=True, exist_ok=True)
+    if tier == "sim" and beside:  # beside the faulted run, in a process of its own (below)
+        return _SimReference(clean, out, ref_dir)
     run_scenario(clean, out, run_dir=ref_dir, live=live)
     render(ref_dir)
     return ref_dir
+
+
+def _sim_reference_job(scenario: dict, out: str, ref_dir: str) -> None:
+    from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
+    from diloco_chaos.harness.sim.run import run_sim
+
+    run_sim(scenario_from_dict(scenario), Path(out), run_dir=Path(ref_dir))
+    render(Path(ref_dir))
+
+
+class _SimReference:
+    """The fault-free simulation of a scenario, run in a second process while this one
+    simulates the faulted run: the two are independent until the verdict compares them,
+    and each is one core's work (two cores: the first verdict in about half the time).
+    `run_sim` calls it for the reference's folder when it needs it; it never outlives the
+    command (a failure or Ctrl-C here stops it)."""
+
+    def __init__(self, clean, out: Path, ref_dir: Path):
+        import multiprocessing
+
+        self.ref_dir = ref_dir
+        self.proc = multiprocessing.get_context("spawn").Process(
+            target=_sim_reference_job, args=(clean.to_dict(), str(out), str(ref_dir)), daemon=True)
+        self.proc.start()
+
+    def __call__(self) -> Path:
+        try:
+            self.proc.join()
+        finally:
+            self.close()
+        if self.proc.exitcode != 0 or not (self.ref_dir / "summary.json").exists():
+            raise UserError(f"the fault-free reference run failed (exit {self.proc.exitcode}); its folder: "
+                            f"{self.ref_dir}; run without it: --reference none")
+        return self.ref_dir
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(5)
 
 
 def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluster", allow_unknown=False,
@@ -352,12 +394,17 @@ def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluste
     if record and reference == "none" and (s.faults or s.failure_process is not None):
         raise UserError("--record-baseline records the fault-free reference run: leave --reference auto")
     run_scenario = _runner(tier)
-    ref = _reference(s, out, live, tier) if reference == "auto" else None
+    ref = _reference(s, out, live, tier, beside=True) if reference == "auto" else None
     run_dir = stamped_dir(out, label or s.name)
     print(f"running {s.name} (seed {s.seed}, {len(s.schedule().faults)} faults, tier {tier}) in {run_dir}")
     if note:
         print(note)
-    result = run_scenario(s, out, run_dir=run_dir, live=live, reference=ref)
+    try:
+        result = run_scenario(s, out, run_dir=run_dir, live=live, reference=ref)
+    finally:
+        if isinstance(ref, _SimReference):
+            ref.close()
+    ref = ref.ref_dir if isinstance(ref, _SimReference) else ref
     summary = result.summary
     if record:
         _record_baseline(s, tier, ref if ref is not None else run_dir)

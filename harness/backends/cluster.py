@@ -30,22 +30,14 @@ from pathlib import Path
 from typing import Protocol
 
 from diloco_chaos.trainer.auth import SECRET_ENV, new_secret
+from diloco_chaos.trainer.shell import default_compile_cache
 from diloco_chaos.harness.backends.toxiproxy_client import ToxiproxyClient
 from diloco_chaos.harness.links import LinkProfile
 from diloco_chaos.harness.backends.toxiproxy_server import ToxiproxyServer, free_port
 from diloco_chaos.harness.run.control import Spawned, apply_profile, link_name, make_topology, mechanism_words
 
 
-def _jax_cache() -> Path:
-    """The units' persistent compilation cache: the checkout's .cache/jax, or for an
-    installed package the user's cache folder (never inside site-packages)."""
-    root = Path(__file__).resolve().parents[2]
-    if (root / "pyproject.toml").is_file():
-        return root / ".cache" / "jax"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "diloco-chaos" / "jax"
-
-
-JAX_CACHE = _jax_cache()
+JAX_CACHE = default_compile_cache()  # the units' (trainer/shell.py use_compile_cache: the harness's too)
 
 
 def unit_jax_env(env: dict, role: str, slices: int, cache_dir: str) -> dict:

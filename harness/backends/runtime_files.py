@@ -43,7 +43,7 @@ PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 # probe() on this project (jax 0.10, orbax-checkpoint 0.12, flax 0.12): the distributions
 # units load from site-packages. flax: examples/flax_mlp.py; shipped only where installed.
 UNIT_DISTRIBUTIONS = (
-    "absl-py", "etils", "flax", "humanize", "jax", "jaxlib", "ml-dtypes", "msgpack", "numpy",
+    "absl-py", "etils", "filelock", "flax", "humanize", "jax", "jaxlib", "ml-dtypes", "msgpack", "numpy",
     "opt-einsum", "optax", "orbax-checkpoint", "protobuf", "pygments", "pyyaml", "rich",
     "simplejson", "tensorstore", "treescope", "typing-extensions", "uvloop")
 NEVER_SHIP = {"pytest", "playwright", "vl-convert-python", "altair", "hypothesis", "pip", "setuptools",

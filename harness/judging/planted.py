@@ -60,7 +60,7 @@ CATALOGUE: dict[str, Planted] = {
         "test_a_restart_out_of_phase_deadlocks_on_real_processes[rejoin_out_of_phase]"),
     "cumulative_delta": Planted(
         "learner", "no answer gate: re-sends its drift every turn, and its contribute lines say so",
-        "progress_merged_once", "the learner's own contribute lines", f"{SIM_STALENESS}[cumulative_delta]", f"{PROCS}[cumulative_delta]"),
+        "progress_merged_once", "the learner's own contribute lines", f"{SIM_STALENESS}[cumulative_delta]", f"{PROCS}[cumulative_delta,drop_last_delta,held_as_exact]"),
     "count_discarded": Planted(
         "learner", "a fetch does not reset the contribution counters: the next Δ claims discarded tokens",
         "tokens_conserved", "the learners' contribute and discard lines (their own account)",
@@ -94,12 +94,12 @@ CATALOGUE: dict[str, Planted] = {
     "drop_last_delta": Planted(
         "syncer", "the commit's merge leaves out its last Δ (an off-by-one) while the merge lines name it",
         "commits_audited", "independent: the shard's commit_audit arrays (Θ[p], the Δs, the result) redone in the "
-        "judge's arithmetic", f"{SIM_BUGS}[drop_last_delta]", f"{PROCS}[drop_last_delta,held_as_exact]"),
+        "judge's arithmetic", f"{SIM_BUGS}[drop_last_delta]", f"{PROCS}[cumulative_delta,drop_last_delta,held_as_exact]"),
     "held_as_exact": Planted(
         "syncer", "after a compressed broadcast it records the learner as holding Θ[p] exactly, not the copy the "
         "delta builds: the quantisation error is never sent again", "copies_consistent",
         "independent: the learners' copy digests against the shard's held digests", f"{SIM_BUGS}[held_as_exact]",
-        f"{PROCS}[drop_last_delta,held_as_exact]"),
+        f"{PROCS}[cumulative_delta,drop_last_delta,held_as_exact]"),
     "guard_ignores_steps": Planted(
         "syncer", "the corrupt guard judges a Δ's whole size against its per-step bounds: honest Δs dropped",
         "guard_decisions", "the shard's guard lines (sizes), judged again from the judge's own history and bound",

@@ -250,17 +250,18 @@ def _global_eval(world: World) -> list[float] | None:
 
 
 def run_sim(s: Scenario, out: Path, run_dir: Path | None = None, *, label: str | None = None, live: bool = False,
-            reference: Path | None = None, expect: bool = True, params: SimParams = SimParams(),
+            reference=None, expect: bool = True, params: SimParams = SimParams(),
             bugs=frozenset()) -> RunResult:
     """The sim tier's `run_scenario` (same keywords, same files: run_dir/events.jsonl,
     scenario.toml, summary.json; the CLI renders report.html). `live` is accepted and ignored; planted bugs
-    come from `bugs`, else from DILOCO_CHAOS_BUGS as on processes."""
+    come from `bugs`, else from DILOCO_CHAOS_BUGS as on processes. `reference`: the fault-free
+    run's folder, or a callable giving it once this run is simulated (one made beside it)."""
     from diloco_chaos.trainer.shell import planted_bugs
 
     run_dir = run_dir or unique_dir(Path(out), label or s.name)
     run = simulate(s, params=params, bugs=frozenset(bugs) or planted_bugs(), replay=f"diloco-chaos replay {shlex.quote(str(run_dir))}")
     run.write(run_dir)
-    summary = summarize(run_dir, s, reference, expect=expect)
+    summary = summarize(run_dir, s, reference() if callable(reference) else reference, expect=expect)
     return RunResult(run_dir, summary)
 
 

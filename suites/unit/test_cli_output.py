@@ -31,6 +31,9 @@ def test_json_puts_the_summary_alone_on_stdout_and_latest_names_the_run(tmp_path
     summary = json.loads(out)  # nothing else on stdout
     assert summary["valid"] is True and summary["exit_code"] == 0 and summary["checks"]
     assert "PASS" in err and "results:" in err  # the person's view went to stderr
+    # the fault-free reference ran beside the run, in a process of its own, now gone
+    import multiprocessing
+    assert (Path(summary["reference_dir"]) / "report.html").exists() and not multiprocessing.active_children()
     run_dir = Path(summary["run_dir"])
     assert re.fullmatch(r"user-kill-\d{8}T\d{6}Z", run_dir.name), run_dir.name
     latest = tmp_path / "runs" / "latest"

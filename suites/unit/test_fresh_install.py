@@ -133,7 +133,7 @@ def test_optional_parts_are_extras_named_when_missing(fresh):
 def test_a_builtin_scenario_runs_to_a_verdict_on_the_simulator(fresh, request):
     """The README's one-minute path: `diloco-chaos run unit-loss --tier sim` from the installed
     command, in a directory of its own, to a verdict (exit 0: every check held). Its wall time
-    is recorded (the goal is <= 90 s on 2 cores, measured in docs/RESULTS.md), not asserted:
+    is recorded (112 s on 2 cores the first time, measured in docs/RESULTS.md), not asserted:
     a busy CI machine is slower, not wrong."""
     t0 = time.monotonic()
     r = subprocess.run([str(fresh["venv"] / "bin" / "diloco-chaos"), "run", "unit-loss", "--tier", "sim",
