@@ -27,7 +27,7 @@ except ImportError as e:  # an optional part (the property tests' and `bench sim
                       "install it with: pip install 'diloco-chaos[properties]'") from None
 
 from diloco_chaos.faults.failures import FailureProcess
-from diloco_chaos.faults.kinds import FAULT_KINDS, Fault, KillSyncer, KillUnit, Partition, Wan
+from diloco_chaos.faults.kinds import FAULT_KINDS, Corrupt, Fault, KillSyncer, KillUnit, Partition, Wan
 from diloco_chaos.faults.kinds.partition import MILDEST_FIRST as DIRECTIONS
 from diloco_chaos.faults.schedule import RunShape, Schedule, validate
 
@@ -181,6 +181,30 @@ def weak_spots(draw, shape: RunShape, *, max_others: int = 2, long_s: float = 2.
         core = [KillSyncer(draw(st.sampled_from(shape.syncers)), at, down_for_s=length)]
     kept = [f for f in core]
     for f in draw(st.lists(faults(shape), max_size=max_others)):
+        if _fits(f, kept, shape):
+            kept.append(f)
+    return Schedule(tuple(kept))
+
+
+NEAR_BOUND_FACTORS = (10.0, -10.0, 30.0, 100.0, -100.0)  # inside, at and past the guard's 30x history bound
+
+
+@st.composite
+def near_bound_sdc(draw, shape: RunShape, *, max_others: int = 2, tick_s: float = 0.1) -> Schedule:
+    """Silent data corruption at the sizes the guard's Θ-size bound does not already stop
+    (x10 to x100, either sign: a Δ a few to a hundred times its honest size), on one learner
+    for 1-2.5 s (several of its Δs: the guard's history sees the corrupt ones too), from 3 s
+    (after the guard's warm-up), with up to `max_others` kills, shard crashes or partitions
+    that fit beside it. The uniform draws' SDC is x1000 (faults/kinds/corrupt.py SDC_FACTORS),
+    which the Θ-size bound alone keeps out."""
+    run_ticks = math.ceil(shape.run_s / tick_s) - 1
+    length = draw(st.integers(10, 25))
+    at = draw(st.integers(30, max(30, run_ticks - length)))
+    sdc = Corrupt(draw(st.sampled_from(shape.units)), _seconds(at, tick_s), duration_s=_seconds(length, tick_s),
+                  factor=draw(st.sampled_from(NEAR_BOUND_FACTORS)))
+    kept = [sdc]
+    for f in draw(st.lists(faults(shape, ("kill_unit", "kill_syncer", "partition"), min_at_s=2.0),
+                           max_size=max_others)):
         if _fits(f, kept, shape):
             kept.append(f)
     return Schedule(tuple(kept))

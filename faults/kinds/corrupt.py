@@ -14,7 +14,8 @@ DRAWN_MODES = ("scale", "nonfinite", "bitflip")    # how strategies draw a mode 
 # learner's recent Δ norms) both ways. Nearer it (×100 got in on a CI draw, where the
 # recent norms were large), or inside it (×10, a plain sign flip), the guard cannot tell
 # a corrupt Δ from a large honest one: suites/properties/test_safety.py shows that the
-# ledger names those (the verdict holds), docs/PROTOCOL.md the defence's gap
+# ledger names those (the verdict holds), docs/PROTOCOL.md the defence's gap; those sizes
+# are drawn by faults/strategies.py `near_bound_sdc`, with a property of their own
 SDC_FACTORS = (1000.0, -1000.0)
 
 

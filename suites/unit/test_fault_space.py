@@ -9,8 +9,10 @@ are printed (`pytest -s`) so a change to the strategies that starves one shows h
 first. Measured when written: uniform draws alone met a storm on every link 1.0-1.9
 times a run, hence `weak_spots` (faults/strategies.py) and its property test; now 4.2-15
 a run, SDC 4.4-9 a run. The SDC the guard cannot see (×10, ×−1; ×100 on some draws) is
-a fixed case in suites/properties/test_safety.py, not a draw: a draw of it fails the
-property, as it should, since the defence lets it in.
+a fixed case in suites/properties/test_safety.py, and the sizes near the bound (×10 to
+×100) are drawn by `near_bound_sdc` for a property of their own (every draw is one).
+One-way cuts of one learner's links in each direction and crashes of learners and shards
+early and late in the window are counted too (REACH_SPOTS).
 
 The window is the property suites' (suites/properties/sim_cases.py WINDOW: 6.5 s, 3
 learners, 2 shards); "long" is ≥ 2.5 s, over a third of it (24 cycles of the 300-step
@@ -96,3 +98,29 @@ def test_ci_draws_reach_every_kind_of_sdc():
     r = rates(schedules(PROPERTY_WINDOW, ("corrupt", "kill_unit", "partition", "slow_unit"), max_faults=4,
                         min_at_s=3.0), SDC_SPOTS)
     _met({name: rate * 60 for name, rate in r.items()})
+
+
+# issue 53 item 7: what makes each defence and liveness rule work, met by CI's draws too
+THIRD_S = PROPERTY_WINDOW.run_s / 3
+REACH_SPOTS = {
+    # on some links, not all: the other learners keep the rounds going
+    "long one-way cut upstream (its Δs lost, its answers arrive)": lambda fs: any(
+        f.kind == "partition" and f.direction == "upstream" and f.length_s >= LONG_S and not _every_link(f)
+        for f in fs),
+    "long one-way cut downstream (its Δs merged, no answer)": lambda fs: any(
+        f.kind == "partition" and f.direction == "downstream" and f.length_s >= LONG_S and not _every_link(f)
+        for f in fs),
+    "learner killed early (first third)": lambda fs: any(f.kind == "kill_unit" and f.at_s < THIRD_S for f in fs),
+    "learner killed late (last third)": lambda fs: any(f.kind == "kill_unit" and f.at_s >= 2 * THIRD_S for f in fs),
+    "shard crashed early (first third)": lambda fs: any(f.kind == "kill_syncer" and f.at_s < THIRD_S for f in fs),
+    "shard crashed late (last third)": lambda fs: any(f.kind == "kill_syncer" and f.at_s >= 2 * THIRD_S for f in fs),
+}
+
+
+def test_ci_draws_reach_one_way_cuts_both_ways_and_crashes_early_and_late():
+    # the same 80 uniform + 20 weak-spot examples a CI run draws (above); a one-way cut
+    # upstream exercises starved_learners_reanchor, downstream membership and the resend
+    # rules; a late crash leaves no time to catch up (what the loss checks must then see)
+    uniform = rates(schedules(PROPERTY_WINDOW, max_faults=5), REACH_SPOTS)
+    built = rates(weak_spots(PROPERTY_WINDOW), REACH_SPOTS)
+    _met({name: uniform[name] * 80 + built[name] * 20 for name in REACH_SPOTS})
