@@ -309,6 +309,9 @@ EVENT_KINDS: dict[str, tuple[str, str]] = {  # kind -> (who writes it, what it s
                                             "its save `number`)"),
     "checkpoint_started": ("syncer", "a shard starts a save: number, versions, digests of Θ[p] and the outer "
                                      "state it holds (restores_faithful)"),
+    "checkpoint_failed": ("learner, syncer", "a save did not land (a full disk, an I/O error): a shard's save "
+                                             "`number` or a learner's `step` (null: the save before), `error`; "
+                                             "never fatal, its state goes into the next save"),
     "checkpoint_restored": ("learner, syncer", "a (re)started unit restored a checkpoint: step (a shard's: "
                                                "versions)"),
     "eval": ("learner, harness", "a held-out loss: a learner's of its local θ, or the harness's of the global "

@@ -38,6 +38,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 
+def why_failed(e: Exception) -> str:
+    """A failed save's error in one bounded line (orbax's carry the path and the errno), for
+    a unit's `checkpoint_failed` line."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text}"[:300]
+
+
 def to_host_tree(tree: Any, path: str = "") -> Any:
     """A deep numpy copy of `tree`; raises ValueError naming the first leaf orbax
     could not store."""
@@ -102,11 +109,10 @@ class Checkpointer:
         keep = [ocp.checkpoint_managers.LatestN(n=max_to_keep)]
         if keep_every_s is not None:
             keep.append(FirstPerInterval(keep_every_s))
-        self._mngr = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(keep),
-                enable_async_checkpointing=True, cleanup_tmp_directories=True, create=True))
+        self._options = ocp.CheckpointManagerOptions(
+            preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(keep),
+            enable_async_checkpointing=True, cleanup_tmp_directories=True, create=True)
+        self._mngr = ocp.CheckpointManager(self.directory, options=self._options)
         self._last_saved: int | None = self.latest_step()
         self._starter = ThreadPoolExecutor(1, thread_name_prefix="ckpt-start") if start_in_thread else None
         self._starting: Future | None = None  # the worker's start of the newest save
@@ -147,6 +153,19 @@ class Checkpointer:
         self._started()
         self._mngr.wait_until_finished()
         self._mngr.check_for_errors()
+
+    def recover(self) -> None:
+        """After a failed save (a full disk, an I/O error: `wait` raised it): orbax's manager
+        keeps that error and raises it again at every later save, and its half-written step
+        stays on disk. A new manager on the same folder deletes the half-written step (its
+        `cleanup_tmp_directories`) and saves again; the finalized steps are untouched. The
+        next save's step must still exceed the failed one's (orbax refuses a step it saw)."""
+        self._starting = None
+        try:
+            self._mngr.close()
+        except Exception:  # noqa: BLE001 - the failed save's error, raised once more on the way out
+            pass
+        self._mngr = ocp.CheckpointManager(self.directory, options=self._options)
 
     def saving(self) -> bool:
         if self._starting is not None and not self._starting.done():

@@ -20,7 +20,7 @@ KINDS = frozenset({
     "fault_start", "fault_end", "unit_up", "unit_down", "link_up", "link_down",
     "checkpoint_saved", "checkpoint_restored", "eval", "slices", "blocked", "done", "phase",
     "contribute", "join", "closing", "discard", "reanchor", "corrupt", "starved", "link_buffer", "resources", "auth_refused",
-    "copy", "held", "guard", "commit_audit", "checkpoint_started",
+    "copy", "held", "guard", "commit_audit", "checkpoint_started", "checkpoint_failed",
 })
 
 

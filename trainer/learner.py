@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from diloco_chaos.trainer import auth, shell
-from diloco_chaos.trainer.checkpoint import Checkpointer
+from diloco_chaos.trainer.checkpoint import Checkpointer, why_failed
 from diloco_chaos.trainer.inner import make_inner, opt_state_to_tree, state_digests
 from diloco_chaos.trainer.outbox import outbox_key
 from diloco_chaos.trainer.learner_driver import LearnerDriver, LearnerHost
@@ -215,12 +215,29 @@ class Learner(LearnerHost):
         return self.ckpt.last_saved or 0
 
     def save(self, final: bool = False) -> None:  # orbax: durable when its async write ends
+        """A save of θ, the inner state and the step. A failed save (a full disk, an I/O error:
+        orbax raises it at the next save, wait or close) is never fatal: `checkpoint_failed`
+        names it and this save is tried once more on a fresh manager; a restart then restores
+        the newest save that landed."""
         durable = self.ckpt.latest_step() or 0  # the newest finalized save, before this one starts
         params = self.core.params(self.state)
-        self.ckpt.save(self.step, {"params": jax.tree.map(np.asarray, params),
-                                   "opt": opt_state_to_tree(self.opt_state), "step": np.int64(self.step)})
+        tree = {"params": jax.tree.map(np.asarray, params), "opt": opt_state_to_tree(self.opt_state),
+                "step": np.int64(self.step)}
+        try:
+            self.ckpt.save(self.step, tree)
+        except Exception as e:  # noqa: BLE001 - the previous save's failure, surfacing here
+            self.storage_failed(e)
+            try:
+                self.ckpt.save(self.step, tree)
+            except Exception as e2:  # noqa: BLE001 - this one's own start failed too
+                self.storage_failed(e2, step=self.step)
+                return
         self.ev.emit("checkpoint_saved", step=self.step, durable=durable,
                      digests=state_digests(params, self.opt_state))
+
+    def storage_failed(self, e: Exception, step: int | None = None) -> None:
+        self.ev.emit("checkpoint_failed", step=step, error=why_failed(e))
+        self.ckpt.recover()
 
     def close(self, finished: bool) -> None:
         deadline = time.monotonic() + LEAVE_DRAIN_S  # what was sent reaches the shards first
@@ -229,7 +246,10 @@ class Learner(LearnerHost):
         for link in self.links.values():
             link.close()
         stats = {s: vars(link.stats) for s, link in self.links.items()}
-        self.ckpt.close()
+        try:
+            self.ckpt.close()
+        except Exception as e:  # noqa: BLE001 - the last save did not land: a restart takes an older one
+            self.ev.emit("checkpoint_failed", step=self.ckpt.last_saved, error=why_failed(e))
         self.ev.emit("done", step=self.step, finished=finished, links=stats)
         self.ev.close()
 

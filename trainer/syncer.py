@@ -15,10 +15,10 @@ import sys
 import time
 
 from diloco_chaos.trainer import auth, shell
-from diloco_chaos.trainer.checkpoint import Checkpointer
+from diloco_chaos.trainer.checkpoint import Checkpointer, why_failed
 from diloco_chaos.trainer.outbox import outbox_key
 from diloco_chaos.trainer.protocol import SyncerCore
-from diloco_chaos.trainer.syncer_driver import SyncerDriver
+from diloco_chaos.trainer.syncer_driver import SaveFailed, SyncerDriver
 from diloco_chaos.trainer.tasks import task_for_run
 from diloco_chaos.trainer.flow import BufferLog
 from diloco_chaos.trainer.transport import ShardServer, parse_addr
@@ -92,12 +92,27 @@ class Syncer:
 
     def start_save(self, number: int, snapshot: dict) -> None:
         # saved_at: when Θ was this, for the harness's global evals along the run
-        self.ckpt.save(number, {**shell.to_ckpt(snapshot), "saved_at": time.time()})
+        try:
+            self.ckpt.save(number, {**shell.to_ckpt(snapshot), "saved_at": time.time()})
+        except Exception as e:  # noqa: BLE001 - the storage's refusal (orbax: ValueError, OSError)
+            raise self._failed(e) from None
 
     def save_now(self, number: int, snapshot: dict) -> None:
-        self.ckpt.wait()
+        try:
+            self.ckpt.wait()
+        except Exception as e:  # noqa: BLE001 - the save in flight failed; this one holds newer state
+            self.ev.emit("checkpoint_failed", number=number - 1, error=why_failed(e))
+            self.ckpt.recover()
         self.start_save(number, snapshot)
-        self.ckpt.wait()
+        try:
+            self.ckpt.wait()
+        except Exception as e:  # noqa: BLE001
+            raise self._failed(e) from None
+
+    def _failed(self, e: Exception) -> SaveFailed:
+        """A failed save: orbax's manager is made anew (it keeps the error), the driver told."""
+        self.ckpt.recover()
+        return SaveFailed(why_failed(e))
 
     # --- the loop --------------------------------------------------------------------------
     def run(self) -> int:
@@ -118,15 +133,22 @@ class Syncer:
                 else:
                     d.received(ev.peer, ev.msg, ev.nbytes)
             if d.in_flight is not None and not self.ckpt.saving():
-                self.ckpt.wait()  # raises if the save failed
-                d.saved_landed()
+                try:
+                    self.ckpt.wait()  # raises if the save failed (a full disk, an I/O error)
+                except Exception as e:  # noqa: BLE001 - never fatal: the next save holds its state
+                    d.save_failed(self._failed(e).args[0])
+                else:
+                    d.saved_landed()
             now = time.monotonic()
             self.resources.maybe(now)
             if self.buffer_log.due(now):  # `link_buffer` lines: at most one a second per link
                 for fields in self.buffer_log.lines(now, self.server.buffers()):
                     self.ev.emit("link_buffer", **fields)
-        d.finish()  # SIGTERM: the final state durable before leaving
-        self.ckpt.close()
+        d.finish()  # SIGTERM: the final state durable before leaving (or checkpoint_failed)
+        try:
+            self.ckpt.close()
+        except Exception as e:  # noqa: BLE001 - a failed save's error, raised once more on the way out
+            self.ev.emit("checkpoint_failed", number=d.saved, error=why_failed(e))
         self.server.close()
         self.ev.emit("done", links={p: vars(s) for p, s in self.server.stats.items()}, versions=d.versions())
         self.ev.close()

@@ -15,6 +15,11 @@ stalled every learner's fetch and merge four to five times a second.) Only versi
 that are on disk are reported to the core as durable (`core.durable`): a learner is told
 nothing a crash could take back. On SIGTERM the current state is saved and made
 durable before the process leaves.
+
+A save can fail (a full disk, an I/O error): the host's port raises `SaveFailed`, at the
+start or when the write ends. Never fatal: the shard logs `checkpoint_failed`, nothing of
+that save is reported durable, and its state goes into the next save (after the gap);
+at SIGTERM, what is durable stays the last save that landed.
 """
 from __future__ import annotations
 
@@ -37,6 +42,11 @@ class SyncerPort(Protocol):
 
 SAVE_GAP_S = 0.5    # the least time from one save's start to the next's (a crash loses at most this much more)
 SAVE_TIMER = "save"  # the driver's own timer key: the coalesced save, once the gap is over
+
+
+class SaveFailed(Exception):
+    """The storage refused a save (its host's words for why): raised by a port's
+    start_save / save_now, or passed to `SyncerDriver.save_failed` when a write ends badly."""
 
 
 class SyncerDriver:
@@ -82,12 +92,21 @@ class SyncerDriver:
         self._durable(versions, self.saved)
         self.checkpoint()
 
+    def save_failed(self, why: str) -> None:
+        """The save in flight did not land: nothing of it is durable; its state goes into the
+        next save, started when the save gap allows (never fatal: the shard goes on)."""
+        number, self.in_flight, self.dirty = self.saved, None, True
+        self.port.emit("checkpoint_failed", number=number, error=why)
+        self.checkpoint()
+
     def finish(self) -> None:
-        """SIGTERM: the current state is saved (if it moved on) and made durable."""
+        """SIGTERM: the current state is saved (if it moved on) and made durable; if that
+        save fails, what is durable stays the last save that landed."""
         if self.dirty or self.in_flight is not None:
             self.saved += 1
-            self._start(self.port.save_now)
             self.in_flight, self.dirty = None, False
+            if not self._start(self.port.save_now, final=True):
+                return
         self._durable(dict(self.state.version), self.saved)
 
     def digests(self, state=None) -> dict:
@@ -100,13 +119,21 @@ class SyncerDriver:
         return {"theta": {str(p): digest(t) for p, t in sorted(state.theta.items())},
                 "outer": {str(p): digest(list(o)) for p, o in sorted(state.outer.items())}}
 
-    def _start(self, save) -> None:
+    def _start(self, save, final: bool = False) -> bool:
         """Hands the host a snapshot under the current save number, after a `checkpoint_started`
         line with the digests of what it holds (written before the save, so a restore of a
         save that landed while its shard was killed, before the landing was logged, can still
         be checked against what it wrote)."""
         self.port.emit("checkpoint_started", number=self.saved, versions=self.versions(), digests=self.digests())
-        save(self.saved, self.core.snapshot(self.state))
+        try:
+            save(self.saved, self.core.snapshot(self.state))
+        except SaveFailed as e:
+            if final:
+                self.port.emit("checkpoint_failed", number=self.saved, error=str(e))
+            else:
+                self.save_failed(str(e))
+            return False
+        return True
 
     def _durable(self, versions: dict, number: int) -> None:
         """The core's `durable`, its checkpoint_saved line naming the save and what it holds."""

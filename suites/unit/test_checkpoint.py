@@ -218,3 +218,28 @@ def test_a_process_killed_mid_save_leaves_only_an_ignored_tmp_dir(tmp_path):
             ck.save(2, {"round": 2})  # and the step can be written again
             ck.wait()
             assert ck.restore() == {"round": 2}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root")
+def test_a_save_a_full_disk_refused_is_raised_and_the_checkpointer_saves_again(tmp_path):
+    """The kernel's ENOSPC (a 256 KiB tmpfs) from orbax's background write: `wait` raises
+    it; orbax's manager keeps raising it at every later save, so `recover` makes a new one,
+    which deletes the half-written step; the next save lands and nothing partial restores."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)]).returncode != 0:
+        pytest.skip("mount -t tmpfs failed here")
+    try:
+        ck = Checkpointer(disk / "ck", start_in_thread=True)
+        big = np.random.default_rng(0).random(200_000).astype(np.float32)  # 800 KB, incompressible
+        ck.save(1, {"a": big})
+        with pytest.raises(Exception, match="No space left on device|RESOURCE_EXHAUSTED"):
+            ck.wait()
+        assert ck.steps() == []
+        ck.recover()
+        ck.save(2, {"a": big[:1000]})
+        ck.wait()
+        assert ck.steps() == [2] and np.array_equal(ck.restore()["a"], big[:1000])
+        ck.close()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
