@@ -26,6 +26,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("scenarios", "diloco_chaos.run_cmd:register_scenarios", "list the built-in scenarios"),
     ("faults", "diloco_chaos.check_cmd:register_faults", "list the fault kinds: targets, parameters, defaults"),
     ("replay", "diloco_chaos.run_cmd:register_replay", "run a stored run again: same config, seed and schedule"),
+    ("runs", "diloco_chaos.runs_cmd:register", "the runs kept under runs/, newest first: verdict, goodput, parity, folder"),
     ("demo", "diloco_chaos.run_cmd:register_demo", "run the default scenario (chaos vs data-parallel), print where results are"),
     ("report", "diloco_chaos.report_cmd:register", "render a stored run's HTML report again (like Jepsen's analyze)"),
     ("fleet", "diloco_chaos.fleet_cmd:register", "fleet-scale goodput simulator: Decoupled DiLoCo vs data-parallel"),

@@ -40,7 +40,7 @@ def cmd_init(args) -> int:
     for name, text in files.items():
         (args.dir / name).write_text(text)
     print(f"wrote {', '.join(files)} in {args.dir}/\n"
-          f"next:  cd {args.dir} && pytest                      (the simulator, ~1 min)\n"
+          f"next:  cd {args.dir} && pytest                      (the simulator, ~15 s)\n"
           f"       diloco-chaos check scenario.toml             (the schedule, nothing run)\n"
           f"       pytest --chaos-tier cluster                  (real processes; after `diloco-chaos setup`)")
     return 0

@@ -54,6 +54,7 @@ MARKER = ("chaos(tier=None, baseline=None, fail_on=None): a test that runs fault
           "fixture (added to every test using it); tier= (sim|cluster) is its default tier for chaos.run, "
           "baseline=PATH and fail_on=SPEC its baseline gate in chaos.assert_held")
 _OPTIONS = pytest.StashKey[dict]()
+_RUNS = pytest.StashKey[list]()  # one row per chaos.run of the session, for the terminal summary
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -122,8 +123,9 @@ class Chaos:
     """What the `chaos` fixture hands out."""
 
     def __init__(self, out_dir: Path, *, tier: str | None = None, baseline: Path | str | None = None,
-                 fail_on: str | None = None):
+                 fail_on: str | None = None, record=None):
         self.out_dir = out_dir
+        self.record = record      # called with each run's row (the session's terminal summary)
         self.tier = tier          # chaos.run's default tier (marker, else --chaos-tier; None: sim)
         self.baseline = baseline  # the gate's baseline (marker, else --chaos-baseline; None: no gate)
         self.fail_on = fail_on    # the gate's rules (marker, else --chaos-fail-on; None: gate.DEFAULT_FAIL_ON)
@@ -162,6 +164,11 @@ class Chaos:
         from diloco_chaos.run_cmd import with_baseline
 
         summary = with_baseline(result.summary, s, tier, Path(result.run_dir))  # where one is stored
+        if self.record is not None:
+            from diloco_chaos.runs_cmd import verdict
+
+            self.record({"scenario": s.name, "tier": tier, "verdict": verdict(summary), "goodput": summary.get("goodput"),
+                         "loss_parity": summary.get("loss_parity"), "run_dir": str(result.run_dir)})
         return ChaosResult(Path(result.run_dir), summary, s.name)
 
     def baseline_for(self, result: ChaosResult, baseline: Path | str | None = None) -> Path | None:
@@ -256,6 +263,22 @@ def chaos(tmp_path: Path, request: pytest.FixtureRequest) -> Chaos:
     baseline = kw.get("baseline")
     if baseline is not None:
         baseline = Path(request.config.rootpath, baseline)  # relative to the rootdir
+    runs = request.config.stash.setdefault(_RUNS, [])
     return Chaos(tmp_path / "chaos-runs", tier=kw.get("tier") or opts.get("tier"),
                  baseline=baseline if baseline is not None else opts.get("baseline"),
-                 fail_on=kw.get("fail_on") or opts.get("fail_on"))
+                 fail_on=kw.get("fail_on") or opts.get("fail_on"),
+                 record=lambda row: runs.append({"test": request.node.nodeid, **row}))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """One line per chaos run of the session: its verdict, scenario and tier, goodput, loss
+    parity, its test and its folder (`diloco-chaos report FOLDER` draws its page)."""
+    runs = config.stash.get(_RUNS, [])
+    if not runs:
+        return
+    terminalreporter.section(f"chaos runs ({len(runs)})")
+    for r in runs:
+        goodput = "-" if r["goodput"] is None else f"{100 * r['goodput']:.1f} %"
+        parity = "-" if r["loss_parity"] is None else f"{100 * r['loss_parity']:+.2f} %"
+        terminalreporter.write_line(f"{r['verdict']:7s} {r['scenario']} ({r['tier']}) goodput {goodput}, "
+                                    f"parity {parity}  {r['test']}  {r['run_dir']}")

@@ -524,7 +524,9 @@ def index_page(names: list[str]) -> str:
             "events.md": "the event kinds of events.jsonl",
             "summary-json.md": "the keys of summary.json",
             "scenario-keys.md": "every key a scenario file accepts, with its default",
-            "cli.md": "every command and option, and the exit codes"}
+            "cli.md": "every command and option, and the exit codes",
+            "scenario.schema.json": "a JSON Schema of scenario files, for editors that complete and validate "
+                                    "TOML against one (e.g. `#:schema` in Even Better TOML)"}
     rows = [(f"[{n}]({n})", what.get(n, "")) for n in names]
     return "\n\n".join([
         "# Reference",
@@ -537,7 +539,16 @@ def index_page(names: list[str]) -> str:
 
 
 PAGES = {"fault-kinds.md": fault_kinds_page, "checks.md": checks_page, "events.md": events_page,
-         "summary-json.md": summary_page, "scenario-keys.md": scenario_page, "cli.md": cli_page}
+         "summary-json.md": summary_page, "scenario-keys.md": scenario_page, "cli.md": cli_page,
+         "scenario.schema.json": lambda: schema_page()}
+
+
+def schema_page() -> str:
+    import json
+
+    from diloco_chaos.schema import scenario_schema
+
+    return json.dumps(scenario_schema(), indent=1, ensure_ascii=False) + "\n"
 
 
 def pages() -> dict[str, str]:

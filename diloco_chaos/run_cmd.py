@@ -39,15 +39,17 @@ def _run_options(p, compare: bool = True) -> None:
                    help="run the scenario with the trainer preset NAME (paper, sparse) in place of its own "
                         "[train] preset; keys the scenario sets itself still win")
     if compare:
-        p.add_argument("--compare", choices=["dp"], default=None,
-                       help="also run the same scenario and fault draw under data-parallel")
+        p.add_argument("--compare", choices=["dp", "last"], default=None,
+                       help="dp: also run the same scenario and fault draw under data-parallel; last: show "
+                            "this run beside the scenario's previous run in --out (`diloco-chaos runs`)")
     p.add_argument("--reference", choices=["auto", "none"], default="auto",
                    help="loss parity against the fault-free run of the same scenario (auto: run it once, then reuse)")
     p.add_argument("--tier", choices=["cluster", "sim"], default="cluster",
                    help="cluster: real processes and Toxiproxy (default); sim: the deterministic simulator")
     p.add_argument("--backend", choices=["local", "docker"], default=None,
                    help="override the scenario's cluster.backend (docs/DOCKER.md)")
-    p.add_argument("--no-live", action="store_true", help="no live progress display")
+    p.add_argument("--no-live", "--quiet", dest="no_live", action="store_true",
+                   help="no live progress display (the simulator's progress line on stderr included)")
     p.add_argument("--baseline", default="stored", metavar="stored|none|RUN",
                    help="stored (default): also judge the final loss against the scenario's known-good baseline, "
                         "where one is stored for its config and tier (baseline_parity_max); none: do not; RUN: a "
@@ -164,7 +166,8 @@ def register_replay(sub, help_: str) -> None:
     p.add_argument("--out", default="runs", type=Path, help="parent folder of the replay's run directory (default runs/)")
     p.add_argument("--tier", choices=["cluster", "sim"], default=None,
                    help="where to replay (default: the tier the run was made on)")
-    p.add_argument("--no-live", action="store_true", help="no live progress display")
+    p.add_argument("--no-live", "--quiet", dest="no_live", action="store_true",
+                   help="no live progress display (the simulator's progress line on stderr included)")
     _unknown_option(p)
     p.set_defaults(func=cmd_replay)
 
@@ -385,6 +388,21 @@ class _SimReference:
             self.proc.join(5)
 
 
+def _compare_last(s, out: Path, run_dir: Path) -> None:
+    """This run beside the scenario's previous one in `out` (figures with deltas, checks)."""
+    from diloco_chaos import gate
+    from diloco_chaos.compare_cmd import render as render_compare
+    from diloco_chaos.runs_cmd import previous_run
+
+    prev = previous_run(out, s.name, run_dir)
+    if prev is None:
+        print(f"--compare last: no earlier run of {s.name} in {out} (this one is the first)")
+        return
+    result = gate.compare(gate.load_summary(prev), gate.load_summary(run_dir))
+    print(f"against the previous run of {s.name}: A = {prev}, B = this run")
+    print(render_compare(result, str(prev), str(run_dir)))
+
+
 def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluster", allow_unknown=False,
              baseline="none", record=False, gate_spec=None, emit=lambda summary: None) -> int:
     from diloco_chaos.harness.judging.report_text import print_summary
@@ -422,6 +440,8 @@ def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluste
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     render(run_dir)  # with the DP run beside it, if there is one
     print_summary(summary)
+    if compare == "last":
+        _compare_last(s, out, run_dir)
     print(f"results: {run_dir}  (events.jsonl, summary.json)")
     report = run_dir / "report.html"
     print(f"report: {report}" if report.exists() else f"report: not written, see {run_dir / 'report_error.txt'}")

@@ -49,8 +49,8 @@ def load_factory(spec: str) -> Callable[..., Any]:
         mod = _import(module)
     except Exception as e:  # ModuleNotFoundError, or the module's own error while importing
         raise PluginError(f"cannot import {module!r} ({type(e).__name__}: {_first_line(e)}); "
-                          f"valid: a module in the directory the run starts from, on PYTHONPATH "
-                          f"or installed") from None
+                          f"valid: a module beside the scenario file, in the directory the run starts "
+                          f"from, on PYTHONPATH or installed") from None
     factory = getattr(mod, attr, None)
     if factory is None:
         raise PluginError(f"module {module!r} has no attribute {attr!r}")
@@ -59,10 +59,29 @@ def load_factory(spec: str) -> Callable[..., Any]:
     return factory
 
 
+SEARCH_ENV = "DILOCO_CHAOS_TASK_PATH"  # folders searched first: a scenario file's own (its loader sets it)
+
+
+def search_first(folder) -> None:
+    """Makes `folder` (a scenario file's) the first place a plug-in task is looked for, in
+    this process and every process it starts (the environment carries it)."""
+    folder = os.path.abspath(folder)
+    rest = [f for f in os.environ.get(SEARCH_ENV, "").split(os.pathsep) if f and f != folder]
+    os.environ[SEARCH_ENV] = os.pathsep.join([folder, *rest])
+
+
 def _import(module: str):
-    """The module, also from the working directory, as uvicorn and pytest find an app or a
-    test module: the harness and every process it starts share that directory, whether it
-    was started as `python -m` (cwd on sys.path) or as the `diloco-chaos` script (not)."""
+    """The module: first from the folders of DILOCO_CHAOS_TASK_PATH (the scenario file's
+    folder: "my_task.py beside this file"), then as Python finds it, then from the working
+    directory, as uvicorn and pytest find an app or a test module: the harness and every
+    process it starts share that directory, whether it was started as `python -m` (cwd on
+    sys.path) or as the `diloco-chaos` script (not)."""
+    root = module.split(".")[0]
+    for folder in filter(None, os.environ.get(SEARCH_ENV, "").split(os.pathsep)):
+        if os.path.isfile(os.path.join(folder, root + ".py")) or os.path.isdir(os.path.join(folder, root)):
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+            return importlib.import_module(module)
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:

@@ -31,6 +31,7 @@ from typing import Protocol
 
 from diloco_chaos.trainer.auth import SECRET_ENV, new_secret
 from diloco_chaos.trainer.shell import default_compile_cache
+from diloco_chaos.harness.backends.small_disks import SmallDisks
 from diloco_chaos.harness.backends.toxiproxy_client import ToxiproxyClient
 from diloco_chaos.harness.links import LinkProfile
 from diloco_chaos.harness.backends.toxiproxy_server import ToxiproxyServer, free_port
@@ -103,6 +104,8 @@ class LocalCluster:
     listen: str = "127.0.0.1"  # where the link proxies and the syncer shards listen
     spares: tuple[str, ...] = ()  # roles ("learner", "syncer") that keep warm spares for restarts
     spare_pool: int = 2  # how many each such role keeps (on docker: on each engine)
+    small_disks: tuple[str, ...] = ()  # units whose checkpoint folder is a filesystem of its own (disk_full)
+    _disks: SmallDisks | None = field(default=None, repr=False)
     units: Units = field(default_factory=lambda: _processes())
     toxiproxy: ToxiproxyServer | None = None
     client: ToxiproxyClient | None = None
@@ -128,6 +131,8 @@ class LocalCluster:
     # lifecycle -------------------------------------------------------------
     def start(self, *, start_learners: bool = True) -> "LocalCluster":
         try:
+            self._disks = SmallDisks(self.run_dir, self.small_disks)
+            self._disks.mount()  # before any unit opens its checkpoint folder
             self.units.prepare(self)
             self._start(start_learners)
         except BaseException:
@@ -202,6 +207,8 @@ class LocalCluster:
             if self.toxiproxy is not None:
                 self.toxiproxy.stop()
                 self.toxiproxy = None
+            if self._disks is not None:
+                self._disks.unmount()  # the checkpoints stay, the mounts go
 
     def __enter__(self) -> "LocalCluster":
         return self.start()
@@ -259,6 +266,10 @@ class LocalCluster:
     def set_corrupt(self, learner: str, spec: dict | None) -> None:
         """corrupt: the learner corrupts its outgoing contributions as `spec` says (None: stops)."""
         self._control(learner, corrupt=spec)
+
+    def set_disk_full(self, shard: str, full: bool) -> None:
+        """disk_full: the shard's own small disk filled to its last byte (True) or emptied."""
+        (self._disks.fill if full else self._disks.free)(shard)
 
     def _control(self, learner: str, **fields) -> None:
         """A control message: the learner's whole control state, on its stdin (the learner

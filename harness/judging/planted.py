@@ -115,6 +115,14 @@ CATALOGUE: dict[str, Planted] = {
         "[restore_stale_outer]",
         "suites/cluster/test_restore_audit_cluster.py::"
         "test_a_shard_that_restores_a_stale_momentum_is_seen_on_real_processes"),
+    "durable_on_failure": Planted(
+        "syncer driver (trainer/syncer_driver.py)",
+        "a save the storage refused (a full disk) is taken for one that landed: its versions reported durable",
+        "durable_rounds_kept", "the shard's own lines: the versions its checkpoint_saved lines made durable "
+        "against what its restart restored (and restores_faithful: the restore older than the newest save it "
+        "said landed); the disk filled by the harness (disk_full)",
+        "suites/properties/test_storage.py::test_a_failed_save_taken_for_a_landed_one_is_caught",
+        "suites/cluster/test_full_disk.py::test_disk_full_then_a_crash_on_real_processes[durable_on_failure]"),
     "restore_mixed": Planted(
         "syncer host (trainer/syncer.py, harness/sim/syncer.py)",
         "a restarted shard reads Θ from its oldest kept checkpoint and everything else (versions too) from the "
@@ -170,7 +178,7 @@ PROOFS: dict[str, tuple[Proof, ...]] = {
     "versions_monotonic": (_main("shared_version"),),
     "no_nan": (Proof("trust_payloads", f"{SIM_FILE}test_a_merged_nan_is_seen_by_no_nan",
                      f"{RESTART_DIES}[rejoin_reads_in_flight,trust_payloads]"),),
-    "durable_rounds_kept": (_main("restore_oldest"),),
+    "durable_rounds_kept": (_main("restore_oldest"), _main("durable_on_failure")),
     "no_global_downtime": (_main("rejoin_out_of_phase"),),
     "global_loss_regression": (
         Proof("trust_payloads", f"{SIM_FILE}test_a_merged_corruption_is_seen_by_loss_parity_and_global_loss_regression",
@@ -200,7 +208,8 @@ PROOFS: dict[str, tuple[Proof, ...]] = {
     "commits_audited": (_main("drop_last_delta"),),
     "copies_consistent": (_main("held_as_exact"),),
     "guard_decisions": (_main("guard_ignores_steps"),),
-    "restores_faithful": (_main("restore_mixed"), _main("restore_stale_outer"), _main("restore_oldest")),
+    "restores_faithful": (_main("restore_mixed"), _main("restore_stale_outer"), _main("restore_oldest"),
+                          _main("durable_on_failure")),
     "membership_follows_links": (_main("sticky_membership"),),
     "starved_learners_reanchor": (_main("roundopen_heard"),),
 }

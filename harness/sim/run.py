@@ -27,10 +27,11 @@ from diloco_chaos.harness import eventlog, listeners
 from diloco_chaos.harness.judging.losses import final_eval_event
 from diloco_chaos.harness.run.control import make_topology
 from diloco_chaos.harness.run.injector import Injector
-from diloco_chaos.harness.run.loop import MAX_STEPS_FACTOR, Budget, log_header, training_start, walk
+from diloco_chaos.harness.run.loop import MAX_STEPS_FACTOR, Budget, log_header, run_end_s, token_budget, training_start, walk
 from diloco_chaos.harness.run.result import RunResult, summarize, unique_dir
 from diloco_chaos.harness.scenarios.scenario import Scenario, scenario_from_dict
 from diloco_chaos.harness.scenarios.scenario_toml import scenario_to_toml
+from diloco_chaos.harness.sim.progress import SimProgress
 from diloco_chaos.harness.sim.world import SimParams, World
 from diloco_chaos.trainer.config import RunConfig
 from diloco_chaos.trainer.events import _plain
@@ -156,15 +157,23 @@ def launch(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), re
 
 
 def simulate(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), replay: str | None = None,
-             probe=None) -> SimRun:
+             probe=None, progress: bool = False) -> SimRun:
     """Runs `s` in virtual time through the run loop both tiers share (harness/run/loop.py:
-    time zero, the fault timeline, the token budget), then teardown, SIGTERM, the global eval."""
+    time zero, the fault timeline, the token budget), then teardown, SIGTERM, the global eval.
+    `progress`: a progress line on stderr (harness/sim/progress.py; the log is the same)."""
     world, injector, header = launch(s, params=params, bugs=bugs, replay=replay, probe=probe)
     n = len(world.topology["learners"])
     budget, clock = Budget(world.cfg, world, injector, lambda: world.tokens), _VirtualClock(world.clock)
     header["t_start"] = t0 = training_start(clock, lambda: len(world.first_step) == n)
     along = _snapshot_evals(world, t0, s.train.duration_s)
-    walk(s.schedule(), clock, injector, budget, t0, s.train)
+    shown = SimProgress(world, injector, s.name, run_end_s(s.train), token_budget(world.cfg)) if progress else None
+    if shown is not None:
+        shown.start(t0)
+    try:
+        walk(s.schedule(), clock, injector, budget, t0, s.train)
+    finally:
+        if shown is not None:
+            shown.stop()
     along["on"] = False
     return finish(s, world, injector, header)
 
@@ -253,13 +262,14 @@ def run_sim(s: Scenario, out: Path, run_dir: Path | None = None, *, label: str |
             reference=None, expect: bool = True, params: SimParams = SimParams(),
             bugs=frozenset()) -> RunResult:
     """The sim tier's `run_scenario` (same keywords, same files: run_dir/events.jsonl,
-    scenario.toml, summary.json; the CLI renders report.html). `live` is accepted and ignored; planted bugs
+    scenario.toml, summary.json; the CLI renders report.html). `live`: a progress line on stderr; planted bugs
     come from `bugs`, else from DILOCO_CHAOS_BUGS as on processes. `reference`: the fault-free
     run's folder, or a callable giving it once this run is simulated (one made beside it)."""
     from diloco_chaos.trainer.shell import planted_bugs
 
     run_dir = run_dir or unique_dir(Path(out), label or s.name)
-    run = simulate(s, params=params, bugs=frozenset(bugs) or planted_bugs(), replay=f"diloco-chaos replay {shlex.quote(str(run_dir))}")
+    run = simulate(s, params=params, bugs=frozenset(bugs) or planted_bugs(),
+                   replay=f"diloco-chaos replay {shlex.quote(str(run_dir))}", progress=live)
     run.write(run_dir)
     summary = summarize(run_dir, s, reference() if callable(reference) else reference, expect=expect)
     return RunResult(run_dir, summary)

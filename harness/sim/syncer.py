@@ -9,7 +9,9 @@ from the last durable snapshot, or from Θ0 if it never saved.
 from __future__ import annotations
 
 from diloco_chaos.trainer.protocol import SyncerCore
-from diloco_chaos.trainer.syncer_driver import SyncerDriver
+from diloco_chaos.trainer.syncer_driver import SaveFailed, SyncerDriver
+
+NO_SPACE = "OSError: [Errno 28] No space left on device (simulated disk_full)"
 from diloco_chaos.trainer.transport import LinkStats
 from diloco_chaos.trainer.wiring import MATH_BUGS, syncer_config, syncer_math
 
@@ -78,6 +80,9 @@ class SyncerProc:
     def _saved(self, snap) -> None:
         if not self.alive:
             return  # the save died with the process
+        if self.unit.disk_full:  # the write found no space (disk_full): orbax raises it when it ends
+            self.driver.save_failed(NO_SPACE)
+            return
         self.unit.durable = snap
         self.unit.oldest = self.unit.oldest or snap  # the first save: what a real shard keeps longest
         self.driver.saved_landed()
@@ -104,6 +109,8 @@ class SyncerProc:
         self.world.clock.at(self.world.now + self.world.params.ckpt_save_s, self._saved, (snapshot, number))
 
     def save_now(self, number: int, snapshot: dict) -> None:
+        if self.unit.disk_full:
+            raise SaveFailed(NO_SPACE)
         self.unit.saved = number
         self.unit.durable = (snapshot, number)
         self.unit.oldest = self.unit.oldest or self.unit.durable
@@ -141,6 +148,7 @@ class SimSyncer:
         self.durable = None
         self.oldest = None  # the first durable snapshot (planted restore_oldest restores it)
         self.saved = 0
+        self.disk_full = False  # disk_full: every save fails while it lasts
 
     def spawn(self, startup_s: float | None = None) -> None:
         self.incarnation += 1
@@ -154,7 +162,7 @@ class SimSyncer:
     def theta(self) -> dict | None:
         """p -> Θ[p] as the end of the run leaves it on disk: the live state (a shard
         that is stopped saves it) or the last durable snapshot."""
-        if self.proc is not None and self.proc.listening:
+        if self.proc is not None and self.proc.listening and not self.disk_full:
             return dict(self.proc.state.theta)
         if self.durable is None:
             return None

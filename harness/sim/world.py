@@ -204,7 +204,8 @@ class World:
         how = {"slow_unit": "step time / speed", "pause_unit": "process frozen",
                "kill_unit": "process gone; a new one after down_for",
                "kill_syncer": "process gone; a new one restores the checkpoint",
-               "corrupt": "the learner corrupts its outgoing contributions"}
+               "corrupt": "the learner corrupts its outgoing contributions",
+               "disk_full": "the shard's saves fail (ENOSPC) while it lasts"}
         return "simulated: " + mechanism_words({**LOCAL_MECHANISMS, **how}, kind)
 
     def set_speed(self, name: str, speed: float, period_s: float = 0.1) -> None:
@@ -214,6 +215,10 @@ class World:
 
     def set_live_slices(self, learner: str, live: int) -> None:
         self.learners[learner].set_control(live)
+
+    def set_disk_full(self, shard: str, full: bool) -> None:
+        """disk_full: the shard's saves fail while it lasts (it outlives a restart, as a disk does)."""
+        self.syncers[shard].disk_full = full
 
     def set_corrupt(self, learner: str, spec: dict | None) -> None:
         """corrupt: as the control file on processes, it outlives a restart of the unit."""

@@ -12,11 +12,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from diloco_chaos.harness import eventlog
+from diloco_chaos.harness.backends import runner
 from diloco_chaos.harness.backends.cluster import LocalCluster
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
+from diloco_chaos.trainer.shell import BUGS_ENV
 from diloco_chaos.harness.judging import checks
 from diloco_chaos.trainer.config import DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig
 from suites.cluster.unit_logs import events, wait_for
@@ -32,6 +36,7 @@ def _mount_tmpfs(path, size: str) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.nightly  # the disk_full runs below cover it in CI, through the fault kind and the verdict
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root")
 def test_a_shard_whose_disk_is_full_keeps_committing_and_saves_again_once_freed(tmp_path):
     cfg = RunConfig(name="full-disk", seed=4, steps=STEPS,
@@ -82,3 +87,40 @@ def test_a_shard_whose_disk_is_full_keeps_committing_and_saves_again_once_freed(
     # and the verdict's safety checks hold over the run (restores, commits, copies, ...)
     bad = [r.to_dict() for r in checks.safety_checks(log) if r.valid is False]
     assert not bad, bad
+
+
+STORAGE = {  # syncer-crash, shortened, with syncer-0's disk full before and during its crash
+    "name": "disk-full-then-crash", "seed": 6,
+    "cluster": {"learners": 3, "shards": 2},
+    "train": {"task": "markov", "steps": 320, "duration": "40s"},
+    "faults": [{"kind": "disk_full", "target": "syncer-0", "at": "4s", "duration": "4s"},
+               {"kind": "kill_syncer", "target": "syncer-0", "at": "7s", "down_for": "2s"}],
+}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="disk_full mounts a small filesystem: root only")
+@pytest.mark.parametrize("bugs", ["", "durable_on_failure"])
+def test_disk_full_then_a_crash_on_real_processes(bugs, tmp_path, monkeypatch):
+    """The `disk_full` fault through the runner: syncer-0's checkpoint folder a 64 MiB tmpfs
+    of its own, filled to its last byte at 4 s, emptied at 8 s; syncer-0 killed at 7 s (on the
+    full disk). Without a bug every check holds: its failed saves were not reported durable
+    and it restarts from the last save that landed. With `durable_on_failure` (a failed save
+    taken for a landed one) durable_rounds_kept and restores_faithful fail. The mount is gone
+    afterwards and the checkpoints are back in the run folder."""
+    monkeypatch.setenv(BUGS_ENV, bugs)
+    result = runner.run_scenario(scenario_from_dict(STORAGE), tmp_path, live=False)
+    folder = result.run_dir / "ckpt" / "syncer-0"
+    mounts = Path("/proc/mounts").read_text()
+    assert str(folder) not in mounts and any(p.name.isdigit() for p in folder.iterdir())
+    log = eventlog.read(result.run_dir)
+    failed = [e for e in log.of("checkpoint_failed") if e["src"] == "syncer-0"]
+    if not bugs:  # (the bug takes each failure for a landing: no such line)
+        assert failed and all("No space left" in e["error"] or "RESOURCE_EXHAUSTED" in e["error"] for e in failed)
+    by = {c["name"]: c for c in result.summary["checks"]}
+    assert result.summary["faults_applied"] == 2, result.summary
+    if not bugs:
+        bad = {n: c for n, c in by.items() if c["valid"] is False}
+        assert not bad, bad
+    else:
+        assert by["durable_rounds_kept"]["valid"] is False, by["durable_rounds_kept"]
+        assert by["restores_faithful"]["valid"] is False, by["restores_faithful"]

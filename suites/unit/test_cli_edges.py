@@ -37,3 +37,27 @@ def test_a_bare_allow_unknown_before_the_scenario_is_a_flag_not_a_check_list():
     assert (a.scenario, a.allow_unknown) == ("unit-loss", ("loss_parity_max", "faults_applied"))
     a = parsed("run", "unit-loss", "--allow-unknown")
     assert (a.scenario, a.allow_unknown) == ("unit-loss", True)
+
+
+def test_a_plugin_task_is_found_beside_its_scenario_file_and_a_missing_one_is_one_error(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """`init`'s scenario says "my_task.py beside this file": `check` (and `run`) find it from
+    any working directory; without it, one error for the import, not a second one naming an
+    internal class and a task the user never wrote (the [task] table read as the default's)."""
+    from diloco_chaos.cli import main
+    from diloco_chaos.trainer.plugins import SEARCH_ENV
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.delenv(SEARCH_ENV, raising=False)
+    assert main(["init", str(project)]) == 0
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["check", str(project / "scenario.toml")]) == 0
+    (project / "my_task.py").rename(project / "their_task.py")
+    monkeypatch.delitem(sys.modules, "my_task", raising=False)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(project)])
+    assert main(["check", str(project / "scenario.toml")]) == 2  # bad input
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "1 error in 1 file" in text and "cannot import 'my_task'" in text and "TaskConfig" not in text, text

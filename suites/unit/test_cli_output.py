@@ -97,6 +97,9 @@ def test_init_writes_a_folder_that_runs_green_and_never_overwrites(tmp_path, cap
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=d,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    # the plugin's terminal line: one per chaos run, its verdict, figures, test and folder
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("PASS    my-first-scenario (sim) goodput"))
+    assert "parity" in line and "test_chaos.py::" in line and "chaos-runs" in line, line
     (d / "scenario.toml").write_text("# mine\n")
     assert main(["init", str(d)]) == 2
     assert "already there; nothing written" in capsys.readouterr().err

@@ -1,0 +1,80 @@
+"""Small disks: each named unit's checkpoint folder on a filesystem of its own (a tmpfs the
+harness mounts; root only), so that a `disk_full` fault fills it for real: the kernel
+answers the unit's writes with ENOSPC, inside orbax's background write too, and nothing in
+the unit is told or changed. `fill` takes the free space with one preallocated file,
+`free` deletes it. At the end the folder's contents are copied out, the filesystem
+unmounted and the contents put back, so the run's checkpoints stay for the harness's global
+eval and the report (and nothing stays mounted, after a failure or Ctrl-C too)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from diloco_chaos.harness.errors import UserError
+
+FILLER = ".disk-full"  # the file that takes a full disk's free space
+SIZE = "64m"           # room for a shard's kept checkpoints of the built-in tasks, many times over
+
+
+class SmallDiskError(UserError):
+    """A small disk could not be made (not root, no tmpfs): what, where, what would do."""
+
+
+class SmallDisks:
+    def __init__(self, run_dir: Path, units: tuple[str, ...], size: str = SIZE):
+        self.run_dir, self.units, self.size = Path(run_dir), tuple(units), size
+        self.mounted: list[str] = []
+
+    def folder(self, unit: str) -> Path:
+        return self.run_dir / "ckpt" / unit
+
+    def mount(self) -> None:
+        for unit in self.units:
+            path = self.folder(unit)
+            path.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() != 0:
+                raise SmallDiskError(f"disk_full on {unit}: its checkpoint folder must be a filesystem of its own "
+                                     f"(a tmpfs mounted on {path}), and mounting needs root; run as root, or "
+                                     f"leave disk_full out of the scenario")
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size},mode=0755", "tmpfs", str(path)],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SmallDiskError(f"disk_full on {unit}: `mount -t tmpfs` on {path} failed: "
+                                     f"{(r.stderr or r.stdout).strip()}")
+            self.mounted.append(unit)
+
+    def fill(self, unit: str) -> None:
+        """The disk full to its last byte: one file preallocated over its free space."""
+        path = self.folder(unit)
+        if unit not in self.mounted:
+            raise SmallDiskError(f"disk_full on {unit}: its checkpoint folder {path} is not a small disk of its own "
+                                 f"(the runner mounts one for each disk_full target)")
+        st = os.statvfs(path)
+        fd = os.open(path / FILLER, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            free = st.f_bavail * st.f_frsize
+            if free:
+                os.posix_fallocate(fd, 0, free)
+        except OSError:  # a save landed between statvfs and here: what is left stays taken
+            pass
+        finally:
+            os.close(fd)
+
+    def free(self, unit: str) -> None:
+        (self.folder(unit) / FILLER).unlink(missing_ok=True)
+
+    def unmount(self) -> None:
+        """Every mounted disk's checkpoints copied out, unmounted, put back; safe to call twice."""
+        for unit in list(self.mounted):
+            path = self.folder(unit)
+            keep = path.with_name(f".{unit}-kept")
+            try:
+                self.free(unit)
+                shutil.copytree(path, keep, dirs_exist_ok=True)
+            finally:
+                subprocess.run(["umount", "-l", str(path)], capture_output=True)
+                self.mounted.remove(unit)
+            shutil.copytree(keep, path, dirs_exist_ok=True)
+            shutil.rmtree(keep, ignore_errors=True)
