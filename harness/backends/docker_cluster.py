@@ -133,8 +133,10 @@ class Containers:
             else:
                 self.images[url] = self.image
         self._image_ref = self._image_ref or next(iter(self.images.values()))
-        # read-write: the run directory and the shared XLA compilation cache
-        self._mounts = [*self._mounts, (str(cluster.run_dir), False), (str(JAX_CACHE.resolve()), False)]
+        # read-write: the run directory and the shared XLA compilation cache; a disk_full target's
+        # small disk too (a bind of the run directory does not carry the tmpfs mounted inside it)
+        disks = [(str(cluster.run_dir / "ckpt" / unit), False) for unit in cluster.small_disks]
+        self._mounts = [*self._mounts, (str(cluster.run_dir), False), (str(JAX_CACHE.resolve()), False), *disks]
 
     def backend_info(self, cluster: LocalCluster) -> dict:
         for shard in cluster.topology["shards"]:

@@ -1,0 +1,30 @@
+"""disk_full on containers: the shard's checkpoint folder is the host's small tmpfs, bind
+mounted into its container with the run folder (mounted before the container starts, so
+the bind carries it); the host fills it and the kernel answers the container's writes with
+ENOSPC. The run of suites/cluster/test_full_disk.py, its no-bug case, on the docker backend."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from diloco_chaos.harness import eventlog
+from diloco_chaos.harness.backends import runner
+from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
+from suites.cluster.test_full_disk import STORAGE
+
+pytestmark = [pytest.mark.docker, pytest.mark.cluster]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="disk_full mounts a small filesystem: root only")
+def test_disk_full_then_a_crash_in_containers(tmp_path):
+    s = scenario_from_dict({**STORAGE, "cluster": {**STORAGE["cluster"], "backend": "docker"}})
+    result = runner.run_scenario(s, tmp_path, live=False)
+    log = eventlog.read(result.run_dir)
+    failed = [e for e in log.of("checkpoint_failed") if e["src"] == "syncer-0"]
+    assert failed and all("No space left" in e["error"] or "RESOURCE_EXHAUSTED" in e["error"] for e in failed)
+    assert result.summary["faults_applied"] == 2, result.summary
+    bad = {c["name"]: c for c in result.summary["checks"] if c["valid"] is False}
+    assert not bad, bad
+    assert str(result.run_dir) not in Path("/proc/mounts").read_text()
