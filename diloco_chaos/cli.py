@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    from diloco_chaos.trainer.plugins import SEARCH_ENV
+    search = os.environ.get(SEARCH_ENV)  # a command may name a scenario file's folder for its units
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     previous_hook = sys.unraisablehook
@@ -144,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         if main_thread and previous is not None:
             signal.signal(signal.SIGTERM, previous)
         sys.unraisablehook = previous_hook
+        if search is None:  # as it was: a caller in the same process (a test) sees no change
+            os.environ.pop(SEARCH_ENV, None)
+        else:
+            os.environ[SEARCH_ENV] = search
 
 
 if __name__ == "__main__":

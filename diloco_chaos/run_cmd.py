@@ -173,9 +173,10 @@ def register_replay(sub, help_: str) -> None:
 
 
 def _load(name_or_path: str, seed: int | None):
-    from diloco_chaos.harness.scenarios.scenario import ScenarioError, load_scenario
+    from diloco_chaos.harness.scenarios.scenario import ScenarioError, load_scenario, locate, plugins_beside
 
     try:
+        plugins_beside(locate(name_or_path)[0])
         s = load_scenario(name_or_path)
         return s if seed is None else dataclasses.replace(s, seed=seed)
     except (ScenarioError, ValueError, FileNotFoundError) as e:

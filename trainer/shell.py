@@ -107,6 +107,7 @@ def use_compile_cache() -> str | None:
             return None
     except OSError:
         return None
+    _stamp_entries(where)
     settings = {"jax_compilation_cache_dir": where, **_CACHE_SETTINGS}
     for key, value in settings.items():
         os.environ.setdefault(key.upper(), value)
@@ -118,6 +119,24 @@ def use_compile_cache() -> str | None:
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
             jax.config.update("jax_compilation_cache_max_size", 2 << 30)
     return where
+
+
+def _stamp_entries(where: str) -> None:
+    """With its size cap on, JAX reads every entry's `-atime` file before each write, and an
+    entry written with the cap off (the units' cache before it had one) has none: every
+    write then failed with a warning. Such entries get one, dated now."""
+    try:
+        names = set(os.listdir(where))
+    except OSError:
+        return
+    stamp = time.time_ns().to_bytes(8, "little")
+    for name in names:
+        if name.endswith("-cache") and name[:-len("-cache")] + "-atime" not in names:
+            try:
+                with open(os.path.join(where, name[:-len("-cache")] + "-atime"), "xb") as f:
+                    f.write(stamp)
+            except OSError:  # another process stamped it first, or the folder is not ours to write
+                pass
 
 
 def warm(key: str, make):

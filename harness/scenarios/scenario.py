@@ -296,13 +296,14 @@ def _read_faults(entries: Any, source: str) -> tuple[list[Fault], list[dict]]:
 def load_scenario(path_or_name: str | Path) -> Scenario:
     """Reads a scenario file; a bare name (no '/', no '.toml') is a built-in."""
     path, source = locate(path_or_name)
-    plugins_beside(path)
     return scenario_from_dict(read_toml(path, source), source)
 
 
 def plugins_beside(path: Path) -> None:
     """A scenario file's plug-in task ("my_task.py beside this file") is looked for in its
-    folder first, by this process and every unit it starts (trainer/plugins.py)."""
+    folder first, by this process and every unit it starts (trainer/plugins.py). The CLI
+    calls it for the file it was given (and restores the environment when the command
+    ends); the library's `load_scenario` changes no process state."""
     if Path(path).parent.resolve() != SCENARIOS_DIR.resolve():
         from diloco_chaos.trainer.plugins import search_first
         search_first(Path(path).parent)

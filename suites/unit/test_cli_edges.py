@@ -43,21 +43,46 @@ def test_a_plugin_task_is_found_beside_its_scenario_file_and_a_missing_one_is_on
                                                                                           capsys):
     """`init`'s scenario says "my_task.py beside this file": `check` (and `run`) find it from
     any working directory; without it, one error for the import, not a second one naming an
-    internal class and a task the user never wrote (the [task] table read as the default's)."""
+    internal class and a task the user never wrote (the [task] table read as the default's).
+    The command leaves the environment as it found it (a test in the same process)."""
     from diloco_chaos.cli import main
     from diloco_chaos.trainer.plugins import SEARCH_ENV
 
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.delenv(SEARCH_ENV, raising=False)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the import's folder goes into this copy
     assert main(["init", str(project)]) == 0
     monkeypatch.chdir(elsewhere)
     capsys.readouterr()
-    assert main(["check", str(project / "scenario.toml")]) == 0
-    (project / "my_task.py").rename(project / "their_task.py")
-    monkeypatch.delitem(sys.modules, "my_task", raising=False)
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(project)])
-    assert main(["check", str(project / "scenario.toml")]) == 2  # bad input
+    try:
+        assert main(["check", str(project / "scenario.toml")]) == 0
+        assert SEARCH_ENV not in __import__("os").environ
+        (project / "my_task.py").rename(project / "their_task.py")
+        sys.modules.pop("my_task", None)
+        sys.path[:] = [p for p in sys.path if p != str(project)]
+        assert main(["check", str(project / "scenario.toml")]) == 2  # bad input
+    finally:
+        sys.modules.pop("my_task", None)
     out = capsys.readouterr()
     text = out.out + out.err
     assert "1 error in 1 file" in text and "cannot import 'my_task'" in text and "TaskConfig" not in text, text
+
+
+def test_a_compile_cache_written_without_the_size_cap_is_stamped_for_it(tmp_path, monkeypatch):
+    """Entries the units wrote before the cache had its cap (no `-atime` file) made every
+    later write fail once JAX's eviction read them: they are stamped when the cache is set up."""
+    from diloco_chaos.trainer import shell
+
+    cache = tmp_path / "jax"
+    cache.mkdir()
+    (cache / "jit_step-abc-cache").write_bytes(b"x")
+    (cache / "jit_eval-def-cache").write_bytes(b"y")
+    (cache / "jit_eval-def-atime").write_bytes((7).to_bytes(8, "little"))
+    monkeypatch.setenv(shell.COMPILE_CACHE_ENV, str(cache))
+    for key in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                "JAX_COMPILATION_CACHE_MAX_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    assert shell.use_compile_cache() == str(cache)
+    assert (cache / "jit_step-abc-atime").is_file()
+    assert (cache / "jit_eval-def-atime").read_bytes() == (7).to_bytes(8, "little")  # left as it was
