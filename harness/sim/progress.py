@@ -2,7 +2,7 @@
 time, steps, commits, the faults active now and an ETA. On a terminal one line redrawn in
 place about once a second; elsewhere (a CI log) one line per 10 % of the run. It reads the
 world's event list (only what was appended since its last look) and writes nothing to the
-log: the run's events are the same bytes with it on or off (suites/unit/test_sim.py)."""
+log: the run's events are the same bytes with it on or off (suites/unit/test_sim_progress.py)."""
 from __future__ import annotations
 
 import sys
