@@ -29,6 +29,7 @@ from diloco_chaos.trainer.learner_loop import POLL_S, Compute, Idle, Spent, lear
 from diloco_chaos.trainer.protocol import LearnerCore
 from diloco_chaos.trainer.protocol_base import DP_MODES
 from diloco_chaos.trainer.sdc import Corrupter
+from diloco_chaos.trainer.tally import step_tally
 from diloco_chaos.trainer.tasks import task_for_run
 from diloco_chaos.trainer.flow import BufferLog
 from diloco_chaos.trainer.shard_link import ShardLink
@@ -73,11 +74,12 @@ class Learner(LearnerHost):
             self.step = int(restored["step"])
             self.ev.emit("checkpoint_restored", step=self.step, digests=state_digests(params, self.opt_state))
         bugs = self.bugs = frozenset(b for b in args.bugs.split(",") if b)
-        core = LearnerCore(learner_config(self.cfg, topo, self.name, self.incarnation, bugs),
-                           learner_math(self.cfg, self.frag))
+        lmath = learner_math(self.cfg, self.frag)
+        core = LearnerCore(learner_config(self.cfg, topo, self.name, self.incarnation, bugs), lmath)
+        tally = step_tally(self.cfg, lmath)  # what its inner steps did (trainer/tally.py)
         self.driver = LearnerDriver(core, core.init(params), self,
                                     Corrupter(self.cfg.seed, self.index, self.incarnation),  # the `corrupt` fault
-                                    self.cfg.diloco.slices)
+                                    self.cfg.diloco.slices, tally)
         self.control_mtime, self.control_live, self.corrupt = 0.0, None, None
         if shell.control_on_stdin():  # the harness's control messages
             shell.follow_control(self.run_dir, self.name)

@@ -301,7 +301,10 @@ class LearnerCore(LearnerDP, LearnerClose):
         if self.config.keep_local and not overwrite:
             # the progress made since p was last contributed (or last taken) is in no Δ yet:
             # it moves onto the new Θ[p] instead of being overwritten
-            ref = state.base[p] if state.sent_from[p] is None else state.sent_from[p]
+            # (planted `keep_sent_progress`: a fetch's keep measured from base[p], so what went out
+            # in the last Δ is kept again and goes out twice)
+            again = fetch and "keep_sent_progress" in self.config.bugs
+            ref = state.base[p] if state.sent_from[p] is None or again else state.sent_from[p]
             if self.math.rebase is not None:
                 params = self.math.rebase(state.params, p, glob, ref)
             else:
@@ -321,8 +324,11 @@ class LearnerCore(LearnerDP, LearnerClose):
         if fetch:
             state = replace(state, skipped=state.skipped - {p})
         logs = sent
-        reset = overwrite and "count_discarded" not in self.config.bugs  # the bug: the next Δ claims them
-        if reset or (p in state.skipped and not self.config.keep_local):  # local progress overwritten: count afresh
+        # the local progress is overwritten: a fetch not kept, a stale cut, or (without keep_local)
+        # every take, whose next Δ is measured from Θ[p] (found by deltas_reexecuted: the next Δ
+        # claimed the steps between the send and the take, which it no longer held)
+        reset = (overwrite or not self.config.keep_local) and "count_discarded" not in self.config.bugs
+        if reset:  # count afresh (the bug: the next Δ claims them)
             if state.c_tokens[p]:  # the token-fate ledger's "superseded" (harness/judging/ledger.py)
                 logs = logs + [Log("discard", {"fragment": p, "step": state.step, "steps": state.c_steps[p],
                                                "tokens": state.c_tokens[p], "version": version,

@@ -19,6 +19,7 @@ from typing import Protocol
 from diloco_chaos.trainer.messages import describe
 from diloco_chaos.trainer.protocol import ApplyGrads, IllegalTransition, LearnerCore, LearnerState, Log, Send, SetSlices
 from diloco_chaos.trainer.sdc import Corrupter
+from diloco_chaos.trainer.tally import StepTally, b64
 
 
 class LearnerPort(Protocol):
@@ -34,9 +35,10 @@ class LearnerPort(Protocol):
 
 class LearnerDriver:
     def __init__(self, core: LearnerCore, state: LearnerState, port: LearnerPort, corrupter: Corrupter,
-                 live_slices: int):
+                 live_slices: int, tally: StepTally | None = None):
         self.core, self.state, self.port, self.sdc = core, state, port, corrupter
         self.live_slices = live_slices
+        self.tally = tally  # what the inner steps did, beside the core (trainer/tally.py)
         self.dp_tokens, self.dp_dt = 0, 0.0   # the dp step whose mean gradient is awaited
 
     def grads_ready(self, grads, tokens: int, dt: float) -> None:
@@ -61,13 +63,27 @@ class LearnerDriver:
             except IllegalTransition as e:
                 self.port.emit("drop", what=type(msg).__name__, reason=f"illegal: {e}", peer=peer)
 
+    def stepped(self, before, after) -> None:
+        """The next inner step took θ from `before` to `after` (called before the core hears
+        of it; counted as the core counts, from 0 in each incarnation)."""
+        if self.tally is not None:
+            self.tally.record(self.state.step + 1, before, after)
+            self.tally.forget_before(min(self.state.anchor_step, default=0))
+
+    def _progress(self, fields: dict) -> dict:
+        """A `contribute` line's `progress`: the Δ its claimed steps make by the tally."""
+        if self.tally is None:
+            return fields
+        x = self.tally.progress(fields["fragment"], fields["from_step"], fields["to_step"])
+        return {**fields, "progress": None if x is None else b64(x)}
+
     def do(self, event: str, *args) -> None:
         port = self.port
         self.state, actions = getattr(self.core, event)(self.state, port.now(), *args)
         port.after_event(event, args)
         for a in actions:
             if isinstance(a, Log):
-                port.emit(a.kind, **a.fields)
+                port.emit(a.kind, **(self._progress(a.fields) if a.kind == "contribute" else a.fields))
         for a in actions:
             if isinstance(a, Send):
                 self.sdc.spec = port.corruption()

@@ -115,7 +115,8 @@ def learner_loop(h):
             if h.core.must_wait(h.state):  # the mean gradient comes back through the inbox
                 yield Until(lambda: not h.core.must_wait(h.state), None)
         else:
-            params, tokens, loss = out
+            before, (params, tokens, loss) = params, out
+            h.driver.stepped(before, params)
             h.do("after_inner_step", params, tokens, h.now() - t0)
         h.step += 1
         h.step_line(step=h.step, tokens=tokens, loss=loss, dt=round(h.now() - t0, 6), live_slices=h.live_slices)

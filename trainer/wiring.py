@@ -6,7 +6,6 @@ simulator alike. It also builds the cores' configs from the run's topology.
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 
@@ -17,6 +16,7 @@ from diloco_chaos.trainer.config import RunConfig
 from diloco_chaos.trainer.fragments import Fragmenter, due_fragment
 from diloco_chaos.trainer.protocol import LearnerConfig, LearnerMath, SyncerConfig, SyncerMath
 from diloco_chaos.trainer.protocol_base import DILOCO_MODES
+from diloco_chaos.trainer.tally import AUDIT_SAMPLE, audit_index, b64 as _b64
 
 # A fetch keeps the local progress no Δ holds when it is at most this many versions ahead
 # of the progress's base (LearnerCore._keeps_on_fetch): one is where an answer would have
@@ -98,10 +98,10 @@ def logged_combiner(cfg: RunConfig, emit):
     return logged
 
 
-# commit_audit: a commit whose Θ[p] has at most this many values is sampled whole; a larger
-# one at AUDIT_SAMPLE coordinates evenly spread over the flattened fragment, with every Δ's
-# norm and the RDA direction's (the judge's only inputs it cannot rebuild from the sample)
-AUDIT_WHOLE, AUDIT_SAMPLE = 4096, 64
+# commit_audit: a commit whose Θ[p] has at most AUDIT_WHOLE values is sampled whole; a larger
+# one at AUDIT_SAMPLE coordinates evenly spread over the flattened fragment (trainer/tally.py,
+# whose learner-side record uses the same ones), with every Δ's norm and the RDA direction's
+# (the judge's only inputs it cannot rebuild from the sample)
 MATH_BUGS = frozenset({"steep_discount"})  # planted bugs that live in the math, not the cores
 
 
@@ -134,7 +134,7 @@ def syncer_math(cfg: RunConfig, frag: Fragmenter, bugs: frozenset = frozenset())
         flat = [np.concatenate([np.ravel(np.asarray(a, np.float32)) for a in arrays]) if len(arrays) else
                 np.zeros(0, np.float32) for arrays in (theta, outer_state, theta_after, outer_after, *deltas)]
         n = flat[0].size
-        idx = None if n <= AUDIT_WHOLE else np.linspace(0, n - 1, AUDIT_SAMPLE).round().astype(np.int64)
+        idx = audit_index(n)
         pick = (lambda x: x) if idx is None else (lambda x: x[idx] if x.size else x)
         th, tr, th2, tr2, *ds = (_b64(pick(x)) for x in flat)
         out = {"merge": kind, "weights": [float(w) for w in weights], "theta": th, "trace": tr,
@@ -167,12 +167,6 @@ def syncer_math(cfg: RunConfig, frag: Fragmenter, bugs: frozenset = frozenset())
     return SyncerMath(merge_and_step=merge_and_step, weight=weight, decode=compression.decode,
                       outer_init=opt.init, average=average, combine=combine, digest=digest, rms=rms, audit=audit,
                       broadcast_delta=None if d.broadcast_compression == "fp32" else broadcast_delta)
-
-
-def _b64(x: np.ndarray) -> dict:
-    """One float32 vector as a log line carries it (harness/judging/spec.py `arrays_of` reads it)."""
-    x = np.ascontiguousarray(x, np.float32)
-    return {"dtype": "float32", "shape": list(x.shape), "b64": base64.b64encode(x.tobytes()).decode()}
 
 
 def _signature(frag: Fragmenter, p: int) -> tuple:

@@ -10,6 +10,10 @@ own arithmetic (harness/judging/spec.py), never the trainer's.
 - copies_consistent        every learner's copy of Θ[p] at version v is a Θ[p] its shard held
                            at v (fp32 broadcasts), or the copy the shard recorded it sending
                            (compressed broadcasts, where the error is carried, never grown)
+- deltas_reexecuted        every merged Δ rebuilt from its learner's record of what the inner
+                           steps it claims did (the `contribute` line's `progress`, kept beside
+                           the core: trainer/tally.py) and compared with the Δ the shard merged
+                           (its commit_audit): a Δ holding more, less or other progress fails
 - guard_decisions          every Δ the corrupt guard judged, judged again from the shard's
                            history of accepted sizes
 - restores_faithful        (harness/judging/restores.py) what a restarted unit loaded is what
@@ -387,7 +391,111 @@ def starved_learners_reanchor(log: EventLog) -> Result:
     return Result("starved_learners_reanchor", not bad, len(bad), 0, {"violations": bad[:SHOW], "asked": silences})
 
 
+# --- Δs against the steps they claim ------------------------------------------------------------------
+DELTA_RTOL = 1e-3     # a Δ against the sum of its steps' changes: float32 rounding, far below this
+DELTA_ATOL = 1e-5     # ... plus the rounding of the takes between them (× ‖Θ[p]‖ of the sample)
+
+
+def _claims(log: EventLog) -> tuple[dict, set, int]:
+    """(learner, incarnation, seq) -> (its Δ's `progress` by the tally or None where not recorded,
+    its claimed steps to_step − from_step, the tokens its life's step lines give those steps or
+    None), the keys the `corrupt` fault touched, and the number of contribute lines."""
+    claims, corrupt, n = {}, set(), 0
+    combined = {}
+    for learner in learner_names(log):
+        for life in _lives(log, learner):
+            inc = next((e.get("incarnation") for e in life if is_process_up(e) and "incarnation" in e), None)
+            # the core's step -> its tokens, this life's step lines (a step's line follows the Δ it
+            # ends; the lines count from the restored step, the core from 0)
+            since = next((e.get("step") or 0 for e in life if is_process_up(e) and "incarnation" in e), 0)
+            tokens = {e["step"] - since: e.get("tokens", 0) for e in life if e["kind"] == "step"}
+            for e in life:
+                if e["kind"] == "contribute":
+                    n += 1
+                    x = e.get("progress")
+                    span = range(e["from_step"] + 1, e["to_step"] + 1)
+                    made = sum(tokens[s] for s in span) if all(s in tokens for s in span) else None
+                    claims[(learner, inc, e["seq"])] = (None if x is None else spec.arrays_of([x])[0], len(span), made)
+                elif e["kind"] == "corrupt":
+                    corrupt.add((learner, inc, e["seq"]))
+    # a combine (a learner's outbox, or a shard holding two unmerged Δs of one learner) sends
+    # or merges old + new under the new seq (trainer/wiring.py logged_combiner, combine)
+    for e in log.of("drop"):
+        if e.get("reason") == "combined" and "by_seq" in e:
+            combined[(e["learner"], e["incarnation"], e["by_seq"])] = (e["learner"], e["incarnation"], e["seq"])
+    for key in sorted(combined, key=lambda k: k[2]):
+        old = combined[key]
+        if key in claims and old in claims:
+            (a, sa, ta), (b, sb, tb) = claims[key], claims[old]
+            claims[key] = (None if a is None or b is None else a + b, sa + sb,
+                           None if ta is None or tb is None else ta + tb)
+        if old in corrupt:
+            corrupt.add(key)
+    return claims, corrupt, n
+
+
+def deltas_reexecuted(log: EventLog) -> Result:
+    """Every Δ a shard merged and sampled (its commit_audit, in its merge lines' order) equals
+    minus the sum of what its learner's inner steps from_step+1 .. to_step changed on that
+    fragment (the learner's `progress`: trainer/tally.py, recorded around each step, outside
+    the core's take and keep rules). The judge's arithmetic: the difference against
+    DELTA_RTOL of the claimed progress plus DELTA_ATOL of Θ[p]. Δs the `corrupt` fault
+    damaged are left out (guard_decisions and tokens_conserved judge those). Not applicable
+    where a Δ is not its steps' sum by design: data-parallel modes, mixing α > 0 without
+    keep_local, lossy uplinks (the error feedback carries the last Δ's rounding)."""
+    name = "deltas_reexecuted"
+    if na := _not_applicable(name, log):
+        return na
+    d = log.config["diloco"]
+    if d.get("compression", "fp32") != "fp32":
+        return Result(name, True, 0, 0, {"why": f"uplink {d['compression']}: a Δ carries the last one's rounding "
+                                               "(error feedback); not applicable"})
+    if not d.get("keep_local", True) and float(d.get("mixing", 0.0)) > 0:
+        return Result(name, True, 0, 0, {"why": "mixing α > 0 without keep_local: a take moves θ[p] by the mix; "
+                                               "not applicable"})
+    claims, corrupt, claimed = _claims(log)
+    bad, rebuilt, unrecorded, damaged, merged, worst = [], 0, 0, 0, 0, 0.0
+    for shard in _shards(log):
+        for life in _lives(log, shard):
+            merges = defaultdict(list)
+            for e in life:
+                if e["kind"] == "merge":
+                    merges[(e["fragment"], e["version"])].append(e)
+                elif e["kind"] == "commit_audit":
+                    ms = merges.get((e["fragment"], e["version"]), [])
+                    theta = spec.arrays_of([e["theta"]])[0].astype(np.float64)
+                    for m, x in zip(ms, spec.arrays_of(e["deltas"])):
+                        merged += 1
+                        key = (m["learner"], m["incarnation"], m["seq"])
+                        if key in corrupt:
+                            damaged += 1
+                            continue
+                        want, steps, tokens = claims.get(key, (None, None, None))
+                        where = {"shard": shard, "learner": key[0], "incarnation": key[1], "seq": key[2],
+                                 "fragment": e["fragment"], "version": e["version"], "t": e["t"]}
+                        if steps is not None and (m["c_steps"] != steps or tokens not in (None, m["c_tokens"])):
+                            bad.append({**where, "why": f"it claims {m['c_steps']} steps and {m['c_tokens']} tokens; "
+                                                        f"the steps it was made over are {steps}, with {tokens} tokens"})
+                        if want is None or want.shape != x.shape:
+                            unrecorded += 1
+                            continue
+                        rebuilt += 1
+                        err = float(np.linalg.norm(x.astype(np.float64) - want))
+                        tol = DELTA_RTOL * float(np.linalg.norm(want)) + DELTA_ATOL * float(np.linalg.norm(theta)) + 1e-12
+                        worst = max(worst, err / tol)
+                        if not err <= tol:
+                            bad.append({**where, "why": f"the merged Δ is {float(np.linalg.norm(x)):.6g} long, its steps "
+                                               f"{m['c_steps']} made {float(np.linalg.norm(want)):.6g}; they differ by "
+                                               f"{err:.3g} (tolerance {tol:.3g})"})
+    detail = {"violations": bad[:SHOW], "rebuilt": rebuilt, "merged_sampled": merged, "unrecorded": unrecorded,
+              "corrupted": damaged, "contributions": claimed, "worst_of_tolerance": round(worst, 4)}
+    if (merged or log.of("merge")) and not rebuilt and not bad:
+        return Result(name, None, None, 0, {**detail, "why": "no merged Δ has a record of its steps" if merged
+                                            else "no commit_audit lines: the merged Δs are not in this log"})
+    return Result(name, not bad, len(bad), 0, detail)
+
+
 def audit_checks(log: EventLog) -> list[Result]:
     return [weights_match_staleness(log), quorum_respected(log), commits_audited(log), copies_consistent(log),
-            guard_decisions(log), restores_faithful(log), membership_follows_links(log),
+            deltas_reexecuted(log), guard_decisions(log), restores_faithful(log), membership_follows_links(log),
             starved_learners_reanchor(log)]

@@ -61,6 +61,12 @@ CATALOGUE: dict[str, Planted] = {
     "cumulative_delta": Planted(
         "learner", "no answer gate: re-sends its drift every turn, and its contribute lines say so",
         "progress_merged_once", "the learner's own contribute lines", f"{SIM_STALENESS}[cumulative_delta]", f"{PROCS}[cumulative_delta,drop_last_delta,held_as_exact]"),
+    "keep_sent_progress": Planted(
+        "learner", "a fetch that keeps the local progress measures it from base[p], not from θ[p] as last sent: "
+        "what the last Δ carried goes out again in the next, which claims only the steps since that send",
+        "deltas_reexecuted", "independent of the core: the merged Δs (the shard's commit_audit) against the sum "
+        "of what the claimed inner steps changed (the learner's step tally, kept outside the core's rules)",
+        f"{SIM_BUGS}[keep_sent_progress]", f"{PROCS}[keep_sent_progress,restore_mixed]"),
     "count_discarded": Planted(
         "learner", "a fetch does not reset the contribution counters: the next Δ claims discarded tokens",
         "tokens_conserved", "the learners' contribute and discard lines (their own account)",
@@ -128,7 +134,7 @@ CATALOGUE: dict[str, Planted] = {
         "a restarted shard reads Θ from its oldest kept checkpoint and everything else (versions too) from the "
         "latest", "restores_faithful", "the shard's own lines at two moments: the digests its save wrote "
         "(checkpoint_saved) against the digests of the state it restored (checkpoint_restored)",
-        f"{SIM_BUGS}[restore_mixed]", f"{PROCS}[restore_mixed]"),
+        f"{SIM_BUGS}[restore_mixed]", f"{PROCS}[keep_sent_progress,restore_mixed]"),
     "sticky_membership": Planted(
         "syncer", "a learner whose link went down stays in the shard's live set (it keeps counting toward the "
         "fleet share and the rounds that wait for every live learner)", "membership_follows_links",
@@ -207,6 +213,7 @@ PROOFS: dict[str, tuple[Proof, ...]] = {
     "fetched_before_contributing": (_main("rejoin_without_fetch"),),
     "commits_audited": (_main("drop_last_delta"),),
     "copies_consistent": (_main("held_as_exact"),),
+    "deltas_reexecuted": (_main("keep_sent_progress"),),
     "guard_decisions": (_main("guard_ignores_steps"),),
     "restores_faithful": (_main("restore_mixed"), _main("restore_stale_outer"), _main("restore_oldest"),
                           _main("durable_on_failure")),

@@ -32,6 +32,7 @@ from diloco_chaos.trainer.learner_loop import Compute, Idle, Spent, Until, learn
 from diloco_chaos.trainer.messages import SliceControl
 from diloco_chaos.trainer.protocol import LearnerCore
 from diloco_chaos.trainer.sdc import Corrupter
+from diloco_chaos.trainer.tally import step_tally
 from diloco_chaos.trainer.wiring import learner_config, logged_combiner
 
 
@@ -149,7 +150,7 @@ class LearnerProc(LearnerHost):
         core = LearnerCore(learner_config(w.cfg, w.topology, unit.name, self.incarnation, w.learner_bugs), m.lmath)
         self.driver = LearnerDriver(core, core.init(params), self,
                                     Corrupter(w.cfg.seed, unit.index, self.incarnation),  # the `corrupt` fault
-                                    w.cfg.diloco.slices)
+                                    w.cfg.diloco.slices, step_tally(w.cfg, m.lmath))
         self.phase, self.loop = "running", learner_loop(self)
         self.resume()
 

@@ -20,6 +20,7 @@ finds; and the same schedule passes without the bug, so it is the bug that is ca
 | guard_ignores_steps  | safety: guard_decisions                             | decoupled            |
 | restore_mixed        | safety: restores_faithful                           | decoupled, kill_syncer |
 | sticky_membership    | safety: membership_follows_links                    | decoupled, kill_unit |
+| keep_sent_progress   | safety: deltas_reexecuted                           | decoupled, cuts, kill_syncer |
 
 Where a bug also proves an `[expect]` check, the same found schedule is judged by it
 (EXPECT_TOO): it fails with the bug and holds without. uptime_min by the out-of-phase
@@ -78,6 +79,7 @@ BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure na
     "guard_ignores_steps": (safety, {}, KINDS, "guard_decisions"),
     "restore_mixed": (safety, {}, ("kill_syncer",), "restores_faithful"),
     "sticky_membership": (safety, {}, ("kill_unit",), "membership_follows_links"),
+    "keep_sent_progress": (safety, {}, ("partition", "reset", "kill_syncer"), "deltas_reexecuted"),
 }
 # [expect] checks the same found schedule proves (bound: fails with the bug, holds without;
 # measured: uptime 0.08 vs 0.56 (streaming stops while a unit is down, by design; on

@@ -181,3 +181,46 @@ def test_a_learner_killed_with_its_shard_is_not_a_link_the_shard_missed():
     assert audits.starved_learners_reanchor(log(hello_at=5)).valid is True
     r = audits.starved_learners_reanchor(log(hello_at=None))  # RoundOpens answer nothing of its own
     assert r.valid is False and r.details["violations"][0]["step"] == 9
+
+
+# --- deltas_reexecuted: a Δ against the steps it claims ---------------------------------------------------
+def _delta_log(merged, progress=(-0.3, 0.1), c_steps=2, c_tokens=200, combined=None):
+    """learner-0 steps 1..2 (100 tokens each) change fragment 0 by (+0.1, −0.05) then (+0.2, −0.05):
+    its Δ is minus the sum, (−0.3, 0.1), claimed over steps 0 → 2. The shard merges `merged`."""
+    b = _config(LogBuilder())
+    b.up(0.0, "learner-0")
+    b.step(1.0, "learner-0", 1)
+    b.add(2.0, "learner-0", "contribute", fragment=0, seq=1, base_version=0, from_step=0, to_step=2, steps=2,
+          tokens=200, progress=_b64(progress))
+    b.step(2.0, "learner-0", 2)
+    if combined:
+        b.add(2.5, "learner-0", "contribute", fragment=0, seq=2, base_version=0, from_step=2, to_step=3, steps=1,
+              tokens=100, progress=_b64(combined))
+        b.step(2.5, "learner-0", 3)
+        b.add(2.6, "syncer-0", "drop", what="contribution", fragment=0, learner="learner-0", incarnation=0, seq=1,
+              reason="combined", by_seq=2)
+    _merge(b, 3.0, "learner-0", 2 if combined else 1, 1, 0, 1.0, c_tokens=c_tokens, c_steps=c_steps)
+    return _commit(b, 3.0, [1, 2], [1, 2], [merged], [1.0], digest=False).log()
+
+
+def test_a_delta_is_rebuilt_from_the_steps_it_claims():
+    assert audits.deltas_reexecuted(_delta_log([-0.3, 0.1])).valid is True
+    # one more step's progress than claimed (the last Δ's steps sent again): (−0.5, 0.15)
+    r = audits.deltas_reexecuted(_delta_log([-0.5, 0.15]))
+    assert r.valid is False and "its steps 2 made" in r.details["violations"][0]["why"]
+    # the right Δ with a claim of steps it was not made over (3 steps, 300 tokens)
+    r = audits.deltas_reexecuted(_delta_log([-0.3, 0.1], c_steps=3, c_tokens=300))
+    assert r.valid is False and "the steps it was made over are 2, with 200 tokens" in r.details["violations"][0]["why"]
+    # a combine merges both Δs under the later seq: judged against both claims' steps
+    ok = _delta_log([-0.4, 0.3], c_steps=3, c_tokens=300, combined=(-0.1, 0.2))
+    assert audits.deltas_reexecuted(ok).valid is True
+    # no record of the steps: UNKNOWN, not a pass
+    b = _config(LogBuilder())
+    b.add(2.0, "learner-0", "contribute", fragment=0, seq=1, base_version=0, from_step=0, to_step=2, steps=2,
+          tokens=200, progress=None)
+    _merge(b, 3.0, "learner-0", 1, 1, 0, 1.0, c_tokens=200, c_steps=2)
+    assert audits.deltas_reexecuted(_commit(b, 3.0, [1, 2], [1, 2], [[-0.3, 0.1]], [1.0], digest=False).log()).valid is None
+    # a lossy uplink: not applicable, said so
+    lossy = _config(LogBuilder(), compression="int8")
+    r = audits.deltas_reexecuted(lossy.log())
+    assert r.valid is True and "not applicable" in r.details["why"]

@@ -35,7 +35,8 @@ class Host:
         self.core, self.state = Core(holds), SimpleNamespace(params=0.0, awaiting=frozenset({0}), closing=None)
         self.stopping, self.saved, self.t = False, saved, 0.0
         self.lines, self.waits, self.saves, self.done = [], [], [], None
-        self.driver = SimpleNamespace(grads_ready=lambda g, tokens, dt: self.lines.append(("grads", g)))
+        self.driver = SimpleNamespace(grads_ready=lambda g, tokens, dt: self.lines.append(("grads", g)),
+                                      stepped=lambda before, after: None, tally=None)
 
     def now(self) -> float:
         return self.t

@@ -131,7 +131,7 @@ def test_real_fault_free_sample():
         # and 4 of fragment 1), each carrying its drift since Θ0; the shard's lines show it
         "delta_bases_advance": False,
         # and before the audits' evidence (digests, commit_audit, copy lines): UNKNOWN, not judged
-        "commits_audited": None, "copies_consistent": None,
+        "commits_audited": None, "copies_consistent": None, "deltas_reexecuted": None,
         "weights_match_staleness": True, "quorum_respected": True,
         "guard_decisions": True,  # (no guard in that version: its config has no guard_factor)
         "restores_faithful": True,  # (no shard restarted)
