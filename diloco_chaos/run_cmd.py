@@ -65,6 +65,9 @@ def _run_options(p, compare: bool = True) -> None:
     p.add_argument("--record-baseline", action="store_true",
                    help="store this config's fault-free final loss as its known-good baseline (on purpose only: "
                         "from code you trust)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="read the scenario and the options, print what would run (the drawn fault schedule, "
+                        "as `check` does) and where, and start nothing")
     _unknown_option(p)
 
 
@@ -206,11 +209,30 @@ def cmd_run(args) -> int:
     if args.backend:
         s = dataclasses.replace(s, cluster=dataclasses.replace(s.cluster, backend=args.backend))
     baseline, gate_spec = _baseline_option(args)
+    if getattr(args, "dry_run", False):
+        return _dry_run(s, args)
     with _stdout_for(args) as emit:
         return _on_backend(s, args.tier, lambda: _execute(
             s, args.out, compare=args.compare, reference=args.reference, live=not args.no_live, tier=args.tier,
             allow_unknown=args.allow_unknown, baseline=baseline, record=getattr(args, "record_baseline", False),
             gate_spec=gate_spec, emit=emit))
+
+
+def _dry_run(s, args) -> int:
+    """`run --dry-run`: what would run, from the options as read (the scenario, its schedule,
+    the tier and backend, the reference), and nothing started."""
+    from diloco_chaos.check_cmd import FileCheck, print_result
+
+    result = FileCheck(args.scenario, scenario=s)
+    if args.json:
+        print(json.dumps({**result.to_dict(), "tier": args.tier, "reference": args.reference, "out": str(args.out)},
+                         indent=1, default=str))
+        return 0
+    print_result(result)
+    backend = s.cluster.backend if args.tier == "cluster" else "simulator"
+    print(f"would run on the {args.tier} tier ({backend}), reference {args.reference}, under {args.out}/; "
+          f"nothing started (drop --dry-run to run it)")
+    return 0
 
 
 def _baseline_option(args):

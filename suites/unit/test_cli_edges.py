@@ -86,3 +86,14 @@ def test_a_compile_cache_written_without_the_size_cap_is_stamped_for_it(tmp_path
     assert shell.use_compile_cache() == str(cache)
     assert (cache / "jit_step-abc-atime").is_file()
     assert (cache / "jit_eval-def-atime").read_bytes() == (7).to_bytes(8, "little")  # left as it was
+
+
+def test_run_dry_run_prints_what_would_run_and_starts_nothing(tmp_path, monkeypatch, capsys):
+    from diloco_chaos import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "unit-loss", "--tier", "sim", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "kill_unit  learner-1" in out and "would run on the sim tier" in out and "nothing started" in out
+    assert not (tmp_path / "runs").exists()
+    assert cli.main(["run", "nope", "--dry-run"]) == 2  # bad input is still bad input
