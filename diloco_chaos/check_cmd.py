@@ -138,13 +138,15 @@ class _Work:
         faults = data.get("faults")
         self.ids = list(range(len(faults))) if isinstance(faults, list) else []
         self.removed: set[str] = set()  # paths as the file has them
+        self.filled: set[str] = set()   # missing tables the checker put in, empty: their keys are that error's
 
     def fix(self, e, errors: list) -> bool:
         """Records `e` (unless it only says a key the checker took out is missing) and
         changes the dict so that the next read gets past it. False: nothing left to change."""
         path = self.in_file(e.path)
-        if e.problem.startswith("missing (required)") and _same_key(path, self.removed):
-            return self.stand_in(path)
+        if e.problem.startswith("missing (required)") and (
+                _same_key(path, self.removed) or any(path.startswith(f + ".") for f in self.filled)):
+            return self.stand_in(path)  # one cause, one error: the table's own
         e.path = path
         if not any((x.path, x.problem) == (e.path, e.problem) for x in errors):
             errors.append(e)
@@ -200,6 +202,8 @@ class _Work:
             parent = _get(self.data, keys[:-1])
             if isinstance(parent, dict) and keys[-1] not in parent:
                 parent[keys[-1]] = copy.deepcopy(STAND_INS[key])
+                if isinstance(STAND_INS[key], dict):
+                    self.filled.add(path)
                 return True
         keys = _split(self.in_work(path))
         if len(keys) < 2:

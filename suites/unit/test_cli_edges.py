@@ -97,3 +97,14 @@ def test_run_dry_run_prints_what_would_run_and_starts_nothing(tmp_path, monkeypa
     assert "kill_unit  learner-1" in out and "would run on the sim tier" in out and "nothing started" in out
     assert not (tmp_path / "runs").exists()
     assert cli.main(["run", "nope", "--dry-run"]) == 2  # bad input is still bad input
+
+
+def test_a_missing_table_is_one_error_not_one_per_key_it_would_hold(tmp_path, capsys):
+    from diloco_chaos import cli
+
+    f = tmp_path / "s.toml"
+    f.write_text('name = "x"\nseed = 1\n[cluster]\nlearners = 3\n')
+    assert cli.main(["check", str(f)]) == 2
+    out = capsys.readouterr().out
+    assert "train: missing (required)" in out and "train.steps" not in out and "train.duration" not in out
+    assert "1 error in 1 file" in out
