@@ -31,6 +31,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("report", "diloco_chaos.report_cmd:register", "render a stored run's HTML report again (like Jepsen's analyze)"),
     ("fleet", "diloco_chaos.fleet_cmd:register", "fleet-scale goodput simulator: Decoupled DiLoCo vs data-parallel"),
     ("bench", "diloco_chaos.bench:register", "run a benchmark, writing runs/bench/NAME.json"),
+    ("baseline", "diloco_chaos.baseline_cmd:register", "record a scenario's known-good envelope (what its runs kept) on purpose"),
     ("planted", "diloco_chaos.planted_cmd:register", "the planted-bug catalogue: which check and which test catches each"),
     ("setup", "diloco_chaos.harness.backends.toxiproxy_setup:register", "install the Toxiproxy server the cluster tier needs"),
     ("toxiproxy", "diloco_chaos.harness.backends.toxiproxy_cmd:register", "start a Toxiproxy server in the foreground (for debugging)"),

@@ -207,6 +207,9 @@ def check_table() -> list[dict]:
                             f"0 violations (a step within {audits.STEP_RTOL:g} of the judge's, relative, "
                             f"plus {audits.THETA_RTOL:g} of Θ[p])"),
         "copies_consistent": (audits.copies_consistent, "0 violations (digests equal)"),
+        "deltas_reexecuted": (audits.deltas_reexecuted,
+                              f"0 violations (a Δ within {audits.DELTA_RTOL:g} of its steps' sum, relative, "
+                              f"plus {audits.DELTA_ATOL:g} of Θ[p]; its claim exactly its steps and tokens)"),
         "guard_decisions": (audits.guard_decisions, "0 violations"),
         "restores_faithful": (audits.restores_faithful, "0 violations"),
         "membership_follows_links": (audits.membership_follows_links, "0 violations"),
@@ -243,6 +246,20 @@ def check_table() -> list[dict]:
                  "evidence": "independent: the harness's fault_start lines against the schedule in the header",
                  "account": "independent", "proven_by": "a run that ends before its last fault "
                                                           "(suites/cluster/test_faults_applied.py, both tiers)"})
+    from diloco_chaos.harness.judging import envelopes
+
+    for name, figure in envelopes.FIGURES.items():  # judged where a known-good envelope is stored
+        rows.append({"name": figure.check, "where": "the verdict",
+                     "holds": (f"The run's {name.replace('_', ' ')} is "
+                               f"{'above the lowest' if figure.higher_is_better else 'below the highest'} value "
+                               f"known-good runs of the same scenario kept, "
+                               f"{'less' if figure.higher_is_better else 'plus'} a band."),
+                     "bound": f"the recorded spread, at least {figure.floor:g}{' of the figure' if figure.relative else ''} "
+                              "(not judged where no envelope is stored)",
+                     "evidence": "the run's summary (goodput, token-fate ledger, final eval) against "
+                                 "harness/scenarios/envelopes.json",
+                     "account": "independent", "proven_by": "fetch_discards (simulator; "
+                                                           "suites/properties/test_planted_bugs.py)"})
     return sorted(rows, key=lambda r: r["name"])
 
 

@@ -79,7 +79,10 @@ def check_names() -> set[str]:
     from diloco_chaos.harness.judging import checks
     from diloco_chaos.harness.judging.planted import PROOFS
 
-    return set(PROOFS) | set(checks.EXPECT) | {"faults_applied", "no_crash", "baseline_parity_max"}
+    from diloco_chaos.harness.judging.envelopes import FIGURES
+
+    return (set(PROOFS) | set(checks.EXPECT) | {"faults_applied", "no_crash", "baseline_parity_max"}
+            | {f.check for f in FIGURES.values()})
 
 
 def bare_allow_unknown(argv: list[str]) -> list[str]:
@@ -104,15 +107,18 @@ def _unknown_option(p) -> None:
 
 def with_baseline(summary: dict, s, tier: str, run_dir: Path | None = None) -> dict:
     """The summary with `baseline_parity_max` added where a known-good baseline is stored
-    for the scenario's config and tier (harness/judging/baseline.py); summary.json rewritten."""
-    from diloco_chaos.harness.judging import baseline
+    for the scenario's config and tier (harness/judging/baseline.py), and the envelope's
+    checks where a known-good envelope is stored for the scenario with its faults
+    (harness/judging/envelopes.py); summary.json rewritten."""
+    from diloco_chaos.harness.judging import baseline, envelopes
     from diloco_chaos.harness.judging.check_base import Result, compose
 
     r = baseline.check(summary.get("final_loss"), baseline.stored(s, tier),
                        s.expect.loss_parity_max or baseline.BOUND)
-    if r is None:
+    added = ([] if r is None else [r]) + envelopes.checks(summary, envelopes.stored(s, tier))
+    if not added:
         return summary
-    summary["checks"] = [*summary.get("checks", []), r.to_dict()]
+    summary["checks"] = [*summary.get("checks", []), *(x.to_dict() for x in added)]
     summary["valid"] = compose([Result(c["name"], c.get("valid")) for c in summary["checks"]]).valid
     if run_dir is not None:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")

@@ -358,6 +358,8 @@ class LearnerCore(LearnerDP, LearnerClose):
         "keep_local")."""
         if not (self.config.keep_on_fetch and self.config.keep_local and state.c_steps[p] > 0):
             return False
+        if "fetch_discards" in self.config.bugs:  # planted: every fetch throws the progress away
+            return False
         gap = version - state.base_version[p]
         return not self.config.keep_gap or gap <= self.config.keep_gap
 

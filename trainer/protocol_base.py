@@ -38,7 +38,7 @@ SYNCER_BUGS = frozenset({"merge_twice", "stale_as_fresh", "ignore_quorum", "rela
                          "restore_mixed", "sticky_membership", "restore_stale_outer", "durable_on_failure"})
 LEARNER_BUGS = frozenset({"rejoin_without_fetch", "rejoin_out_of_phase", "cumulative_delta", "unbounded_outbox",
                           "count_discarded", "resend_drift", "rejoin_reads_in_flight", "roundopen_heard",
-                          "keep_sent_progress"})
+                          "keep_sent_progress", "fetch_discards"})
 BUGS = SYNCER_BUGS | LEARNER_BUGS
 
 

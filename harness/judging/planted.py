@@ -67,6 +67,11 @@ CATALOGUE: dict[str, Planted] = {
         "deltas_reexecuted", "independent of the core: the merged Δs (the shard's commit_audit) against the sum "
         "of what the claimed inner steps changed (the learner's step tally, kept outside the core's rules)",
         f"{SIM_BUGS}[keep_sent_progress]", f"{PROCS}[keep_sent_progress,restore_mixed]"),
+    "fetch_discards": Planted(
+        "learner", "every fetch throws the learner's unsent progress away (as the core did before keep_on_fetch): "
+        "each Δ is still merged once, weighed right and rebuilt from its steps", "goodput_vs_baseline",
+        "a stored known-good envelope of the scenario with its faults (harness/scenarios/envelopes.json): "
+        "goodput and the share of tokens merged", f"{SIM_FILE}test_recovery_that_discards_its_work_misses_the_known_good_envelope"),
     "count_discarded": Planted(
         "learner", "a fetch does not reset the contribution counters: the next Δ claims discarded tokens",
         "tokens_conserved", "the learners' contribute and discard lines (their own account)",

@@ -235,3 +235,34 @@ def test_a_learner_that_takes_round_openings_for_answers_never_reanchors(bug):
     assert audits.starved_learners_reanchor(buggy.log).valid is False
     assert audits.starved_learners_reanchor(good.log).valid is True and good.log.of("starved")
     assert failure(safety, good) is None
+
+
+def test_recovery_that_discards_its_work_misses_the_known_good_envelope(tmp_path):
+    """fetch_discards (every fetch throws the learner's unsent progress away, as the learner
+    core did before keep_on_fetch) passes every run-level check: each Δ is merged once,
+    weighed right, rebuilt from its steps. Against the envelope of three known-good runs
+    (seeds 1-3: goodput 0.84-0.98, 80-93 % of tokens merged) a syncer-0 outage of 1.5 s
+    with the bug keeps goodput 0.64 and merges 60 %: goodput_vs_baseline and
+    tokens_merged_vs_baseline fail; the code as it is passes every envelope check, at a
+    recorded seed and at one it never saw (goodput, tokens merged and lost; the final loss
+    moves with the seed on this base, 0.12-0.46, so a new seed is judged on the others)."""
+    from diloco_chaos.harness.judging import envelopes
+
+    store = tmp_path / "envelopes.json"
+    s = scenario((KillSyncer(target="syncer-0", at_s=2.0, down_for_s=1.5),))
+
+    def summary(seed, bugs=frozenset()):
+        return simulate_case(dataclasses.replace(s, seed=seed), bugs=bugs).metrics.to_dict()
+
+    envelopes.record(s, "sim", [{"seed": n, **envelopes.figures_of(summary(n))} for n in (1, 2, 3)], store=store)
+    entry = envelopes.stored(s, "sim", store=store)
+    verdict = {r.name: r.valid for r in envelopes.checks(summary(1), entry)}
+    assert verdict == dict.fromkeys(["goodput_vs_baseline", "tokens_merged_vs_baseline", "tokens_lost_vs_baseline",
+                                     "final_loss_vs_baseline"], True), verdict
+    unseen = {r.name: r.valid for r in envelopes.checks(summary(4), entry)}
+    assert unseen["goodput_vs_baseline"] and unseen["tokens_merged_vs_baseline"] and unseen["tokens_lost_vs_baseline"]
+    buggy = {r.name: r.valid for r in envelopes.checks(summary(1, {"fetch_discards"}), entry)}
+    assert buggy["goodput_vs_baseline"] is False and buggy["tokens_merged_vs_baseline"] is False, buggy
+    # and no run-level check sees it
+    case = simulate_case(dataclasses.replace(s, seed=1), bugs={"fetch_discards"})
+    assert [r.name for r in checks.safety_checks(case.log, max_staleness=16) if r.valid is False] == []

@@ -1,0 +1,89 @@
+"""`diloco-chaos baseline record NAME`: a scenario's known-good envelope, recorded on purpose.
+
+Runs the scenario (a built-in name or a file) several times on one tier with the code as it
+is, one seed after another (`--seeds`, default the scenario's and the two after it), and
+stores the spread of what the runs kept (goodput, tokens merged, tokens lost or in flight,
+final loss) in harness/scenarios/envelopes.json (harness/judging/envelopes.py). Every later
+run of that scenario and tier is judged against it. Only from code you trust: an envelope
+recorded from a bug makes the bug the standard. `baseline show NAME` prints what is stored."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+
+from diloco_chaos.harness.errors import UserError
+
+
+def register(sub, help_: str) -> None:
+    p = sub.add_parser("baseline", help=help_, description=__doc__.split("\n\n")[0])
+    what = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    rec = what.add_parser("record", help="run the scenario on known-good code and store its envelope")
+    rec.add_argument("scenario", help="a TOML file, or a built-in name")
+    rec.add_argument("--tier", choices=["cluster", "sim"], default="sim", help="the tier whose envelope it is (default sim)")
+    rec.add_argument("--seeds", default=None, metavar="N,N,N",
+                     help="the seeds of the known-good runs (at least 3; default: the scenario's and the two after)")
+    rec.add_argument("--why", default="", help="a note kept with the envelope (which code, which machine)")
+    rec.set_defaults(func=cmd_record)
+    show = what.add_parser("show", help="print the stored envelope of a scenario and tier")
+    show.add_argument("scenario")
+    show.add_argument("--tier", choices=["cluster", "sim"], default="sim")
+    show.set_defaults(func=cmd_show)
+
+
+def _seeds(text: str | None, first: int) -> list[int]:
+    if text is None:
+        return [first, first + 1, first + 2]
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--seeds {text!r}: whole numbers separated by commas, e.g. --seeds 1,2,3") from None
+    if len(seeds) < 3 or len(set(seeds)) != len(seeds):
+        raise UserError(f"--seeds {text!r}: at least 3 different seeds (an envelope is a spread)")
+    return seeds
+
+
+def cmd_record(args) -> int:
+    from diloco_chaos.harness.judging import envelopes
+    from diloco_chaos.run_cmd import _load, _runner
+
+    s = _load(args.scenario, None)
+    seeds, run = _seeds(args.seeds, s.seed), _runner(args.tier)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="envelope-") as out:
+        for seed in seeds:
+            print(f"known-good run of {s.name}, seed {seed}, tier {args.tier}", flush=True)
+            result = run(dataclasses.replace(s, seed=seed), Path(out), live=False, reference=None)
+            figures = envelopes.figures_of(result.summary)
+            runs.append({"seed": seed, **figures})
+            print("  " + ", ".join(f"{k} {v:.4g}" if v is not None else f"{k} -" for k, v in figures.items()))
+    entry = envelopes.record(s, args.tier, runs, why=args.why)
+    print(f"stored {envelopes.key(s, args.tier)} in {envelopes.STORE}")
+    _print(entry)
+    return 0
+
+
+def cmd_show(args) -> int:
+    from diloco_chaos.harness.judging import envelopes
+    from diloco_chaos.run_cmd import _load
+
+    s = _load(args.scenario, None)
+    entry = envelopes.stored(s, args.tier)
+    if entry is None:
+        print(f"no envelope for {envelopes.key(s, args.tier)} (record one: diloco-chaos baseline record "
+              f"{args.scenario} --tier {args.tier})")
+        return 1
+    _print(entry)
+    return 0
+
+
+def _print(entry: dict) -> None:
+    from diloco_chaos.harness.judging import envelopes
+
+    for name, spread in entry["figures"].items():
+        f = envelopes.FIGURES[name]
+        print(f"  {f.check}: known good {spread['min']:.4g}..{spread['max']:.4g}, band {envelopes.band(f, spread):.3g} "
+              f"({len(spread['values'])} runs, {entry['recorded']})")
+    if entry.get("why"):
+        print(f"  why: {json.dumps(entry['why'])}")
