@@ -36,14 +36,21 @@ BOUND = 0.05
 
 def key(s, tier: str) -> str:
     """The fault-free scenario's config (seed included) and the tier."""
-    clean = dataclasses.replace(s, faults=(), failure_process=None, expect=type(s.expect)())
-    digest = hashlib.sha256(json.dumps(clean.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
-    return f"{s.name}@{tier}:{digest}"
+    return keyed(s.name, tier, dataclasses.replace(s, faults=(), failure_process=None, expect=type(s.expect)()))
+
+
+def keyed(name: str, tier: str, clean) -> str:
+    """A store's key: the scenario's name, the tier, and a digest of the config that counts."""
+    digest = hashlib.sha256(json.dumps(clean.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{name}@{tier}:{digest}"
+
+
+def read_store(store: Path) -> dict:
+    return json.loads(store.read_text()) if store.is_file() else {}
 
 
 def _load(store: Path | None) -> dict:
-    store = store or STORE
-    return json.loads(store.read_text()) if store.is_file() else {}
+    return read_store(store or STORE)
 
 
 def stored(s, tier: str, store: Path | None = None) -> dict | None:

@@ -19,11 +19,11 @@ below the lowest known-good value by more than the band, `tokens_lost_vs_baselin
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import time
 from pathlib import Path
 
+from diloco_chaos.harness.judging.baseline import keyed, read_store
 from diloco_chaos.harness.judging.check_base import Result
 
 STORE = Path(__file__).parents[1] / "scenarios" / "envelopes.json"
@@ -61,14 +61,11 @@ FIGURES = {
 
 def key(s, tier: str) -> str:
     """The scenario's config with its faults, without its seed and [expect], and the tier."""
-    clean = dataclasses.replace(s, seed=0, expect=type(s.expect)())
-    digest = hashlib.sha256(json.dumps(clean.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return f"{s.name}@{tier}:{digest}"
+    return keyed(s.name, tier, dataclasses.replace(s, seed=0, expect=type(s.expect)()))
 
 
 def _load(store: Path | None) -> dict:
-    store = store or STORE
-    return json.loads(store.read_text()) if store.is_file() else {}
+    return read_store(store or STORE)
 
 
 def stored(s, tier: str, store: Path | None = None) -> dict | None:
