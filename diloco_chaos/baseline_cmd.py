@@ -25,6 +25,9 @@ def register(sub, help_: str) -> None:
     rec.add_argument("--seeds", default=None, metavar="N,N,N",
                      help="the seeds of the known-good runs (at least 3; default: the scenario's and the two after)")
     rec.add_argument("--why", default="", help="a note kept with the envelope (which code, which machine)")
+    rec.add_argument("--add", action="store_true",
+                     help="add these runs to the stored envelope (e.g. the same seeds on a busy machine) "
+                          "instead of replacing it")
     rec.set_defaults(func=cmd_record)
     show = what.add_parser("show", help="print the stored envelope of a scenario and tier")
     show.add_argument("scenario")
@@ -32,15 +35,16 @@ def register(sub, help_: str) -> None:
     show.set_defaults(func=cmd_show)
 
 
-def _seeds(text: str | None, first: int) -> list[int]:
+def _seeds(text: str | None, first: int, least: int = 3) -> list[int]:
     if text is None:
         return [first, first + 1, first + 2]
     try:
         seeds = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"--seeds {text!r}: whole numbers separated by commas, e.g. --seeds 1,2,3") from None
-    if len(seeds) < 3 or len(set(seeds)) != len(seeds):
-        raise UserError(f"--seeds {text!r}: at least 3 different seeds (an envelope is a spread)")
+    if len(seeds) < least or len(set(seeds)) != len(seeds):
+        raise UserError(f"--seeds {text!r}: at least {least} different seed{'s' if least > 1 else ''}"
+                        f"{' (an envelope is a spread)' if least > 1 else ''}")
     return seeds
 
 
@@ -49,8 +53,11 @@ def cmd_record(args) -> int:
     from diloco_chaos.run_cmd import _load, _runner
 
     s = _load(args.scenario, None)
-    seeds, run = _seeds(args.seeds, s.seed), _runner(args.tier)
-    runs = []
+    before = envelopes.stored(s, args.tier) if args.add else None
+    if args.add and before is None:
+        raise UserError(f"--add: no envelope stored for {envelopes.key(s, args.tier)} to add to; record one first")
+    seeds, run = _seeds(args.seeds, s.seed, 1 if args.add else 3), _runner(args.tier)
+    runs = list(before["runs"]) if before else []
     with tempfile.TemporaryDirectory(prefix="envelope-") as out:
         for seed in seeds:
             print(f"known-good run of {s.name}, seed {seed}, tier {args.tier}", flush=True)
@@ -58,7 +65,8 @@ def cmd_record(args) -> int:
             figures = envelopes.figures_of(result.summary)
             runs.append({"seed": seed, **figures})
             print("  " + ", ".join(f"{k} {v:.4g}" if v is not None else f"{k} -" for k, v in figures.items()))
-    entry = envelopes.record(s, args.tier, runs, why=args.why)
+    why = "; ".join(x for x in ((before or {}).get("why", ""), args.why) if x)
+    entry = envelopes.record(s, args.tier, runs, why=why)
     print(f"stored {envelopes.key(s, args.tier)} in {envelopes.STORE}")
     _print(entry)
     return 0

@@ -258,8 +258,9 @@ def check_table() -> list[dict]:
                               "(not judged where no envelope is stored)",
                      "evidence": "the run's summary (goodput, token-fate ledger, final eval) against "
                                  "harness/scenarios/envelopes.json",
-                     "account": "independent", "proven_by": "fetch_discards (simulator; "
-                                                           "suites/properties/test_planted_bugs.py)"})
+                     "account": "independent",
+                     "proven_by": "fetch_discards (simulator" + (", processes" if name == "tokens_merged" else "")
+                                  + "; harness/judging/planted.py)"})
     return sorted(rows, key=lambda r: r["name"])
 
 

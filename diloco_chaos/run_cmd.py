@@ -115,7 +115,7 @@ def with_baseline(summary: dict, s, tier: str, run_dir: Path | None = None) -> d
 
     r = baseline.check(summary.get("final_loss"), baseline.stored(s, tier),
                        s.expect.loss_parity_max or baseline.BOUND)
-    added = ([] if r is None else [r]) + envelopes.checks(summary, envelopes.stored(s, tier))
+    added = ([] if r is None else [r]) + envelopes.checks(summary, envelopes.stored(s, tier), s.seed)
     if not added:
         return summary
     summary["checks"] = [*summary.get("checks", []), *(x.to_dict() for x in added)]

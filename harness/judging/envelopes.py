@@ -13,7 +13,8 @@ envelope that no longer applies).
 
 A run of a scenario that has one is judged against it by default (`--baseline none`
 skips it), one check per figure, each with a noise band of the recorded spread (at least
-the figure's floor): `goodput_vs_baseline` and `tokens_merged_vs_baseline` may not fall
+the figure's floor; in the deterministic simulator a recorded seed is judged against its
+own run, with the floor as its band): `goodput_vs_baseline` and `tokens_merged_vs_baseline` may not fall
 below the lowest known-good value by more than the band, `tokens_lost_vs_baseline` and
 `final_loss_vs_baseline` may not rise above the highest by more than it."""
 from __future__ import annotations
@@ -99,8 +100,10 @@ def band(f: Figure, spread: dict) -> float:
     return max(least, spread["max"] - spread["min"])
 
 
-def checks(summary: dict, entry: dict | None) -> list[Result]:
-    """One check per recorded figure (none where no envelope applies: not asked, not judged)."""
+def checks(summary: dict, entry: dict | None, seed: int | None = None) -> list[Result]:
+    """One check per recorded figure (none where no envelope applies: not asked, not judged).
+    The simulator is deterministic: a run whose seed the envelope recorded is judged against
+    that run's own figures (the band its floor), any other seed against the spread."""
     if entry is None:
         return []
     out = []
@@ -108,10 +111,14 @@ def checks(summary: dict, entry: dict | None) -> list[Result]:
         spread = (entry.get("figures") or {}).get(name)
         if spread is None:
             continue
+        same = [r[name] for r in entry.get("runs", ()) if r.get("seed") == seed and r.get(name) is not None]
+        if entry.get("tier") == "sim" and seed is not None and same:
+            spread = {"min": min(same), "max": max(same), "values": same, "seed": seed}
         value, width = f.read(summary), band(f, spread)
         limit = spread["min"] - width if f.higher_is_better else spread["max"] + width
         details = {"known_good": [spread["min"], spread["max"]], "band": width, "limit": limit,
-                   "runs": len(spread.get("values", ())), "recorded": entry.get("recorded")}
+                   "runs": len(spread.get("values", ())), "recorded": entry.get("recorded"),
+                   **({"same_seed": seed} if "seed" in spread else {})}
         if value is None:
             out.append(Result(f.check, None, None, limit, {**details, "why": f"this run has no {name}"}))
             continue

@@ -69,9 +69,11 @@ CATALOGUE: dict[str, Planted] = {
         f"{SIM_BUGS}[keep_sent_progress]", f"{PROCS}[keep_sent_progress,restore_mixed]"),
     "fetch_discards": Planted(
         "learner", "every fetch throws the learner's unsent progress away (as the core did before keep_on_fetch): "
-        "each Δ is still merged once, weighed right and rebuilt from its steps", "goodput_vs_baseline",
+        "each Δ is still merged once, weighed right and rebuilt from its steps", "tokens_merged_vs_baseline",
         "a stored known-good envelope of the scenario with its faults (harness/scenarios/envelopes.json): "
-        "goodput and the share of tokens merged", f"{SIM_FILE}test_recovery_that_discards_its_work_misses_the_known_good_envelope"),
+        "the share of tokens merged (and goodput, in the simulator)",
+        f"{SIM_FILE}test_recovery_that_discards_its_work_misses_the_known_good_envelope",
+        f"{CLUSTER}test_recovery_that_discards_its_work_misses_its_envelope_on_real_processes"),
     "count_discarded": Planted(
         "learner", "a fetch does not reset the contribution counters: the next Δ claims discarded tokens",
         "tokens_conserved", "the learners' contribute and discard lines (their own account)",

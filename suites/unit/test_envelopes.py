@@ -47,6 +47,10 @@ def test_an_envelope_judges_each_figure_with_the_band_of_its_spread(tmp_path):
     with pytest.raises(ValueError, match="at least 3"):
         envelopes.record(s, "sim", RUNS[:2], store=store)
     assert envelopes.checks(_summary(0.9, 0.9, 0.0, 2.0), None) == []  # none stored: not judged
+    # the simulator is deterministic: seed 2's run is judged against seed 2's figures (band: the floor)
+    same = {r.name: r for r in envelopes.checks(_summary(0.92, 0.94, 0.02, 2.10), entry, seed=2)}
+    assert same["goodput_vs_baseline"].valid is False and round(same["goodput_vs_baseline"].bound, 6) == 0.93
+    assert same["tokens_merged_vs_baseline"].valid is True and same["final_loss_vs_baseline"].valid is True
 
 
 def test_a_run_is_judged_against_the_stored_envelope(tmp_path, monkeypatch):
@@ -64,6 +68,7 @@ def test_a_run_is_judged_against_the_stored_envelope(tmp_path, monkeypatch):
     (["baseline", "record", "syncer-crash", "--seeds", "1,2"], 2, "at least 3 different seeds"),
     (["baseline", "record", "syncer-crash", "--seeds", "1,x,3"], 2, "whole numbers"),
     (["baseline", "record", "nope"], 2, "nope"),
+    (["baseline", "record", "unit-loss", "--add"], 2, "no envelope stored"),
 ])
 def test_the_baseline_command_refuses_bad_input_before_running(argv, code, says, capsys):
     assert cli.main(argv) == code
