@@ -18,7 +18,7 @@ from diloco_chaos.harness.errors import UserError
 
 def register(sub, help_: str) -> None:
     p = sub.add_parser("baseline", help=help_, description=__doc__.split("\n\n")[0])
-    what = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    what = p.add_subparsers(dest="action", metavar="ACTION", required=True, help="record or show")
     rec = what.add_parser("record", help="run the scenario on known-good code and store its envelope")
     rec.add_argument("scenario", help="a TOML file, or a built-in name")
     rec.add_argument("--tier", choices=["cluster", "sim"], default="sim", help="the tier whose envelope it is (default sim)")

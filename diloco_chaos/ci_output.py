@@ -11,7 +11,7 @@ from pathlib import Path
 from diloco_chaos.gate import fmt_value
 from diloco_chaos.harness.judging.report_text import check_rows
 
-VERDICT = {0: "held", 1: "did not hold"}
+VERDICT = {0: "PASS", 1: "FAIL"}
 ROWS = [("goodput", "goodput"), ("final loss", "final_loss"), ("loss parity vs fault-free", "loss_parity"),
         ("restarts", "restarts")]
 

@@ -39,8 +39,8 @@ COMMANDS: list[tuple[str, str, str]] = [
 
 
 EXIT_CODES = """exit codes:
-  0    every check held (run, check: every file valid; compare: no --fail-on rule failed)
-  1    a check did not hold, or ended UNKNOWN without --allow-unknown; a --fail-on rule failed
+  0    PASS: every check passed (check: every file valid; compare: no --fail-on rule failed)
+  1    FAIL: a check failed, or ended UNKNOWN without --allow-unknown; a --fail-on rule failed
   2    bad input: a scenario, option or file that cannot be used (one line says what and where)
   130  interrupted (Ctrl-C); 143 terminated (SIGTERM): everything the run started is gone"""
 

@@ -228,7 +228,7 @@ class Chaos:
             unknown = unknown_checks(result.summary)
             why = "" if result.failed_checks else (f" (UNKNOWN is not a pass: {', '.join(unknown)} could not be "
                                                    f"judged; allow_unknown=... accepts it)")
-            parts.append(f"the run did not hold{why} ({result.run_dir}):\n" + "\n".join(check_lines(result.summary)))
+            parts.append(f"the run did not PASS{why} ({result.run_dir}):\n" + "\n".join(check_lines(result.summary)))
         rows = self.gate(result, baseline=baseline, fail_on=fail_on)
         if rows and not gate_held(rows):
             path = self.baseline_for(result, baseline)

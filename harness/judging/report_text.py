@@ -87,6 +87,6 @@ def check_rows(summary: dict) -> list[tuple[str, str]]:
 def check_lines(summary: dict) -> list[str]:
     """The check table as plain text (a failing test's message): failures first."""
     rows = sorted(check_rows(summary), key=lambda r: ("FAIL", "UNKNOWN", "PASS").index(r[0]))
-    verdict = {True: "valid", False: "NOT valid"}.get(summary.get("valid"), "unknown")
+    verdict = {True: "PASS", False: "FAIL"}.get(summary.get("valid"), "UNKNOWN")
     return [f"  {v:<7} {text}" for v, text in rows] + [f"  verdict: {verdict}"]
 

@@ -42,7 +42,7 @@ def _check(proc: subprocess.CompletedProcess) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out  # the unmet expectation fails, the user's example passes
     assert "1 failed, 1 passed" in out, out
-    assert "the run did not hold" in out and "FAIL    goodput_min" in out and "verdict: NOT valid" in out, out
+    assert "the run did not PASS" in out and "FAIL    goodput_min" in out and "verdict: FAIL" in out, out
     assert "Traceback" not in out  # a check table, not a stack
 
 

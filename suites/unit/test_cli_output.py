@@ -1,4 +1,4 @@
-"""What CI reads from `diloco-chaos run`: the exit code (0 held, 1 not held, 2 bad input),
+"""What CI reads from `diloco-chaos run`: the exit code (0 PASS, 1 FAIL, 2 bad input),
 `--json` (the summary alone on stdout), under GitHub Actions an `::error` line per failed
 check and a Markdown verdict in $GITHUB_STEP_SUMMARY; run directories named by UTC time
 with `latest` pointing at the newest; rounded figures; `--version`; `init`."""
@@ -59,7 +59,7 @@ def test_github_actions_gets_error_lines_and_a_step_summary(tmp_path, capsys, mo
     errors = [line for line in out.splitlines() if line.startswith("::error ")]
     assert len(errors) == 1 and "title=user-kill%3A FAIL::goodput_min = " in errors[0], errors
     md = step.read_text()
-    assert md.startswith("### ❌ diloco-chaos `user-kill` (sim): did not hold")
+    assert md.startswith("### ❌ diloco-chaos `user-kill` (sim): FAIL")
     assert "| `goodput_min` | FAIL |" in md and "| `no_crash` | PASS |" in md
     assert "| goodput | " in md and "%" in md
 
