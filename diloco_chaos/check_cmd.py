@@ -106,7 +106,8 @@ def check_file(name: str, seed: int | None = None) -> FileCheck:
     result.scenario, errors = collect_errors(data, source)
     if seed is not None and result.scenario is not None:  # as `run --seed` does: the draw keeps the file's
         result.scenario = dataclasses.replace(result.scenario, seed=seed)
-    result.errors = [_error(e) for e in errors]
+    text = path.read_text(encoding="utf-8", errors="replace") if path is not None and path.is_file() else ""
+    result.errors = [_error(e, text) for e in errors]
     return result
 
 
@@ -252,8 +253,49 @@ def _same_key(path: str, removed: set[str]) -> bool:
     return any(plain == re.sub(r"_s$", "", r) or path.startswith(r + ".") for r in removed)
 
 
-def _error(e) -> dict:
-    return {"path": e.path, "problem": e.problem, "valid": e.valid}
+def _error(e, text: str = "") -> dict:
+    """An error as `check` reports it, with the line and column of the key in the file where
+    TOML says (a syntax error) or the key can be found (file:line:col, as editors read it)."""
+    out = {"path": e.path, "problem": e.problem, "valid": e.valid}
+    m = re.fullmatch(r"line (\d+)(?:, column (\d+))?", e.path or "")
+    if m:
+        out.update(path="", line=int(m.group(1)), col=int(m.group(2) or 1))
+    elif text and (at := key_position(text, e.path)):
+        out.update(line=at[0], col=at[1])
+    return out
+
+
+def key_position(text: str, path: str) -> tuple[int, int] | None:
+    """(line, column), 1-based, of the key `path` names (`cluster.learners`, `faults[1].target`,
+    `train`) in a TOML file's text: its `key =` line inside its table, or the table's header;
+    None where the file does not spell it (a missing key: its table's header, if any)."""
+    keys = [k for k in re.split(r"\.(?![^\[]*\])", path or "") if k]
+    if not keys:
+        return None
+    m = re.fullmatch(r"(\w+)\[(\d+)\]", keys[0])
+    table, nth = (m.group(1), int(m.group(2))) if m else (keys[0], None)
+    lines = text.splitlines()
+    headers = [(i, ln.strip()) for i, ln in enumerate(lines) if ln.strip().startswith("[")]
+    if nth is not None:
+        starts = [i for i, h in headers if h.replace(" ", "") == f"[[{table}]]"]
+    else:
+        starts = [i for i, h in headers if h.replace(" ", "") == f"[{table}]"]
+    if len(keys) == 1 and nth is None:  # a top-level key, or a whole table
+        for i, ln in enumerate(lines[:headers[0][0] if headers else len(lines)]):
+            if re.match(rf"\s*{re.escape(table)}\s*=", ln):
+                return i + 1, ln.index(table) + 1
+        return (starts[0] + 1, 1) if starts else None
+    if nth is not None and nth >= len(starts) or nth is None and not starts:
+        return None
+    first = starts[nth if nth is not None else 0]
+    end = next((i for i, _ in headers if i > first), len(lines))
+    key = keys[1] if len(keys) > 1 else None
+    if key is None:
+        return first + 1, 1
+    for i in range(first + 1, end):
+        if re.match(rf"\s*{re.escape(key)}\s*=", lines[i]):
+            return i + 1, lines[i].index(key) + 1
+    return first + 1, 1  # missing from its table: the table's header
 
 
 # ------------------------------------------------------------------ the valid file's facts
@@ -282,7 +324,8 @@ def schedule_rows(s) -> list[dict]:
 def print_result(r: FileCheck) -> None:
     if r.errors:
         for e in r.errors:
-            where = f"{r.file}: {e['path']}: " if e["path"] else f"{r.file}: "
+            at = f"{r.file}:{e['line']}:{e['col']}" if e.get("line") else r.file
+            where = f"{at}: {e['path']}: " if e["path"] else f"{at}: "
             print(where + e["problem"] + (f"; valid: {e['valid']}" if e["valid"] else ""))
         return
     shape = shape_of(r.scenario)

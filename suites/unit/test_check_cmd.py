@@ -48,9 +48,14 @@ def test_a_file_with_three_errors_reports_all_three_at_once(tmp_path, capsys):
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith(str(path))]
     assert len(lines) == 3, out
-    assert any(f"{path}: train.sped: unknown key" in line for line in lines), out
-    assert any(f"{path}: faults[1].target: " in line and "valid: learner-N" in line for line in lines), out
-    assert any(f"{path}: faults[2].duration: " in line and "> 0 seconds" in line for line in lines), out
+    # file:line:col, as editors read it: each key where the file spells it
+    text = BROKEN.splitlines()
+    sped = next(i for i, line in enumerate(text) if line.startswith("sped")) + 1
+    target = [i for i, line in enumerate(text) if line.startswith("target")][1] + 1
+    duration = [i for i, line in enumerate(text) if line.startswith("duration")][-1] + 1
+    assert any(f"{path}:{sped}:1: train.sped: unknown key" in line for line in lines), out
+    assert any(f"{path}:{target}:1: faults[1].target: " in line and "valid: learner-N" in line for line in lines), out
+    assert any(f"{path}:{duration}:1: faults[2].duration: " in line and "> 0 seconds" in line for line in lines), out
     assert "3 errors in 1 file" in out
 
 
@@ -99,7 +104,7 @@ def test_a_toml_syntax_error_is_one_error_with_its_line(tmp_path, capsys):
     path.write_text('name = "x"\nseed = 1\n[train\nsteps = 3\n')
     assert main(["check", str(path)]) == 2
     out = capsys.readouterr().out
-    assert f"{path}: line 3, column" in out and "TOML syntax error" in out
+    assert f"{path}:3:" in out and "TOML syntax error" in out
     assert "1 error in 1 file" in out
 
 
@@ -124,3 +129,15 @@ def test_faults_lists_every_kind_with_its_fields(capsys):
     assert [k["kind"] for k in kinds] == list(FAULT_KINDS)
     corrupt = next(k for k in kinds if k["kind"] == "corrupt")
     assert {p["name"]: p["default"] for p in corrupt["parameters"]}["mode"] == '"scale"'
+
+
+def test_a_key_is_found_where_the_file_spells_it():
+    from diloco_chaos.check_cmd import key_position
+
+    text = 'name = "x"\nseed = 1\n[train]\nsteps = 3\n  lr = 0.1\n[[faults]]\nkind = "a"\n[[faults]]\nkind = "b"\n'
+    assert key_position(text, "seed") == (2, 1)
+    assert key_position(text, "train") == (3, 1)
+    assert key_position(text, "train.lr") == (5, 3)
+    assert key_position(text, "train.duration") == (3, 1)  # missing: its table's header
+    assert key_position(text, "faults[1].kind") == (9, 1) and key_position(text, "faults[0]") == (6, 1)
+    assert key_position(text, "cluster.learners") is None and key_position(text, "faults[2].kind") is None
