@@ -122,11 +122,39 @@ def collect_errors(data: dict, source: str):
     for _ in range(MAX_PASSES):
         try:
             s = scenario_from_dict(work.data, source)
+            errors += _dropped_targets(work.dropped, s, source, errors)
             return (None if errors else s), errors
         except ScenarioError as e:
             if not work.fix(e, errors):
                 return None, errors
     return None, errors
+
+
+def _dropped_targets(dropped: list, s, source: str, errors: list) -> list:
+    """A fault table taken out for another field's error still has its target judged (one
+    pass shows every error: a bad duration does not hide a target the run does not have)."""
+    from diloco_chaos.faults.kinds import FAULT_KINDS
+    from diloco_chaos.faults.overlaps import LinkTarget
+    from diloco_chaos.harness.scenarios.scenario import ScenarioError
+
+    shape, out = s.shape(), []
+    said = {e.path for e in errors}
+    for i, table in dropped:
+        kind, target = table.get("kind"), table.get("target")
+        path = f"faults[{i}].target"
+        if kind not in FAULT_KINDS or not isinstance(target, str) or path in said:
+            continue
+        role = FAULT_KINDS[kind].role
+        try:
+            ok = (target in shape.units if role == "learner" else target in shape.syncers if role == "syncer"
+                  else LinkTarget.parse(target).exists(shape.units, shape.syncers))
+        except ValueError:
+            continue  # a malformed target: its own field error says so when the table is read
+        if not ok:
+            out.append(ScenarioError(source, path, f"unknown target {target!r} in a run with {shape.learners} "
+                                                   f"learners and {shape.shards} syncer shard(s)",
+                                     shape.valid_targets(role)))
+    return out
 
 
 class _Work:
@@ -139,6 +167,7 @@ class _Work:
         faults = data.get("faults")
         self.ids = list(range(len(faults))) if isinstance(faults, list) else []
         self.removed: set[str] = set()  # paths as the file has them
+        self.dropped: list[tuple[int, dict]] = []  # fault tables taken out whole: (index in the file, table)
         self.filled: set[str] = set()   # missing tables the checker put in, empty: their keys are that error's
 
     def fix(self, e, errors: list) -> bool:
@@ -189,6 +218,8 @@ class _Work:
 
     def _delete(self, parent, keys: list) -> None:
         if isinstance(parent, list):  # a whole fault table
+            if isinstance(parent[keys[-1]], dict):
+                self.dropped.append((self.ids[keys[-1]], parent[keys[-1]]))
             del parent[keys[-1]]
             del self.ids[keys[-1]]
         else:

@@ -141,3 +141,14 @@ def test_a_key_is_found_where_the_file_spells_it():
     assert key_position(text, "train.duration") == (3, 1)  # missing: its table's header
     assert key_position(text, "faults[1].kind") == (9, 1) and key_position(text, "faults[0]") == (6, 1)
     assert key_position(text, "cluster.learners") is None and key_position(text, "faults[2].kind") is None
+
+
+def test_a_fault_with_a_bad_field_still_has_its_target_judged(tmp_path, capsys):
+    path = tmp_path / "two.toml"
+    path.write_text('name = "x"\nseed = 1\n[train]\nsteps = 10\nduration = "60s"\n'
+                    '[[faults]]\nkind = "kill_unit"\ntarget = "learner-9"\nat = "2s"\ndown_for = "soon"\n')
+    assert main(["check", str(path)]) == 2
+    out = capsys.readouterr().out
+    assert f"{path}:10:1: faults[0].down_for:" in out
+    assert f"{path}:8:1: faults[0].target: unknown target 'learner-9' in a run with 4 learners" in out
+    assert "2 errors in 1 file" in out
