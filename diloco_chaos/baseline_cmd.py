@@ -3,7 +3,8 @@
 Runs the scenario (a built-in name or a file) several times on one tier with the code as it
 is, one seed after another (`--seeds`, default the scenario's and the two after it), and
 stores the spread of what the runs kept (goodput, tokens merged, tokens lost or in flight,
-final loss) in harness/scenarios/envelopes.json (harness/judging/envelopes.py). Every later
+final loss): a built-in scenario's in harness/scenarios/envelopes.json, any other scenario's
+in an envelopes.json beside its file (harness/judging/envelopes.py). Every later
 run of that scenario and tier is judged against it. Only from code you trust: an envelope
 recorded from a bug makes the bug the standard. `baseline show NAME` prints what is stored."""
 from __future__ import annotations
@@ -52,8 +53,11 @@ def cmd_record(args) -> int:
     from diloco_chaos.harness.judging import envelopes
     from diloco_chaos.run_cmd import _load, _runner
 
+    from diloco_chaos.harness.scenarios.scenario import locate
+
     s = _load(args.scenario, None)
-    before = envelopes.stored(s, args.tier) if args.add else None
+    store = envelopes.store_for(locate(args.scenario)[0])
+    before = envelopes.stored(s, args.tier, store=store) if args.add else None
     if args.add and before is None:
         raise UserError(f"--add: no envelope stored for {envelopes.key(s, args.tier)} to add to; record one first")
     seeds, run = _seeds(args.seeds, s.seed, 1 if args.add else 3), _runner(args.tier)
@@ -66,8 +70,8 @@ def cmd_record(args) -> int:
             runs.append({"seed": seed, **figures})
             print("  " + ", ".join(f"{k} {v:.4g}" if v is not None else f"{k} -" for k, v in figures.items()))
     why = "; ".join(x for x in ((before or {}).get("why", ""), args.why) if x)
-    entry = envelopes.record(s, args.tier, runs, why=why)
-    print(f"stored {envelopes.key(s, args.tier)} in {envelopes.STORE}")
+    entry = envelopes.record(s, args.tier, runs, store=store, why=why)
+    print(f"stored {envelopes.key(s, args.tier)} in {store}")
     _print(entry)
     return 0
 
@@ -76,8 +80,10 @@ def cmd_show(args) -> int:
     from diloco_chaos.harness.judging import envelopes
     from diloco_chaos.run_cmd import _load
 
+    from diloco_chaos.harness.scenarios.scenario import locate
+
     s = _load(args.scenario, None)
-    entry = envelopes.stored(s, args.tier)
+    entry = envelopes.stored(s, args.tier, store=envelopes.store_for(locate(args.scenario)[0]))
     if entry is None:
         print(f"no envelope for {envelopes.key(s, args.tier)} (record one: diloco-chaos baseline record "
               f"{args.scenario} --tier {args.tier})")

@@ -7,7 +7,8 @@ included) and tier, the spread of figures over ≥ 3 known-good runs (seeds, and
 processes idle and busy machines): goodput, the share of trained tokens merged, the share
 lost or still in flight at the end, and the final loss. Recorded on purpose only
 (`diloco-chaos baseline record NAME`, from code you trust), kept in the repository
-(harness/scenarios/envelopes.json), keyed by the scenario's config without its seed and
+(harness/scenarios/envelopes.json for the built-in scenarios, an envelopes.json beside any
+other scenario file), keyed by the scenario's config without its seed and
 `[expect]` (a changed default or fault makes a new key: nothing is judged against an
 envelope that no longer applies).
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 
@@ -70,7 +72,23 @@ def _load(store: Path | None) -> dict:
 
 
 def stored(s, tier: str, store: Path | None = None) -> dict | None:
-    return _load(store).get(key(s, tier))
+    """The envelope of `s` on `tier`: from `store`, else from an envelopes.json beside the
+    scenario file being run (the folders its loader names, DILOCO_CHAOS_TASK_PATH), else the
+    built-in scenarios' store."""
+    if store is not None:
+        return _load(store).get(key(s, tier))
+    for folder in filter(None, os.environ.get("DILOCO_CHAOS_TASK_PATH", "").split(os.pathsep)):
+        entry = read_store(Path(folder) / "envelopes.json").get(key(s, tier))
+        if entry is not None:
+            return entry
+    return _load(None).get(key(s, tier))
+
+
+def store_for(scenario_file: Path) -> Path:
+    """Where `baseline record` keeps a scenario's envelope: the built-in scenarios' store for
+    a built-in, else envelopes.json beside the scenario file (in the user's repository)."""
+    builtin = STORE.parent / "builtin"
+    return STORE if scenario_file.resolve().parent == builtin.resolve() else scenario_file.parent / "envelopes.json"
 
 
 def figures_of(summary: dict) -> dict:

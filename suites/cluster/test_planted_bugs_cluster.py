@@ -331,13 +331,13 @@ SHORT_CRASH = Path(__file__).parent / "scenarios" / "syncer-crash-short.toml"
 def test_recovery_that_discards_its_work_misses_its_envelope_on_real_processes(tmp_path, monkeypatch):
     """fetch_discards (every fetch throws the unsent progress away) on the shortened
     syncer-crash, against the envelope its known-good runs left in the repository
-    (harness/scenarios/envelopes.json: 6 runs, seeds 8-10 idle and beside two busy
+    (suites/cluster/scenarios/envelopes.json: 6 runs, seeds 8-10 idle and beside two busy
     processes, 93.4-96.2 % of tokens merged; band 2.9 points). With the bug 85.6 % was
     merged (measured idle) while every run-level check held: only the envelope sees it."""
     from diloco_chaos.harness.judging import envelopes
 
     s = load_scenario(str(SHORT_CRASH))
-    entry = envelopes.stored(s, "cluster")
+    entry = envelopes.stored(s, "cluster", store=envelopes.store_for(SHORT_CRASH))  # beside the file
     assert entry is not None, f"no envelope for {envelopes.key(s, 'cluster')}: baseline record {SHORT_CRASH} --tier cluster"
     monkeypatch.setenv(BUGS_ENV, "fetch_discards")
     result = runner.run_scenario(s, tmp_path, live=False)

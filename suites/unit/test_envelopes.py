@@ -68,8 +68,24 @@ def test_a_run_is_judged_against_the_stored_envelope(tmp_path, monkeypatch):
     (["baseline", "record", "syncer-crash", "--seeds", "1,2"], 2, "at least 3 different seeds"),
     (["baseline", "record", "syncer-crash", "--seeds", "1,x,3"], 2, "whole numbers"),
     (["baseline", "record", "nope"], 2, "nope"),
-    (["baseline", "record", "unit-loss", "--add"], 2, "no envelope stored"),
+    (["baseline", "record", "{tmp}/mine.toml", "--add"], 2, "no envelope stored"),
 ])
-def test_the_baseline_command_refuses_bad_input_before_running(argv, code, says, capsys):
-    assert cli.main(argv) == code
+def test_the_baseline_command_refuses_bad_input_before_running(argv, code, says, capsys, tmp_path):
+    (tmp_path / "mine.toml").write_text('name = "mine"\nseed = 1\n[train]\nsteps = 10\nduration = "5s"\n')
+    assert cli.main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == code
     assert says in capsys.readouterr().err
+
+
+def test_a_scenario_files_envelope_lives_beside_it_and_is_found_there(tmp_path, monkeypatch):
+    from diloco_chaos.harness.scenarios.scenario import SCENARIOS_DIR
+
+    assert envelopes.store_for(SCENARIOS_DIR / "syncer-crash.toml") == envelopes.STORE
+    mine = tmp_path / "mine.toml"
+    assert envelopes.store_for(mine) == tmp_path / "envelopes.json"
+    s = load_scenario("syncer-crash")
+    envelopes.record(s, "sim", RUNS, store=tmp_path / "envelopes.json")
+    monkeypatch.setattr(envelopes, "STORE", tmp_path / "nothing.json")
+    monkeypatch.delenv("DILOCO_CHAOS_TASK_PATH", raising=False)
+    assert envelopes.stored(s, "sim") is None
+    monkeypatch.setenv("DILOCO_CHAOS_TASK_PATH", str(tmp_path))  # what the CLI names for a scenario file
+    assert envelopes.stored(s, "sim")["runs"] == RUNS
