@@ -163,7 +163,11 @@ class Chaos:
             result = run_scenario(s, self.out_dir, live=False, reference=reference)
         from diloco_chaos.run_cmd import with_baseline
 
-        summary = with_baseline(result.summary, s, tier, Path(result.run_dir))  # where one is stored
+        from diloco_chaos.harness.judging.envelopes import store_for
+        from diloco_chaos.harness.scenarios.scenario import locate
+
+        store = None if isinstance(scenario, Scenario) else store_for(locate(scenario)[0])  # beside its file
+        summary = with_baseline(result.summary, s, tier, Path(result.run_dir), store)  # where one is stored
         if self.record is not None:
             from diloco_chaos.runs_cmd import verdict
 

@@ -105,7 +105,7 @@ def _unknown_option(p) -> None:
                         "UNKNOWN is not a pass and the exit code is 1. Bare: any check; else only those named")
 
 
-def with_baseline(summary: dict, s, tier: str, run_dir: Path | None = None) -> dict:
+def with_baseline(summary: dict, s, tier: str, run_dir: Path | None = None, envelope_store: Path | None = None) -> dict:
     """The summary with `baseline_parity_max` added where a known-good baseline is stored
     for the scenario's config and tier (harness/judging/baseline.py), and the envelope's
     checks where a known-good envelope is stored for the scenario with its faults
@@ -115,7 +115,7 @@ def with_baseline(summary: dict, s, tier: str, run_dir: Path | None = None) -> d
 
     r = baseline.check(summary.get("final_loss"), baseline.stored(s, tier),
                        s.expect.loss_parity_max or baseline.BOUND)
-    added = ([] if r is None else [r]) + envelopes.checks(summary, envelopes.stored(s, tier), s.seed)
+    added = ([] if r is None else [r]) + envelopes.checks(summary, envelopes.stored(s, tier, envelope_store), s.seed)
     if not added:
         return summary
     summary["checks"] = [*summary.get("checks", []), *(x.to_dict() for x in added)]
