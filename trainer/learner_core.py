@@ -301,9 +301,9 @@ class LearnerCore(LearnerDP, LearnerClose):
         if self.config.keep_local and not overwrite:
             # the progress made since p was last contributed (or last taken) is in no Δ yet:
             # it moves onto the new Θ[p] instead of being overwritten
-            # (planted `keep_sent_progress`: a fetch's keep measured from base[p], so what went out
-            # in the last Δ is kept again and goes out twice)
-            again = fetch and "keep_sent_progress" in self.config.bugs
+            # (planted `keep_sent_progress`: the keep measured from base[p], so what went out in
+            # the last Δ is kept again and goes out twice)
+            again = "keep_sent_progress" in self.config.bugs
             ref = state.base[p] if state.sent_from[p] is None or again else state.sent_from[p]
             if self.math.rebase is not None:
                 params = self.math.rebase(state.params, p, glob, ref)

@@ -62,7 +62,7 @@ CATALOGUE: dict[str, Planted] = {
         "learner", "no answer gate: re-sends its drift every turn, and its contribute lines say so",
         "progress_merged_once", "the learner's own contribute lines", f"{SIM_STALENESS}[cumulative_delta]", f"{PROCS}[cumulative_delta,drop_last_delta,held_as_exact]"),
     "keep_sent_progress": Planted(
-        "learner", "a fetch that keeps the local progress measures it from base[p], not from θ[p] as last sent: "
+        "learner", "a take that keeps the local progress measures it from base[p], not from θ[p] as last sent: "
         "what the last Δ carried goes out again in the next, which claims only the steps since that send",
         "deltas_reexecuted", "independent of the core: the merged Δs (the shard's commit_audit) against the sum "
         "of what the claimed inner steps changed (the learner's step tally, kept outside the core's rules)",

@@ -26,10 +26,11 @@ built-in scenario runs.
 - `restore_mixed`: syncer-0, killed at 8 s, restores Θ from its oldest kept checkpoint and
   its versions from the latest: `durable_rounds_kept` (versions) passes, `restores_faithful`
   (the digests its save wrote against those of what it loaded) fails.
-- `keep_sent_progress` (in the `restore_mixed` run): after syncer-0's return the learners'
-  fetches keep their local progress, measured from base[p] instead of θ[p] as last sent, so
-  the next Δ carries the last one's steps again while claiming only its own
-  (`deltas_reexecuted`: the merged Δ against the sum of its claimed steps' changes).
+- `keep_sent_progress` (in the `restore_mixed` run): every take that keeps the local
+  progress (each answer) measures it from base[p] instead of θ[p] as last sent, so the next
+  Δ carries the last one's steps again while claiming only its own (`deltas_reexecuted`: the
+  merged Δ against the sum of its claimed steps' changes). Planted on kept fetches only, it
+  depended on a Δ being in flight when syncer-0 died: a CI run had none, and passed.
 - `drop_last_delta` and `held_as_exact` (int4 broadcasts): a commit leaves out its last Δ
   while its merge lines name it (`commits_audited` redoes the sampled commits), and the shard
   records a learner as holding Θ[p] exactly after a compressed delta (`copies_consistent`:
@@ -119,9 +120,9 @@ CASES = {  # bugs -> (built-in scenario, its fault kept, that fault (at, for) s,
     "restore_oldest,steep_discount": ("syncer-crash", 0, (8.0, 3.0), {},
                                       ("durable_rounds_kept", "weights_match_staleness"), ()),
     # Θ from the oldest kept checkpoint, the versions from the latest: the versions check passes.
-    # keep_sent_progress rides along: the learners' fetches after syncer-0's return keep their
-    # progress (restored behind them), measured from base[p] (deltas_reexecuted reads the Δs
-    # against the learners' step tallies; restores_faithful the shard's save and restore digests)
+    # keep_sent_progress rides along: every answer's keep measured from base[p]
+    # (deltas_reexecuted reads the Δs against the learners' step tallies; restores_faithful the
+    # shard's save and restore digests)
     "keep_sent_progress,restore_mixed": ("syncer-crash", 0, (8.0, 3.0), {}, ("restores_faithful", "deltas_reexecuted"),
                                          ("durable_rounds_kept",)),
     # the audits: the judge's own arithmetic over the shards' lines (harness/judging/audits.py)
