@@ -1,21 +1,24 @@
 """Small disks: each named unit's checkpoint folder on a filesystem of its own (a tmpfs the
 harness mounts; root only), so that a `disk_full` fault fills it for real: the kernel
 answers the unit's writes with ENOSPC, inside orbax's background write too, and nothing in
-the unit is told or changed. `fill` takes the free space with one preallocated file,
-`free` deletes it. At the end the folder's contents are copied out, the filesystem
+the unit is told or changed. `fill` takes the free space with one file and keeps
+taking what the unit frees, `free` deletes it. At the end the folder's contents are copied out, the filesystem
 unmounted and the contents put back, so the run's checkpoints stay for the harness's global
 eval and the report (and nothing stays mounted, after a failure or Ctrl-C too)."""
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 from diloco_chaos.harness.errors import UserError
 
 FILLER = ".disk-full"  # the file that takes a full disk's free space
 SIZE = "64m"           # room for a shard's kept checkpoints of the built-in tasks, many times over
+TOP_UP_S = 0.05        # how often a full disk's filler takes back space the unit freed
 
 
 class SmallDiskError(UserError):
@@ -26,6 +29,7 @@ class SmallDisks:
     def __init__(self, run_dir: Path, units: tuple[str, ...], size: str = SIZE):
         self.run_dir, self.units, self.size = Path(run_dir), tuple(units), size
         self.mounted: list[str] = []
+        self.full: dict[str, threading.Event] = {}  # unit -> the switch of its top-up thread
 
     def folder(self, unit: str) -> Path:
         return self.run_dir / "ckpt" / unit
@@ -46,23 +50,49 @@ class SmallDisks:
             self.mounted.append(unit)
 
     def fill(self, unit: str) -> None:
-        """The disk full to its last byte: one file preallocated over its free space."""
+        """The disk full to its last byte, and kept full until `free`: the filler file grows
+        over whatever space there is, now and every TOP_UP_S (the unit deleting an old
+        checkpoint frees space, which the filler takes back). A one-shot preallocation of the
+        free space measured a moment before failed whole when a save landed in between: a
+        CI run's disk was never full."""
         path = self.folder(unit)
         if unit not in self.mounted:
             raise SmallDiskError(f"disk_full on {unit}: its checkpoint folder {path} is not a small disk of its own "
                                  f"(the runner mounts one for each disk_full target)")
-        st = os.statvfs(path)
-        fd = os.open(path / FILLER, os.O_WRONLY | os.O_CREAT, 0o600)
+        self._top_up(path)
+        stop = threading.Event()
+        self.full[unit] = stop
+        threading.Thread(target=self._keep_full, args=(path, stop), name=f"disk-full-{unit}", daemon=True).start()
+
+    @staticmethod
+    def _top_up(path: Path) -> None:
+        """Appends to the filler until the kernel says ENOSPC, in smaller and smaller writes."""
+        fd = os.open(path / FILLER, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            free = st.f_bavail * st.f_frsize
-            if free:
-                os.posix_fallocate(fd, 0, free)
-        except OSError:  # a save landed between statvfs and here: what is left stays taken
-            pass
+            for size in (1 << 20, 1 << 12, 1):
+                block = bytes(size)
+                while True:
+                    try:
+                        if os.write(fd, block) < size:
+                            break
+                    except OSError as e:
+                        if e.errno != errno.ENOSPC:
+                            raise
+                        break
         finally:
             os.close(fd)
 
+    def _keep_full(self, path: Path, stop: threading.Event) -> None:
+        while not stop.wait(TOP_UP_S):
+            try:
+                self._top_up(path)
+            except OSError:  # unmounted under it at the end
+                return
+
     def free(self, unit: str) -> None:
+        stop = self.full.pop(unit, None)
+        if stop is not None:
+            stop.set()
         (self.folder(unit) / FILLER).unlink(missing_ok=True)
 
     def unmount(self) -> None:
