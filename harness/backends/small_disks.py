@@ -60,7 +60,9 @@ class SmallDisks:
             raise SmallDiskError(f"disk_full on {unit}: its checkpoint folder {path} is not a small disk of its own "
                                  f"(the runner mounts one for each disk_full target)")
         self._top_up(path)
-        stop = threading.Event()
+        stop, before = threading.Event(), self.full.get(unit)
+        if before is not None:  # filled again while full: one thread keeps it so
+            before.set()
         self.full[unit] = stop
         threading.Thread(target=self._keep_full, args=(path, stop), name=f"disk-full-{unit}", daemon=True).start()
 
