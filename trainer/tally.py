@@ -48,6 +48,7 @@ class StepTally:
         self.get, self.n = get_fragment, n_fragments
         self.picks: list | None = None   # per fragment: [(leaf, local coordinates or None)]
         self.prefix: dict[int, list] = {}  # step -> per fragment, the sum of the steps' changes up to it
+        self._kept = None  # (the last θ after a step, its samples)
 
     def _plan(self, params) -> None:
         self.picks = []
@@ -75,8 +76,12 @@ class StepTally:
         if last is None:  # the first step: the record starts before it
             last = [np.zeros(len(self._sample(before, p)), np.float64) for p in range(self.n)]
             self.prefix[step - 1] = last
-        self.prefix[step] = [last[p] + (self._sample(after, p).astype(np.float64)
-                                        - self._sample(before, p).astype(np.float64)) for p in range(self.n)]
+        # θ before a step is the last step's θ after, unless a take came between: its samples are kept
+        was = self._kept[1] if self._kept is not None and self._kept[0] is before else \
+            [self._sample(before, p).astype(np.float64) for p in range(self.n)]
+        now = [self._sample(after, p).astype(np.float64) for p in range(self.n)]
+        self._kept = (after, now)
+        self.prefix[step] = [last[p] + (now[p] - was[p]) for p in range(self.n)]
 
     def forget_before(self, step: int) -> None:
         """No Δ will start before `step` (the oldest anchor in use): drop older sums."""

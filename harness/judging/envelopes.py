@@ -28,6 +28,7 @@ from pathlib import Path
 
 from diloco_chaos.harness.judging.baseline import keyed, read_store
 from diloco_chaos.harness.judging.check_base import Result
+from diloco_chaos.trainer.plugins import SEARCH_ENV
 
 STORE = Path(__file__).parents[1] / "scenarios" / "envelopes.json"
 MIN_RUNS = 3
@@ -77,7 +78,7 @@ def stored(s, tier: str, store: Path | None = None) -> dict | None:
     built-in scenarios' store."""
     if store is not None:
         return _load(store).get(key(s, tier))
-    for folder in filter(None, os.environ.get("DILOCO_CHAOS_TASK_PATH", "").split(os.pathsep)):
+    for folder in filter(None, os.environ.get(SEARCH_ENV, "").split(os.pathsep)):
         entry = read_store(Path(folder) / "envelopes.json").get(key(s, tier))
         if entry is not None:
             return entry
