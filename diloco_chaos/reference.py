@@ -181,7 +181,7 @@ def check_table() -> list[dict]:
     """Every check a run's verdict, a scenario's [expect] or a property suite judges: its
     name, where it is judged, what it holds, its bound, and the evidence it reads as the
     planted-bug catalogue records it."""
-    from diloco_chaos.harness.judging import audits, baseline, checks, ledger, model_checks
+    from diloco_chaos.harness.judging import audits, baseline, checks, ledger, model_checks, storage
     from diloco_chaos.harness.judging.planted import CATALOGUE, PROOFS
 
     safety = {
@@ -216,6 +216,8 @@ def check_table() -> list[dict]:
         "starved_learners_reanchor": (audits.starved_learners_reanchor,
                                       f"a Hello within starve_cycles (×2 after an unanswered one) + "
                                       f"{audits.STARVE_SLACK_CYCLES} fragment cycles of silence"),
+        "checkpoint_integrity": (storage.checkpoint_integrity, "0 violations"),
+        "restore_latest_intact": (storage.restore_latest_intact, "0 violations"),
         "staleness_bounded": (model_checks.staleness_bounded,
                               "`max_staleness`, where a caller gives one (the property suites)"),
         "no_crash": (checks.no_crash, "0 crashes (judged when the log's header records crashes)"),
@@ -332,6 +334,12 @@ EVENT_KINDS: dict[str, tuple[str, str]] = {  # kind -> (who writes it, what it s
                                              "never fatal, its state goes into the next save"),
     "checkpoint_restored": ("learner, syncer", "a (re)started unit restored a checkpoint: step (a shard's: "
                                                "versions)"),
+    "checkpoint_skipped": ("learner, syncer", "a restore passed over a saved checkpoint: step, why (no manifest, "
+                                              "did not load, its bytes not what its manifest says)"),
+    "checkpoint_damaged": ("harness", "corrupt_checkpoint damaged a unit's newest sealed checkpoint at rest: "
+                                      "unit, step, damage (flip, truncate, manifest), file"),
+    "checkpoints_listed": ("harness", "a shard's checkpoint folder as the harness found it right after killing "
+                                      "it: unit, finalized and sealed steps (restore_latest_intact)"),
     "eval": ("learner, harness", "a held-out loss: a learner's of its local θ, or the harness's of the global "
                                  "model (`global: true`; `snapshot: true` along the run)"),
     "slices": ("learner", "the learner's live slices changed (kill_slice): live_slices"),

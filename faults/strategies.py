@@ -33,7 +33,7 @@ from diloco_chaos.faults.schedule import RunShape, Schedule, validate
 
 # Mildest first: Hypothesis shrinks a sampled kind toward the front.
 KINDS = ("wan", "slow_unit", "reset", "truncate", "partition", "pause_unit", "kill_slice", "kill_unit",
-         "kill_syncer")
+         "kill_syncer", "corrupt_checkpoint")
 # corrupt is drawn only where asked for: the shard's guard has no history right after a
 # shard restart, so a corruption then can get in (docs/PROTOCOL.md "Corrupt contributions")
 ALL_KINDS = KINDS + ("corrupt",)

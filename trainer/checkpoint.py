@@ -14,6 +14,15 @@ What a caller gets:
   acknowledge one.
 - `restore(step=None)` returns the latest finalized checkpoint as a plain tree
   (dicts, lists, numpy arrays, Python scalars) without any template, or None.
+- A manifest per checkpoint (`<step>/manifest.json`: the step, and the shape, dtype and
+  sha256 of every leaf of the tree the caller handed to `save`), written last: once orbax
+  has finalized the step, its files are fsynced, then the manifest is written to a
+  temporary name, fsynced, renamed into place and the folder fsynced. A step is *sealed*
+  when its manifest is there; `latest_step()` names the newest sealed step, so "latest"
+  never names a checkpoint that is not complete. `restore_verified()` tries the sealed
+  steps newest first, loads each and checks every leaf against its manifest, and skips
+  (with the reason) one without a manifest, one that does not load (a truncated file) and
+  one whose bytes differ (a flipped byte): it never loads a damaged or partial checkpoint.
 
 Atomicity is orbax's: on a local filesystem a step is written into
 `<step>.orbax-checkpoint-tmp-<timestamp>/` and renamed to `<step>/` only when
@@ -29,6 +38,9 @@ state, made of NamedTuples, goes through `trainer.inner.opt_state_to_tree` first
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -74,6 +86,54 @@ def _to_numpy(tree: Any) -> Any:
     return tree
 
 
+MANIFEST = "manifest.json"  # in each step's folder, written last (the module's docstring)
+
+
+def _leaves(tree: Any, path: str = ""):
+    """(path, leaf) of a checkpoint tree, depth first, in key order."""
+    if isinstance(tree, dict):
+        for k in sorted(tree):
+            yield from _leaves(tree[k], f"{path}{k}/")
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            yield from _leaves(v, f"{path}{i}/")
+    else:
+        yield path.rstrip("/"), tree
+
+
+def manifest_of(step: int, tree: Any) -> dict:
+    """What a checkpoint must hold: per leaf its dtype, shape and the sha256 of its bytes
+    (a Python scalar as the numpy value it is restored as)."""
+    leaves = {}
+    for path, leaf in _leaves(tree):
+        a = np.ascontiguousarray(np.asarray(leaf))
+        leaves[path] = {"dtype": a.dtype.str, "shape": list(a.shape),
+                        "sha256": hashlib.sha256(a.tobytes()).hexdigest()}
+    return {"step": step, "leaves": leaves}
+
+
+def manifest_differs(manifest: dict, tree: Any) -> str | None:
+    """None if `tree` is what `manifest` says; else the first difference, in words."""
+    got = manifest_of(manifest.get("step", -1), tree)["leaves"]
+    want = manifest.get("leaves") or {}
+    if set(got) != set(want):
+        missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+        return f"leaves differ: missing {missing[:3]}, unexpected {extra[:3]}"
+    for path in sorted(want):
+        for key in ("dtype", "shape", "sha256"):
+            if got[path][key] != want[path][key]:
+                return f"{path}: {key} {got[path][key]} != {want[path][key]} in its manifest"
+    return None
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class FirstPerInterval:
     """An orbax preservation policy: keeps the first checkpoint saved in each interval of
     wall-clock time, the intervals counted from the epoch (not from this directory's
@@ -113,7 +173,9 @@ class Checkpointer:
             preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(keep),
             enable_async_checkpointing=True, cleanup_tmp_directories=True, create=True)
         self._mngr = ocp.CheckpointManager(self.directory, options=self._options)
-        self._last_saved: int | None = self.latest_step()
+        self._pending: dict[int, dict] = {}  # saved steps whose manifest is not written yet
+        finalized = self.steps()
+        self._last_saved: int | None = finalized[-1] if finalized else None
         self._starter = ThreadPoolExecutor(1, thread_name_prefix="ckpt-start") if start_in_thread else None
         self._starting: Future | None = None  # the worker's start of the newest save
 
@@ -128,6 +190,8 @@ class Checkpointer:
         if not isinstance(tree, dict):
             raise ValueError(f"checkpoint tree must be a dict, got {type(tree).__name__}")
         host_tree = to_host_tree(tree)
+        self._seal()
+        self._pending[step] = manifest_of(step, host_tree)
         if self._starter is None:
             self._mngr.save(step, args=ocp.args.StandardSave(host_tree), force=True)
         else:
@@ -153,6 +217,29 @@ class Checkpointer:
         self._started()
         self._mngr.wait_until_finished()
         self._mngr.check_for_errors()
+        self._seal()
+
+    def _seal(self) -> None:
+        """Writes the manifest of every saved step orbax has finalized since (the module's
+        docstring): its files fsynced first, the manifest last, atomically."""
+        for step in sorted(self._pending):
+            folder = self.directory / str(step)
+            if not folder.is_dir():
+                continue  # still being written (or failed: `recover` forgets it)
+            manifest = self._pending.pop(step)
+            try:
+                for root, _dirs, files in os.walk(folder):
+                    for name in files:
+                        _fsync(Path(root) / name)
+                tmp = folder / (MANIFEST + ".tmp")
+                with open(tmp, "w") as f:
+                    json.dump(manifest, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, folder / MANIFEST)
+                _fsync(folder)
+            except FileNotFoundError:
+                continue  # deleted meanwhile by the preservation policy: nothing to seal
 
     def recover(self) -> None:
         """After a failed save (a full disk, an I/O error: `wait` raised it): orbax's manager
@@ -161,6 +248,9 @@ class Checkpointer:
         `cleanup_tmp_directories`) and saves again; the finalized steps are untouched. The
         next save's step must still exceed the failed one's (orbax refuses a step it saw)."""
         self._starting = None
+        self._pending = {s: m for s, m in self._pending.items() if (self.directory / str(s)).is_dir()}
+        self._seal()  # an earlier save that did land keeps its manifest
+        self._pending.clear()
         try:
             self._mngr.close()
         except Exception:  # noqa: BLE001 - the failed save's error, raised once more on the way out
@@ -176,9 +266,47 @@ class Checkpointer:
         """Finalized steps on disk, ascending."""
         return sorted(ocp.utils.checkpoint_steps(self.directory))
 
+    def sealed_steps(self) -> list[int]:
+        """Finalized steps whose manifest was written (complete), ascending."""
+        self._seal()
+        return [s for s in self.steps() if (self.directory / str(s) / MANIFEST).is_file()]
+
     def latest_step(self) -> int | None:
-        steps = self.steps()
+        """The newest sealed step: finalized, its manifest written."""
+        steps = self.sealed_steps()
         return steps[-1] if steps else None
+
+    def restore_verified(self, like: dict | None = None, verify: bool = True) -> tuple[int | None, dict | None, list[dict]]:
+        """(step, tree, skipped): the newest finalized step that loads and matches its
+        manifest, newest first; `skipped` lists the newer ones passed over, each
+        {"step", "why"} (no manifest, did not load, a leaf differs). (None, None, skipped)
+        when none is intact. `verify=False` (the planted bug `restore_unverified`): the newest
+        finalized step, loaded as it is."""
+        skipped = []
+        finalized = self.steps()
+        self._seal()
+        for step in reversed(finalized):
+            if not verify:
+                return step, self.restore(step, listed=finalized, like=like), skipped
+            path = self.directory / str(step) / MANIFEST
+            try:
+                manifest = json.loads(path.read_text())
+            except FileNotFoundError:
+                skipped.append({"step": step, "why": "no manifest (a save cut short, or its manifest lost)"})
+                continue
+            except (OSError, ValueError) as e:
+                skipped.append({"step": step, "why": f"manifest unreadable: {why_failed(e)}"})
+                continue
+            try:
+                tree = self.restore(step, listed=finalized, like=like)
+            except Exception as e:  # noqa: BLE001 - orbax/tensorstore's words for a damaged file
+                skipped.append({"step": step, "why": f"did not load: {why_failed(e)}"})
+                continue
+            if (why := manifest_differs(manifest, tree)) is not None:
+                skipped.append({"step": step, "why": f"not what was saved: {why}"})
+                continue
+            return step, tree, skipped
+        return None, None, skipped
 
     def restore(self, step: int | None = None, listed: list[int] | None = None, like: dict | None = None) -> dict | None:
         """The tree saved at `step` (default: the latest finalized one), or None if
@@ -203,6 +331,8 @@ class Checkpointer:
         try:
             self._started()
             self._mngr.wait_until_finished()
+            self._mngr.check_for_errors()
+            self._seal()
         finally:
             self._mngr.close()
             if self._starter is not None:

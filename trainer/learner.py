@@ -66,8 +66,12 @@ class Learner(LearnerHost):
         # The harness ends the run (SIGTERM) once the job's token budget is spent,
         # whoever trained it; the step cap only bounds a learner run on its own.
         self.max_steps = int(self.run_info.get("max_steps_factor", 1.0) * self.cfg.steps)
-        restored = self.ckpt.restore(like={"params": params, "opt": opt_state_to_tree(self.opt_state),
-                                           "step": np.int64(0)})
+        # the newest intact save: one without its manifest, that does not load or whose bytes
+        # differ from it is passed over, with a `checkpoint_skipped` line (trainer/checkpoint.py)
+        _, restored, skipped = self.ckpt.restore_verified(like={"params": params, "opt": opt_state_to_tree(self.opt_state),
+                                                                "step": np.int64(0)})
+        for s in skipped:
+            self.ev.emit("checkpoint_skipped", step=s["step"], why=s["why"])
         if restored is not None:
             params = restored["params"]
             self.opt_state = self.inner.opt_state_from_tree(params, restored["opt"])

@@ -35,7 +35,8 @@ DP_MODES = ("dp", "elastic_dp")
 SYNCER_BUGS = frozenset({"merge_twice", "stale_as_fresh", "ignore_quorum", "relative_discount",
                          "unbounded_outbox", "trust_payloads", "damped_outer", "restore_oldest",
                          "shared_version", "steep_discount", "drop_last_delta", "guard_ignores_steps", "held_as_exact",
-                         "restore_mixed", "sticky_membership", "restore_stale_outer", "durable_on_failure"})
+                         "restore_mixed", "sticky_membership", "restore_stale_outer", "durable_on_failure",
+                         "restore_unverified"})
 LEARNER_BUGS = frozenset({"rejoin_without_fetch", "rejoin_out_of_phase", "cumulative_delta", "unbounded_outbox",
                           "count_discarded", "resend_drift", "rejoin_reads_in_flight", "roundopen_heard",
                           "keep_sent_progress", "fetch_discards"})

@@ -43,12 +43,14 @@ class Syncer:
         core = SyncerCore(syncer_config(self.cfg, topo, self.name, self.bugs), syncer_math(self.cfg, frag, self.bugs))
         self.ckpt = Checkpointer(self.run_dir / "ckpt" / self.name, keep_every_s=KEEP_EVERY_S,
                                  start_in_thread=True)  # the loop is not held by a save's start
-        saved = self.ckpt.latest_step() or 0  # checkpoint step numbers: one per save
-        kept = self.ckpt.steps()
+        kept = self.ckpt.steps()   # finalized (sealed or not), ascending
+        saved = kept[-1] if kept else 0  # checkpoint numbers: one per save; the next exceeds every one on disk
         if "restore_oldest" in self.bugs:  # planted: an index off, the oldest kept save, logged as the latest
-            restored = self.ckpt.restore(kept[0], listed=kept) if kept else None
-        else:
-            restored = self.ckpt.restore()
+            step, restored, skipped = saved, self.ckpt.restore(kept[0], listed=kept) if kept else None, []
+        else:  # the newest intact save (its manifest's checksums); "restore_unverified": the newest as it is
+            step, restored, skipped = self.ckpt.restore_verified(verify="restore_unverified" not in self.bugs)
+        for s in skipped:  # what the restore passed over, and why (checkpoint_integrity)
+            self.ev.emit("checkpoint_skipped", step=s["step"], why=s["why"])
         if restored is not None and "restore_mixed" in self.bugs and len(kept) > 1:
             # planted: Θ read from the oldest kept save, everything else (versions too) from the latest
             oldest = shell.from_ckpt(self.ckpt.restore(kept[0], listed=kept))
@@ -65,7 +67,7 @@ class Syncer:
             restored = shell.from_ckpt(restored)
         if restored is not None:
             self.driver = SyncerDriver(core, core.restore(restored), self, saved)
-            self.ev.emit("checkpoint_restored", step=saved, versions=self.driver.versions(),
+            self.ev.emit("checkpoint_restored", step=step, versions=self.driver.versions(),
                          digests=self.driver.digests())  # of what it loaded (restores_faithful)
         else:
             self.driver = SyncerDriver(core, core.init({p: frag.get(params, p) for p in topo["shards"][self.name]}),

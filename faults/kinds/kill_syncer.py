@@ -25,6 +25,8 @@ class KillSyncer(Fault):
 
     def start(self, nemesis, n) -> None:
         nemesis.down(self.target, "killed")
+        # what its restart must restore: the newest sealed save (restore_latest_intact)
+        nemesis.emit("checkpoints_listed", "harness", unit=self.target, **nemesis.control.checkpoints(self.target))
 
     def heal(self, nemesis, n, final) -> None:
         if not final:

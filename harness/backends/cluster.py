@@ -31,6 +31,7 @@ from typing import Protocol
 
 from diloco_chaos.trainer.auth import SECRET_ENV, new_secret
 from diloco_chaos.trainer.shell import default_compile_cache
+from diloco_chaos.harness.backends import checkpoint_disk
 from diloco_chaos.harness.backends.small_disks import SmallDisks
 from diloco_chaos.harness.backends.toxiproxy_client import ToxiproxyClient
 from diloco_chaos.harness.links import LinkProfile
@@ -270,6 +271,14 @@ class LocalCluster:
     def set_disk_full(self, shard: str, full: bool) -> None:
         """disk_full: the shard's own small disk filled to its last byte (True) or emptied."""
         (self._disks.fill if full else self._disks.free)(shard)
+
+    def checkpoints(self, unit: str) -> dict:
+        """The unit's checkpoint folder as the harness finds it: finalized and sealed steps."""
+        return checkpoint_disk.listing(self.run_dir / "ckpt" / unit)
+
+    def damage_checkpoint(self, unit: str, damage: str) -> dict:
+        """corrupt_checkpoint: the unit's newest sealed checkpoint damaged at rest (it is down)."""
+        return checkpoint_disk.damage(self.run_dir / "ckpt" / unit, damage)
 
     def _control(self, learner: str, **fields) -> None:
         """A control message: the learner's whole control state, on its stdin (the learner

@@ -25,6 +25,7 @@ from dataclasses import asdict
 from diloco_chaos.faults.overlaps import LinkTarget
 from diloco_chaos.faults.kinds import FAULT_KINDS
 from diloco_chaos.harness.judging.audits import audit_checks
+from diloco_chaos.harness.judging.storage import storage_checks
 from diloco_chaos.harness.judging.check_base import SHOW, Result, _judge, _shards, shard_lives
 from diloco_chaos.harness.eventlog import EventLog
 from diloco_chaos.harness.intervals import clip, intersect, minus, norm
@@ -94,24 +95,37 @@ def no_nan(log: EventLog) -> Result:
 def durable_rounds_kept(log: EventLog) -> Result:
     """After a shard restart, every fragment's restored version (0 if it restored nothing)
     is ≥ the highest version that shard logged durable before: in a checkpoint_saved line,
-    or restored earlier."""
+    or restored earlier — except what only a save the harness damaged on disk held
+    (`checkpoint_damaged`, corrupt_checkpoint: that save is gone; the newest intact one is
+    owed)."""
+    damaged_at = {(e["unit"], int(e["step"])): e["t"] for e in log.of("checkpoint_damaged", src="harness")
+                  if e.get("step") is not None}
     bad, restarts = [], 0
     for shard in _shards(log):
-        durable: dict[int, int] = {}
+        held: list[tuple[float, int | None, dict]] = []  # (when, save number, versions) made durable
+        for e in log.events:
+            if e["src"] == shard and e["kind"] in ("checkpoint_saved", "checkpoint_restored") and "versions" in e:
+                number = e.get("number") if e["kind"] == "checkpoint_saved" else e.get("step")
+                held.append((e["t"], None if number is None else int(number),
+                             {int(p): int(v) for p, v in e["versions"].items()}))
         for life in shard_lives(log, shard):
-            if life.n >= 1:
-                restarts += 1
-                got = life.restored or {}
-                for p, v in sorted(durable.items()):
-                    if got.get(p, 0) < v:
-                        bad.append({"shard": shard, "incarnation": life.n, "fragment": p,
-                                    "restored": got.get(p, 0), "durable": v})
-            for p, v in (life.restored or {}).items():
-                durable[p] = max(durable.get(p, 0), v)
-            for e in life.events:
-                if e["kind"] == "checkpoint_saved" and "versions" in e:
-                    for p, v in e["versions"].items():
-                        durable[int(p)] = max(durable.get(int(p), 0), int(v))
+            if life.n < 1:
+                continue
+            restarts += 1
+            t0 = life.events[0]["t"]
+            durable: dict[int, int] = {}
+            for t, number, versions in held:
+                if t >= t0:
+                    continue
+                if damaged_at.get((shard, number), float("inf")) < t0:
+                    continue
+                for p, v in versions.items():
+                    durable[p] = max(durable.get(p, 0), v)
+            got = life.restored or {}
+            for p, v in sorted(durable.items()):
+                if got.get(p, 0) < v:
+                    bad.append({"shard": shard, "incarnation": life.n, "fragment": p,
+                                "restored": got.get(p, 0), "durable": v})
     return _judge("durable_rounds_kept", bad, restarts=restarts)
 
 
@@ -205,7 +219,7 @@ def safety_checks(log: EventLog, metrics: Metrics | None = None, *, max_stalenes
            durable_rounds_kept(log), no_global_downtime(log, downtime_bound_s),
            global_loss_regression(log, RISE_MAX if rise_max is None else rise_max,
                                   END_MAX if end_max is None else end_max),
-           link_buffers_bounded(log), tokens_conserved(log), *audit_checks(log)]
+           link_buffers_bounded(log), tokens_conserved(log), *audit_checks(log), *storage_checks(log)]
     if max_staleness is not None:
         out.append(staleness_bounded(log, max_staleness))
     return out

@@ -135,7 +135,15 @@ CATALOGUE: dict[str, Planted] = {
         "against what its restart restored (and restores_faithful: the restore older than the newest save it "
         "said landed); the disk filled by the harness (disk_full)",
         "suites/properties/test_storage.py::test_a_failed_save_taken_for_a_landed_one_is_caught",
-        "suites/cluster/test_full_disk.py::test_disk_full_then_a_crash_on_real_processes[durable_on_failure]"),
+        "suites/cluster/test_full_disk.py::test_disk_full_then_a_crash_on_real_processes[durable_on_failure,restore_unverified]"),
+    "restore_unverified": Planted(
+        "syncer host (trainer/syncer.py, harness/sim/syncer.py)",
+        "a restarted shard loads its newest finalized checkpoint as it is, without checking it against its "
+        "manifest: a flipped byte in a tensor goes into Θ", "checkpoint_integrity",
+        "independent: the harness's own record of the save it damaged (checkpoint_damaged) and of the folder at "
+        "the kill, against the step the restore names and the digests of what it loaded",
+        "suites/properties/test_storage.py::test_a_restore_that_does_not_verify_is_caught",
+        "suites/cluster/test_full_disk.py::test_disk_full_then_a_crash_on_real_processes[durable_on_failure,restore_unverified]"),
     "restore_mixed": Planted(
         "syncer host (trainer/syncer.py, harness/sim/syncer.py)",
         "a restarted shard reads Θ from its oldest kept checkpoint and everything else (versions too) from the "
@@ -225,5 +233,7 @@ PROOFS: dict[str, tuple[Proof, ...]] = {
     "restores_faithful": (_main("restore_mixed"), _main("restore_stale_outer"), _main("restore_oldest"),
                           _main("durable_on_failure")),
     "membership_follows_links": (_main("sticky_membership"),),
+    "checkpoint_integrity": (_main("restore_unverified"),),
+    "restore_latest_intact": (_main("restore_unverified"),),
     "starved_learners_reanchor": (_main("roundopen_heard"),),
 }

@@ -11,7 +11,9 @@ the two agree; nor can one that names an older save than the newest that had lan
 
 - a shard's landings are its `checkpoint_saved` lines (`number`: the save made durable);
 - a learner's are the `durable` field of its `checkpoint_saved` lines (the newest finalized
-  save when the next one started).
+  save when the next one started);
+- a save the harness damaged on disk (its `checkpoint_damaged` line, corrupt_checkpoint)
+  is not owed: the newest landing not damaged is.
 
 Both lines are the unit's own account; the check never computes a digest itself, so it
 depends on nothing in trainer/ but the field names. A restore line without digests (a log
@@ -40,17 +42,25 @@ def restores_faithful(log: EventLog) -> Result:
     for unit in shards + sorted(learners):
         saves: dict[int, dict] = {}  # save number (a learner's: its step) -> what it recorded
         landed = 0                   # the newest save whose landing the unit's lines logged
+        landings, damaged = {0}, set()  # (a save the harness damaged, corrupt_checkpoint, is not owed)
         for e in log.events:
+            if e["src"] == "harness" and e["kind"] == "checkpoint_damaged" and e.get("unit") == unit:
+                if e.get("step") is not None:
+                    damaged.add(int(e["step"]))
+                    landed = max(landings - damaged)
+                continue
             if e["src"] != unit:
                 continue
             kind = e["kind"]
             if unit in learners and kind == "checkpoint_saved":
                 saves[int(e["step"])] = {"digests": e.get("digests"), "t": e["t"]}
-                landed = max(landed, int(e.get("durable") or 0))
+                landings.add(int(e.get("durable") or 0))
+                landed = max(landings - damaged)
             elif kind == "checkpoint_started":
                 saves[int(e["number"])] = {"digests": e.get("digests"), "versions": e.get("versions"), "t": e["t"]}
             elif kind == "checkpoint_saved" and "number" in e:
-                landed = max(landed, int(e["number"]))
+                landings.add(int(e["number"]))
+                landed = max(landings - damaged)
             elif kind == "checkpoint_restored":
                 restores += 1
                 if not e.get("digests"):
@@ -73,10 +83,16 @@ def restores_faithful(log: EventLog) -> Result:
 def _judge(restore: dict, saves: dict, landed: int, parts: tuple) -> dict | None:
     """None if the restore loaded the save it names and that save is the newest that landed;
     else what was wrong ({"why": ..., "differs": [...]})."""
-    n, got = int(restore.get("step") or 0), restore["digests"]
+    n = int(restore.get("step") or 0)
     if n < landed:
         return {"why": f"loaded save {n}, but save {landed} had landed before the restart"}
-    save = saves.get(n)
+    return loaded_differs(restore, saves.get(n), parts)
+
+
+def loaded_differs(restore: dict, save: dict | None, parts: tuple) -> dict | None:
+    """None if the digests (and a shard's versions) of what `restore` loaded equal what
+    `save` (its record of the save it names) wrote; else what differs."""
+    n, got = int(restore.get("step") or 0), restore.get("digests") or {}
     if save is None or not save["digests"]:
         return {"why": f"names save {n}, which no earlier line of this unit recorded (with digests)"}
     want = save["digests"]

@@ -3,17 +3,27 @@
 The same SyncerDriver, SyncerCore and outer math as a shard process; messages are
 handled the moment they arrive, grace-window timers fire at their virtual time.
 Checkpoints are snapshots (`core.snapshot`) kept in memory: a save becomes durable
-`ckpt_save_s` after it starts, unless the process dies first. A killed shard restarts
-from the last durable snapshot, or from Θ0 if it never saved.
+`ckpt_save_s` after it starts, unless the process dies first; the last KEEP saves and the
+first are kept, as the process's orbax keeps the latest and the first of each 3 s. A
+killed shard restarts from the newest intact one (a `corrupt_checkpoint` fault marks the
+newest damaged: the restore passes it over with a `checkpoint_skipped` line, in the words
+trainer/checkpoint.py uses), or from Θ0 if none.
 """
 from __future__ import annotations
 
 from diloco_chaos.trainer.protocol import SyncerCore
 from diloco_chaos.trainer.syncer_driver import SaveFailed, SyncerDriver
 
-NO_SPACE = "OSError: [Errno 28] No space left on device (simulated disk_full)"
 from diloco_chaos.trainer.transport import LinkStats
 from diloco_chaos.trainer.wiring import MATH_BUGS, syncer_config, syncer_math
+
+NO_SPACE = "OSError: [Errno 28] No space left on device (simulated disk_full)"
+KEEP = 3  # saves kept besides the first (trainer/checkpoint.py's max_to_keep)
+SKIPPED = {  # a damaged save's reason, as trainer/checkpoint.py words it (simulated)
+    "flip": "not what was saved: a leaf's sha256 differs from its manifest (simulated)",
+    "truncate": "did not load: a data file shorter than its index says (simulated)",
+    "manifest": "no manifest (a save cut short, or its manifest lost)",
+}
 
 
 class SyncerProc:
@@ -38,16 +48,9 @@ class SyncerProc:
         unit, w = self.unit, self.world
         math = w.model.smath if not w.syncer_bugs & MATH_BUGS else syncer_math(w.cfg, w.model.frag, w.syncer_bugs)
         core = SyncerCore(syncer_config(w.cfg, w.topology, unit.name, w.syncer_bugs), math)
-        if unit.durable is not None:
-            snap, step = unit.durable
-            if "restore_oldest" in w.syncer_bugs:  # planted: the oldest save, the line naming the latest
-                snap = unit.oldest[0]
-            elif "restore_mixed" in w.syncer_bugs:  # planted: Θ from the oldest save, the rest from the latest
-                snap = {**snap, "fragments": {p: {**f, "theta": unit.oldest[0]["fragments"][p]["theta"]}
-                                              for p, f in snap["fragments"].items()}}
-            elif "restore_stale_outer" in w.syncer_bugs:  # planted: Θ and versions from the latest, momentum not
-                snap = {**snap, "fragments": {p: {**f, "outer": unit.oldest[0]["fragments"][p]["outer"]}
-                                              for p, f in snap["fragments"].items()}}
+        restored = self._restore(core) if unit.saves else None
+        if restored is not None:
+            snap, step = restored
             self.driver = SyncerDriver(core, core.restore(snap), self, unit.saved)
             self.emit("checkpoint_restored", step=step, versions=self.driver.versions(),
                       digests=self.driver.digests())  # of what it loaded (restores_faithful)
@@ -57,6 +60,26 @@ class SyncerProc:
                                        self, unit.saved)
         self.emit("unit_up", incarnation=self.incarnation, pid=None, addr=f"sim:{unit.name}")
         self.listening = True
+
+    def _restore(self, core) -> tuple[dict, int] | None:
+        """(snapshot, save number) the restart loads: the newest intact save; None if none is."""
+        unit, bugs = self.unit, self.world.syncer_bugs
+        snap, step = unit.durable
+        if "restore_oldest" in bugs:  # planted: the oldest save, the line naming the latest
+            return unit.oldest[0], step
+        if "restore_mixed" in bugs:  # planted: Θ from the oldest save, the rest from the latest
+            return {**snap, "fragments": {p: {**f, "theta": unit.oldest[0]["fragments"][p]["theta"]}
+                                          for p, f in snap["fragments"].items()}}, step
+        if "restore_stale_outer" in bugs:  # planted: Θ and versions from the latest, momentum not
+            return {**snap, "fragments": {p: {**f, "outer": unit.oldest[0]["fragments"][p]["outer"]}
+                                          for p, f in snap["fragments"].items()}}, step
+        if "restore_unverified" in bugs:  # planted: the newest save loaded as it is, damage and all
+            return unit.as_stored(snap, step), step
+        for snap, step in reversed(unit.saves):
+            if (damage := unit.damaged.get(step)) is None:
+                return snap, step
+            self.emit("checkpoint_skipped", step=step, why=SKIPPED[damage])
+        return None
 
     # --- events from the network and the clock -------------------------------------------
     def on_net(self, kind: str, peer: str, msg=None, nbytes: int = 0) -> None:
@@ -83,8 +106,7 @@ class SyncerProc:
         if self.unit.disk_full:  # the write found no space (disk_full): orbax raises it when it ends
             self.driver.save_failed(NO_SPACE)
             return
-        self.unit.durable = snap
-        self.unit.oldest = self.unit.oldest or snap  # the first save: what a real shard keeps longest
+        self.unit.landed(*snap)
         self.driver.saved_landed()
 
     # --- the SyncerPort --------------------------------------------------------------------
@@ -112,8 +134,7 @@ class SyncerProc:
         if self.unit.disk_full:
             raise SaveFailed(NO_SPACE)
         self.unit.saved = number
-        self.unit.durable = (snapshot, number)
-        self.unit.oldest = self.unit.oldest or self.unit.durable
+        self.unit.landed(snapshot, number)
 
     def emit(self, kind: str, **fields) -> None:
         self.world.emit(kind, self.unit.name, **fields)
@@ -139,16 +160,59 @@ class SyncerProc:
 
 
 class SimSyncer:
-    """A syncer shard across its incarnations; `durable` = (snapshot, save number)."""
+    """A syncer shard across its incarnations; `saves` = its kept (snapshot, save number)s."""
 
     def __init__(self, world, name: str):
         self.world, self.name = world, name
         self.incarnation = -1
         self.proc: SyncerProc | None = None
-        self.durable = None
+        self.saves: list[tuple[dict, int]] = []  # landed, oldest first: the first and the last KEEP
+        self.damaged: dict[int, str] = {}  # save number -> how corrupt_checkpoint damaged it
         self.oldest = None  # the first durable snapshot (planted restore_oldest restores it)
         self.saved = 0
         self.disk_full = False  # disk_full: every save fails while it lasts
+
+    @property
+    def durable(self) -> tuple[dict, int] | None:
+        """The newest landed save (damaged or not): what is on disk at the end of a run."""
+        return self.saves[-1] if self.saves else None
+
+    def landed(self, snapshot: dict, number: int) -> None:
+        self.saves.append((snapshot, number))
+        self.oldest = self.oldest or self.saves[0]  # the first save: what a real shard keeps longest
+        if len(self.saves) > KEEP + 1:
+            del self.saves[1]
+
+    def checkpoints(self) -> dict:
+        """As the harness lists a process's checkpoint folder: finalized and sealed save numbers."""
+        numbers = [n for _, n in self.saves]
+        return {"finalized": numbers, "sealed": [n for n in numbers if self.damaged.get(n) != "manifest"]}
+
+    def damage(self, how: str) -> dict:
+        """corrupt_checkpoint: the newest save damaged (`manifest`: the newest sealed one), as
+        harness/backends/checkpoint_disk.py does; recorded, `as_stored` applies it."""
+        before = self.checkpoints()
+        candidates = before["sealed" if how == "manifest" else "finalized"]
+        if not candidates:
+            return {"step": None, "damage": how, "file": None, **before}
+        step = candidates[-1]
+        self.damaged[step] = how
+        return {"step": step, "damage": how, "file": "(simulated)", **before}
+
+    def as_stored(self, snap: dict, step: int) -> dict:
+        """A save as a load without verification reads it: a `flip` changes one value of its
+        first fragment's Θ (the middle one, its bits 16-23 inverted); the others read whole
+        (a truncated save's load raising is not modelled)."""
+        if self.damaged.get(step) != "flip":
+            return snap
+        import numpy as np
+        frags = dict(snap["fragments"])
+        p = sorted(frags)[0]
+        theta = np.array(frags[p]["theta"], dtype=np.float32, copy=True)
+        flat = theta.reshape(-1).view(np.uint32)
+        flat[flat.size // 2] ^= np.uint32(0x00FF0000)
+        frags[p] = {**frags[p], "theta": theta}
+        return {**snap, "fragments": frags}
 
     def spawn(self, startup_s: float | None = None) -> None:
         self.incarnation += 1

@@ -205,7 +205,8 @@ class World:
                "kill_unit": "process gone; a new one after down_for",
                "kill_syncer": "process gone; a new one restores the checkpoint",
                "corrupt": "the learner corrupts its outgoing contributions",
-               "disk_full": "the shard's saves fail (ENOSPC) while it lasts"}
+               "disk_full": "the shard's saves fail (ENOSPC) while it lasts",
+               "corrupt_checkpoint": "process gone; its newest save marked damaged; a new one restores"}
         return "simulated: " + mechanism_words({**LOCAL_MECHANISMS, **how}, kind)
 
     def set_speed(self, name: str, speed: float, period_s: float = 0.1) -> None:
@@ -219,6 +220,14 @@ class World:
     def set_disk_full(self, shard: str, full: bool) -> None:
         """disk_full: the shard's saves fail while it lasts (it outlives a restart, as a disk does)."""
         self.syncers[shard].disk_full = full
+
+    def checkpoints(self, unit: str) -> dict:
+        """A shard's kept saves as the harness lists a process's folder ({} for a learner)."""
+        return self.syncers[unit].checkpoints() if unit in self.syncers else {}
+
+    def damage_checkpoint(self, unit: str, damage: str) -> dict:
+        """corrupt_checkpoint: the shard's newest sealed save damaged (harness/sim/syncer.py)."""
+        return self.syncers[unit].damage(damage)
 
     def set_corrupt(self, learner: str, spec: dict | None) -> None:
         """corrupt: as the control file on processes, it outlives a restart of the unit."""

@@ -89,24 +89,35 @@ def test_a_shard_whose_disk_is_full_keeps_committing_and_saves_again_once_freed(
     assert not bad, bad
 
 
-STORAGE = {  # syncer-crash, shortened, with syncer-0's disk full before and during its crash
+STORAGE = {  # syncer-crash, shortened, with syncer-0's disk full before and during its crash,
+    # and syncer-1's newest checkpoint damaged (a flipped byte) while it is down
     "name": "disk-full-then-crash", "seed": 6,
     "cluster": {"learners": 3, "shards": 2},
     "train": {"task": "markov", "steps": 320, "duration": "40s"},
     "faults": [{"kind": "disk_full", "target": "syncer-0", "at": "4s", "duration": "4s"},
-               {"kind": "kill_syncer", "target": "syncer-0", "at": "7s", "down_for": "2s"}],
+               {"kind": "kill_syncer", "target": "syncer-0", "at": "7s", "down_for": "2s"},
+               {"kind": "corrupt_checkpoint", "target": "syncer-1", "at": "6s", "down_for": "2s", "damage": "flip"}],
 }
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="disk_full mounts a small filesystem: root only")
-@pytest.mark.parametrize("bugs", ["", "durable_on_failure"])
+@pytest.mark.parametrize("bugs", ["", "durable_on_failure,restore_unverified"])
 def test_disk_full_then_a_crash_on_real_processes(bugs, tmp_path, monkeypatch):
     """The `disk_full` fault through the runner: syncer-0's checkpoint folder a 64 MiB tmpfs
     of its own, filled to its last byte at 4 s, emptied at 8 s; syncer-0 killed at 7 s (on the
     full disk). Without a bug every check holds: its failed saves were not reported durable
     and it restarts from the last save that landed. With `durable_on_failure` (a failed save
     taken for a landed one) durable_rounds_kept and restores_faithful fail. The mount is gone
-    afterwards and the checkpoints are back in the run folder."""
+    afterwards and the checkpoints are back in the run folder.
+
+    In the same runs, `corrupt_checkpoint` on syncer-1 at 6 s: killed, one byte in the middle
+    of its newest checkpoint's largest data file inverted on disk (orbax loads such a file
+    without complaint), restarted at 8 s. Without a bug it passes that save over
+    (`checkpoint_skipped`: its bytes are not its manifest's, or, when the kill came between
+    orbax's finalize and the manifest, it has none) and restores the newest sealed one before
+    it (checkpoint_integrity, restore_latest_intact hold). With `restore_unverified` (the
+    newest save loaded as it is) it loads the damaged one: checkpoint_integrity and
+    restore_latest_intact fail on syncer-1 (durable_on_failure acts on syncer-0 alone)."""
     monkeypatch.setenv(BUGS_ENV, bugs)
     result = runner.run_scenario(scenario_from_dict(STORAGE), tmp_path, live=False)
     folder = result.run_dir / "ckpt" / "syncer-0"
@@ -117,10 +128,26 @@ def test_disk_full_then_a_crash_on_real_processes(bugs, tmp_path, monkeypatch):
     if not bugs:  # (the bug takes each failure for a landing: no such line)
         assert failed and all("No space left" in e["error"] or "RESOURCE_EXHAUSTED" in e["error"] for e in failed)
     by = {c["name"]: c for c in result.summary["checks"]}
-    assert result.summary["faults_applied"] == 2, result.summary
+    assert result.summary["faults_applied"] == 3, result.summary
+    damaged = log.of("checkpoint_damaged", src="harness")
+    assert len(damaged) == 1 and damaged[0]["step"] is not None, damaged
+    s1 = [e for e in log.events if e["src"] == "syncer-1"]
+    restored = [e for e in s1 if e["kind"] == "checkpoint_restored"]
+    assert len(restored) == 1, restored
     if not bugs:
         bad = {n: c for n, c in by.items() if c["valid"] is False}
         assert not bad, bad
+        skipped = [e for e in s1 if e["kind"] == "checkpoint_skipped"]
+        assert [e["step"] for e in skipped] == [damaged[0]["step"]], skipped
+        assert "not what was saved" in skipped[0]["why"] or "no manifest" in skipped[0]["why"], skipped
+        assert restored[0]["step"] == max(s for s in damaged[0]["sealed"] if s != damaged[0]["step"])
+        assert by["checkpoint_integrity"]["details"]["restores_after_damage"] == 1
+        assert by["restore_latest_intact"]["details"]["restarts_judged"] == 2  # both shards' restarts
     else:
         assert by["durable_rounds_kept"]["valid"] is False, by["durable_rounds_kept"]
+        assert {v["shard"] for v in by["durable_rounds_kept"]["details"]["violations"]} == {"syncer-0"}
         assert by["restores_faithful"]["valid"] is False, by["restores_faithful"]
+        for name in ("checkpoint_integrity", "restore_latest_intact"):
+            assert by[name]["valid"] is False, by[name]
+            assert {v["shard"] for v in by[name]["details"]["violations"]} == {"syncer-1"}, by[name]
+        assert restored[0]["step"] == damaged[0]["step"]

@@ -1,7 +1,9 @@
 """disk_full on containers: the shard's checkpoint folder is the host's small tmpfs, bind
 mounted into its container with the run folder (mounted before the container starts, so
 the bind carries it); the host fills it and the kernel answers the container's writes with
-ENOSPC. The run of suites/cluster/test_full_disk.py, its no-bug case, on the docker backend."""
+ENOSPC. The run of suites/cluster/test_full_disk.py, its no-bug case, on the docker backend:
+syncer-1's newest checkpoint is damaged by the host in the folder its container binds, and
+its new container passes it over."""
 from __future__ import annotations
 
 import os
@@ -24,7 +26,10 @@ def test_disk_full_then_a_crash_in_containers(tmp_path):
     log = eventlog.read(result.run_dir)
     failed = [e for e in log.of("checkpoint_failed") if e["src"] == "syncer-0"]
     assert failed and all("No space left" in e["error"] or "RESOURCE_EXHAUSTED" in e["error"] for e in failed)
-    assert result.summary["faults_applied"] == 2, result.summary
+    assert result.summary["faults_applied"] == 3, result.summary
+    damaged = log.of("checkpoint_damaged", src="harness")
+    skipped = [e for e in log.of("checkpoint_skipped") if e["src"] == "syncer-1"]
+    assert damaged and [e["step"] for e in skipped] == [damaged[0]["step"]], (damaged, skipped)
     bad = {c["name"]: c for c in result.summary["checks"] if c["valid"] is False}
     assert not bad, bad
     assert str(result.run_dir) not in Path("/proc/mounts").read_text()

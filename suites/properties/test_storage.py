@@ -8,7 +8,10 @@ that rounds are durable which its restart then does not have (durable_rounds_kep
 restore is older than the newest save it says landed (restores_faithful)."""
 from __future__ import annotations
 
+import pytest
+
 from diloco_chaos.faults.kinds import KillSyncer
+from diloco_chaos.faults.kinds.corrupt_checkpoint import CorruptCheckpoint
 from diloco_chaos.faults.kinds.disk_full import DiskFull
 from diloco_chaos.harness.judging import checks
 from sim_cases import reported, scenario, simulate_case
@@ -48,3 +51,54 @@ def test_a_failed_save_taken_for_a_landed_one_is_caught():
     by = {r.name: r for r in checks.safety_checks(case.log, case.metrics)}
     assert by["durable_rounds_kept"].valid is False, by["durable_rounds_kept"].to_dict()
     assert by["restores_faithful"].valid is False, by["restores_faithful"].to_dict()
+
+
+# --- a damaged checkpoint (corrupt_checkpoint): the restore must pass it over ---------------
+# syncer-0 killed at 4 s, its newest sealed save damaged while it is down, restarted 0.5 s
+# later: it restores the newest intact save (one older), and every check holds.
+DAMAGE = ("flip", "truncate", "manifest")
+
+
+def _damaged(damage: str, bugs=()):
+    faults = (CorruptCheckpoint("syncer-0", 4.0, down_for_s=0.5, damage=damage),)
+    return simulate_case(scenario(faults, quorum=1), bugs=set(bugs))
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_shard_whose_newest_checkpoint_is_damaged_restores_the_newest_intact_one(damage):
+    case = _damaged(damage)
+    hit = case.log.of("checkpoint_damaged", src="harness")
+    assert hit and hit[0]["step"] is not None and len(hit[0]["sealed"]) >= 2, hit
+    shard = [e for e in case.log.events if e["src"] == "syncer-0"]
+    skipped = [e for e in shard if e["kind"] == "checkpoint_skipped"]
+    restored = [e for e in shard if e["kind"] == "checkpoint_restored"]
+    assert [e["step"] for e in skipped] == [hit[0]["step"]]
+    assert restored[0]["step"] == hit[0]["sealed"][-2]  # the save before the damaged one
+    with reported(case, "safety"):
+        for r in checks.safety_checks(case.log, case.metrics):
+            case.check(r, unknown_ok=True)
+        case.check(checks.no_crash(case.log))
+    by = {r.name: r for r in checks.safety_checks(case.log, case.metrics)}
+    assert by["checkpoint_integrity"].details["restores_after_damage"] == 1
+    assert by["restore_latest_intact"].details["restarts_judged"] == 1
+
+
+def test_a_restore_that_does_not_verify_is_caught():
+    """Planted `restore_unverified` (the restart loads the newest save as it is): with a
+    flipped byte it loads the damaged save; checkpoint_integrity names it (the harness's own
+    record of what it damaged), restore_latest_intact too (not the newest intact one)."""
+    case = _damaged("flip", {"restore_unverified"})
+    by = {r.name: r for r in checks.safety_checks(case.log, case.metrics)}
+    assert by["checkpoint_integrity"].valid is False, by["checkpoint_integrity"].to_dict()
+    assert by["restore_latest_intact"].valid is False, by["restore_latest_intact"].to_dict()
+    assert by["restores_faithful"].valid is False  # what it loaded is not what that save wrote
+
+
+def test_every_shard_kill_lists_its_checkpoints_for_restore_latest_intact():
+    """A plain kill_syncer: the harness lists the shard's folder at the kill, and the restart
+    is judged against it (the newest sealed save)."""
+    case = simulate_case(scenario((KillSyncer("syncer-0", 4.0, down_for_s=0.5),), quorum=1))
+    listed = case.log.of("checkpoints_listed", src="harness")
+    assert listed and listed[0]["sealed"], listed
+    by = {r.name: r for r in checks.safety_checks(case.log, case.metrics)}
+    assert by["restore_latest_intact"].valid is True and by["restore_latest_intact"].details["restarts_judged"] == 1

@@ -329,7 +329,8 @@ def test_safety_checks_list():
                      "durable_rounds_kept", "no_global_downtime", "global_loss_regression", "link_buffers_bounded",
                      "tokens_conserved", "weights_match_staleness", "quorum_respected", "commits_audited",
                      "copies_consistent", "deltas_reexecuted", "guard_decisions", "restores_faithful",
-                     "membership_follows_links", "starved_learners_reanchor"]
+                     "membership_follows_links", "starved_learners_reanchor", "checkpoint_integrity",
+                     "restore_latest_intact"]
     assert [r.name for r in checks.safety_checks(log, max_staleness=4)][-1] == "staleness_bounded"
     # global_loss_regression's bounds go through
     damaged = _curve([4.0, 2.5, 1.9, 1.75, 1.72, 3.2]).log()

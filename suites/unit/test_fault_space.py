@@ -114,6 +114,9 @@ REACH_SPOTS = {
     "learner killed late (last third)": lambda fs: any(f.kind == "kill_unit" and f.at_s >= 2 * THIRD_S for f in fs),
     "shard crashed early (first third)": lambda fs: any(f.kind == "kill_syncer" and f.at_s < THIRD_S for f in fs),
     "shard crashed late (last third)": lambda fs: any(f.kind == "kill_syncer" and f.at_s >= 2 * THIRD_S for f in fs),
+    # the storage nemesis: a damaged checkpoint of each kind (checkpoint_integrity, restore_latest_intact)
+    **{f"checkpoint damaged ({d})": (lambda d: lambda fs: any(f.kind == "corrupt_checkpoint" and f.damage == d
+                                                               for f in fs))(d) for d in ("flip", "truncate", "manifest")},
 }
 
 

@@ -136,5 +136,6 @@ def test_real_fault_free_sample():
         "guard_decisions": True,  # (no guard in that version: its config has no guard_factor)
         "restores_faithful": True,  # (no shard restarted)
         "membership_follows_links": None,  # (no live sets on its round_commit lines)
-        "starved_learners_reanchor": True}
+        "starved_learners_reanchor": True,
+        "checkpoint_integrity": True, "restore_latest_intact": True}  # (no checkpoint damaged, no shard killed)
     assert m.badput_s["stale"] == 0
