@@ -38,9 +38,22 @@ def pytest_report_header(config):
             + (f"{seed} (replay: --hypothesis-seed {seed})" if seed is not None else "random (none given)"))
 
 
+# Tests that start real units (processes, containers, two hosts) share one pytest-xdist
+# worker under `make test` (`-n 2 --dist loadgroup`): they run one after the other, in file
+# order (a module's shared cluster stays one), while the other worker runs the unit and
+# property suites beside them. So they run beside one busy process, as on a shared CI runner
+# (they are meant to pass beside two: `make test-loaded`), and never beside each other.
+UNITS_GROUP = "real-units"
+REAL_UNITS = ("cluster", "docker", "multihost")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `nightly` (long runs whose failure modes a CI test already covers) run
-    only under the nightly profile (`make nightly`), keeping `make test` under 20 minutes."""
+    only under the nightly profile (`make nightly`), keeping `make test` under 20 minutes.
+    Tests that start real units go to one xdist group (UNITS_GROUP)."""
+    for item in items:
+        if any(m in item.keywords for m in REAL_UNITS):
+            item.add_marker(pytest.mark.xdist_group(UNITS_GROUP))
     if os.environ.get("HYPOTHESIS_PROFILE") == "nightly":
         return
     skip = pytest.mark.skip(reason="nightly only: HYPOTHESIS_PROFILE=nightly (make nightly) runs it")
