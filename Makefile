@@ -34,9 +34,9 @@ demo: setup
 	@$(VENV)/bin/diloco-chaos demo
 
 # Two pytest-xdist workers: the tests that start real units all on one, one after the other
-# (conftest.py UNITS_GROUP), the unit and property suites on the other beside them.
+# (conftest.py `pytest_xdist_make_scheduler`), the unit and property suites on the other.
 test: setup
-	@$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup $(PYTEST_ARGS)
+	@$(PY) -m pytest -q -p no:cacheprovider -n 2 $(PYTEST_ARGS)
 
 # The suites that run real units (processes, containers, two hosts) beside two busy
 # processes, as on a shared CI runner: no test may fail because the machine is slow or busy.
