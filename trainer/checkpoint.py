@@ -217,21 +217,24 @@ class Checkpointer:
         self._started()
         self._mngr.wait_until_finished()
         self._mngr.check_for_errors()
-        self._seal()
+        self._seal(strict=True)
 
-    def _seal(self) -> None:
+    def _seal(self, strict: bool = False) -> None:
         """Writes the manifest of every saved step orbax has finalized since (the module's
-        docstring): its files fsynced first, the manifest last, atomically."""
+        docstring): its files fsynced first, the manifest last, atomically. A manifest the
+        storage refuses (a full disk) leaves its step unsealed, so never durable: `strict`
+        (from `wait`, where the caller learns whether its save landed) raises that error,
+        as a failed save; elsewhere the step simply stays unsealed."""
         for step in sorted(self._pending):
             folder = self.directory / str(step)
             if not folder.is_dir():
                 continue  # still being written (or failed: `recover` forgets it)
             manifest = self._pending.pop(step)
+            tmp = folder / (MANIFEST + ".tmp")
             try:
                 for root, _dirs, files in os.walk(folder):
                     for name in files:
                         _fsync(Path(root) / name)
-                tmp = folder / (MANIFEST + ".tmp")
                 with open(tmp, "w") as f:
                     json.dump(manifest, f)
                     f.flush()
@@ -240,6 +243,10 @@ class Checkpointer:
                 _fsync(folder)
             except FileNotFoundError:
                 continue  # deleted meanwhile by the preservation policy: nothing to seal
+            except OSError:
+                tmp.unlink(missing_ok=True)
+                if strict:
+                    raise
 
     def recover(self) -> None:
         """After a failed save (a full disk, an I/O error: `wait` raised it): orbax's manager

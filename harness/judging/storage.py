@@ -29,11 +29,11 @@ from diloco_chaos.harness.judging.restores import SHARD_PARTS, loaded_differs
 LISTINGS = ("checkpoints_listed", "checkpoint_damaged")
 
 
-def damaged_saves(log: EventLog) -> dict[str, set[int]]:
-    """shard -> the save numbers the harness damaged (`checkpoint_damaged` lines)."""
+def damaged_saves(log: EventLog, before: float = float("inf")) -> dict[str, set[int]]:
+    """shard -> the save numbers the harness damaged (`checkpoint_damaged` lines) before `before`."""
     out: dict[str, set[int]] = {}
     for e in log.of("checkpoint_damaged", src="harness"):
-        if e.get("step") is not None:
+        if e.get("step") is not None and e["t"] <= before:
             out.setdefault(e["unit"], set()).add(int(e["step"]))
     return out
 
@@ -90,7 +90,6 @@ def checkpoint_integrity(log: EventLog) -> Result:
 def restore_latest_intact(log: EventLog) -> Result:
     """Each shard restart after a harness kill restored the newest save sealed at the kill and
     not damaged since (none such: it restored nothing)."""
-    damaged = damaged_saves(log)
     bad, judged, blind = [], 0, 0
     for shard in _shards(log):
         for listing, restore in _restarts(log, shard):
@@ -98,6 +97,7 @@ def restore_latest_intact(log: EventLog) -> Result:
                 blind += 1
                 continue
             judged += 1
+            damaged = damaged_saves(log, before=listing["t"])  # (a save damaged later was whole then)
             intact = [s for s in listing["sealed"] if s not in damaged.get(shard, set())]
             want = max(intact) if intact else None
             got = int(restore["step"]) if restore is not None and restore.get("step") is not None else None

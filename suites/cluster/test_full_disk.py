@@ -149,5 +149,8 @@ def test_disk_full_then_a_crash_on_real_processes(bugs, tmp_path, monkeypatch):
         assert by["restores_faithful"]["valid"] is False, by["restores_faithful"]
         for name in ("checkpoint_integrity", "restore_latest_intact"):
             assert by[name]["valid"] is False, by[name]
-            assert {v["shard"] for v in by[name]["details"]["violations"]} == {"syncer-1"}, by[name]
+            assert "syncer-1" in {v["shard"] for v in by[name]["details"]["violations"]}, by[name]
+        # no save of syncer-0 was damaged; its unverified restore may still take a step the kill
+        # left unsealed (a CI run: restore_latest_intact named it too)
+        assert {v["shard"] for v in by["checkpoint_integrity"]["details"]["violations"]} == {"syncer-1"}
         assert restored[0]["step"] == damaged[0]["step"]

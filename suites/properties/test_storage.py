@@ -19,6 +19,17 @@ from sim_cases import reported, scenario, simulate_case
 FAULTS = (DiskFull("syncer-0", 3.0, duration_s=2.0), KillSyncer("syncer-0", 4.5, down_for_s=0.5))
 
 
+def _all_hold(case) -> dict:
+    """Every safety check and no_crash hold over the case (a failure reported with its
+    schedule); the safety checks by name."""
+    results = checks.safety_checks(case.log, case.metrics)
+    with reported(case, "safety"):
+        for r in results:
+            case.check(r, unknown_ok=True)
+        case.check(checks.no_crash(case.log))
+    return {r.name: r for r in results}
+
+
 def _case(bugs=()):
     return simulate_case(scenario(FAULTS, quorum=1), bugs=set(bugs))
 
@@ -37,10 +48,7 @@ def test_a_shard_whose_disk_fills_commits_on_and_restarts_from_its_last_landed_s
     restored = [e for e in shard if e["kind"] == "checkpoint_restored"]
     last_landed = max(e["number"] for e in landed if e["t"] < restored[0]["t"])
     assert restored[0]["step"] == last_landed  # the newest save that landed, not a failed one
-    with reported(case, "safety"):
-        for r in checks.safety_checks(case.log, case.metrics):
-            case.check(r, unknown_ok=True)
-        case.check(checks.no_crash(case.log))
+    _all_hold(case)
 
 
 def test_a_failed_save_taken_for_a_landed_one_is_caught():
@@ -74,11 +82,7 @@ def test_a_shard_whose_newest_checkpoint_is_damaged_restores_the_newest_intact_o
     restored = [e for e in shard if e["kind"] == "checkpoint_restored"]
     assert [e["step"] for e in skipped] == [hit[0]["step"]]
     assert restored[0]["step"] == hit[0]["sealed"][-2]  # the save before the damaged one
-    with reported(case, "safety"):
-        for r in checks.safety_checks(case.log, case.metrics):
-            case.check(r, unknown_ok=True)
-        case.check(checks.no_crash(case.log))
-    by = {r.name: r for r in checks.safety_checks(case.log, case.metrics)}
+    by = _all_hold(case)
     assert by["checkpoint_integrity"].details["restores_after_damage"] == 1
     assert by["restore_latest_intact"].details["restarts_judged"] == 1
 
@@ -119,10 +123,6 @@ def test_the_storage_builtin_holds_on_the_simulator():
     skipped = {(e["src"], e["step"]) for e in case.log.of("checkpoint_skipped")}
     assert {(e["unit"], e["step"]) for e in damaged} <= skipped, (damaged, skipped)
     assert case.log.of("checkpoint_failed"), "no save failed on the full disk"
-    with reported(case, "safety"):
-        for r in checks.safety_checks(case.log, case.metrics):
-            case.check(r, unknown_ok=True)
-        case.check(checks.no_crash(case.log))
-    by = {r.name: r for r in checks.safety_checks(case.log, case.metrics)}
+    by = _all_hold(case)
     assert by["checkpoint_integrity"].details["restores_after_damage"] == 3
     assert by["restore_latest_intact"].details["restarts_judged"] == 3
