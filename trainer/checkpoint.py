@@ -283,6 +283,19 @@ class Checkpointer:
         steps = self.sealed_steps()
         return steps[-1] if steps else None
 
+    def restore_checked(self, step: int, listed: list[int] | None = None) -> dict:
+        """The tree saved at `step`, checked against its manifest; raises ValueError saying why
+        when it has none or its bytes differ (a reader of another unit's checkpoints, e.g. the
+        harness's global evals, must not take a damaged one for Θ)."""
+        try:
+            manifest = json.loads((self.directory / str(step) / MANIFEST).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"checkpoint {step} in {self.directory} has no manifest") from None
+        tree = self.restore(step, listed=listed)
+        if (why := manifest_differs(manifest, tree)) is not None:
+            raise ValueError(f"checkpoint {step} in {self.directory} is not what was saved: {why}")
+        return tree
+
     def restore_verified(self, like: dict | None = None, verify: bool = True) -> tuple[int | None, dict | None, list[dict]]:
         """(step, tree, skipped): the newest finalized step that loads and matches its
         manifest, newest first; `skipped` lists the newer ones passed over, each

@@ -68,7 +68,9 @@ def final(run_dir: Path, cfg, topology: dict) -> tuple[list[float] | None, str |
             return evaluate(saved["params"]), None
         for shard in topology["shards"]:
             with Checkpointer(run_dir / "ckpt" / shard) as ck:
-                saved = ck.restore()
+                # the newest save that matches its manifest (a storage fault may have damaged
+                # the newest on disk); a folder from before manifests: its newest as it is
+                saved = ck.restore_verified()[1] if ck.sealed_steps() else ck.restore()
             if saved is not None:
                 for p, f in from_ckpt(saved)["fragments"].items():
                     params = frag.set(params, int(p), f["theta"])
@@ -79,8 +81,10 @@ def final(run_dir: Path, cfg, topology: dict) -> tuple[list[float] | None, str |
 
 def _snapshots(run_dir: Path, shard: str, errors: list[str]) -> list[tuple[float, dict]]:
     """(saved_at, {fragment: Θ[p]}) of every checkpoint the shard kept, oldest first. One
-    that cannot be read (a shard killed as orbax finalized it) is skipped and named in
-    `errors`: it must not cost the other points of the curve."""
+    without its manifest (the shard was killed before it: never durable) is left out; one
+    that cannot be read, or does not match its manifest (a storage fault damaged it), is
+    skipped and named in `errors`: it must not cost the other points of the curve, nor pass
+    for Θ."""
     from diloco_chaos.trainer.checkpoint import Checkpointer
     from diloco_chaos.trainer.shell import from_ckpt
 
@@ -89,9 +93,13 @@ def _snapshots(run_dir: Path, shard: str, errors: list[str]) -> list[tuple[float
         return out
     with Checkpointer(run_dir / "ckpt" / shard) as ck:
         steps = ck.steps()
+        sealed = set(ck.sealed_steps())
+        checked = bool(sealed)  # (a folder from before manifests: read as it is)
         for step in steps:
+            if checked and step not in sealed:
+                continue  # finalized as its shard was killed, before its manifest: never durable
             try:
-                saved = ck.restore(step, listed=steps)
+                saved = ck.restore_checked(step, listed=steps) if checked else ck.restore(step, listed=steps)
                 if "saved_at" in saved:  # checkpoints written before the stamp existed have none
                     out.append((float(saved["saved_at"]),
                                 {int(p): f["theta"] for p, f in from_ckpt(saved)["fragments"].items()}))

@@ -246,3 +246,25 @@ def test_a_save_a_full_disk_refused_is_raised_and_the_checkpointer_saves_again(t
         ck.close()
     finally:
         subprocess.run(["umount", "-l", str(disk)])
+
+
+def test_a_flipped_byte_loads_through_orbax_and_only_the_manifest_sees_it(tmp_path):
+    """One byte inverted in the middle of a checkpoint's largest data file (what the
+    corrupt_checkpoint fault does): orbax restores it without complaint, with other values;
+    `restore_checked` and `restore_verified` refuse it and fall back to the save before."""
+    from diloco_chaos.harness.backends import checkpoint_disk
+
+    with Checkpointer(tmp_path) as ck:
+        for step in (1, 2):
+            ck.save(step, {"theta": np.arange(4096, dtype=np.float32) * step, "n": step})
+        ck.wait()
+        assert ck.sealed_steps() == [1, 2]
+        done = checkpoint_disk.damage(tmp_path, "flip")
+        assert done["step"] == 2
+        loaded = ck.restore(2)  # orbax: no error, other bytes
+        assert not np.array_equal(loaded["theta"], np.arange(4096, dtype=np.float32) * 2)
+        with pytest.raises(ValueError, match="not what was saved"):
+            ck.restore_checked(2)
+        step, tree, skipped = ck.restore_verified()
+        assert step == 1 and [s["step"] for s in skipped] == [2]
+        np.testing.assert_array_equal(tree["theta"], np.arange(4096, dtype=np.float32))
