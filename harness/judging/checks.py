@@ -98,8 +98,11 @@ def durable_rounds_kept(log: EventLog) -> Result:
     or restored earlier — except what only a save the harness damaged on disk held
     (`checkpoint_damaged`, corrupt_checkpoint: that save is gone; the newest intact one is
     owed)."""
-    damaged_at = {(e["unit"], int(e["step"])): e["t"] for e in log.of("checkpoint_damaged", src="harness")
-                  if e.get("step") is not None}
+    damaged_at: dict[tuple[str, int], float] = {}  # (shard, save) -> when the harness first damaged it
+    for e in log.of("checkpoint_damaged", src="harness"):
+        if e.get("step") is not None:
+            key = (e["unit"], int(e["step"]))
+            damaged_at[key] = min(damaged_at.get(key, e["t"]), e["t"])
     bad, restarts = [], 0
     for shard in _shards(log):
         held: list[tuple[float, int | None, dict]] = []  # (when, save number, versions) made durable

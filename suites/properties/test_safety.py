@@ -9,7 +9,7 @@ import dataclasses
 
 from hypothesis import assume, example, given
 
-from diloco_chaos.faults.kinds import Corrupt, KillSyncer, PauseUnit, Reset, Wan
+from diloco_chaos.faults.kinds import Corrupt, KillSyncer, Partition, PauseUnit, Reset, SlowUnit, Wan
 from diloco_chaos.faults.kinds.corrupt_checkpoint import CorruptCheckpoint
 from diloco_chaos.faults.schedule import Schedule
 from diloco_chaos.faults.strategies import failure_processes, near_bound_sdc, schedules, weak_spots
@@ -24,6 +24,18 @@ from sim_props import safety, staleness_bound
 # restart (the judge now counts only damage done before each listing).
 RESTORED_THEN_DAMAGED = Schedule((KillSyncer("syncer-0", 3.4, down_for_s=1.1),
                                   CorruptCheckpoint("syncer-0", 6.2, down_for_s=0.5, damage="flip")))
+
+# Found by CI draws: one save damaged twice (its shard killed twice before a new save landed);
+# durable_rounds_kept took the second damage's time as the first's and owed the save at the
+# restart between them (the judge now keeps the first damage's time).
+DAMAGED_TWICE_INT4 = Schedule((CorruptCheckpoint("syncer-0", 0.7, down_for_s=3.8, damage="flip"),
+                               SlowUnit("learner-0", 1.7, duration_s=3.0, speed=0.95),
+                               CorruptCheckpoint("syncer-0", 5.8, down_for_s=0.5, damage="flip"),
+                               PauseUnit("learner-0", 6.4, duration_s=0.5)))
+DAMAGED_TWICE_SPARSE = Schedule((CorruptCheckpoint("syncer-1", 2.2, down_for_s=0.5, damage="flip"),
+                                 SlowUnit("learner-0", 3.2, duration_s=4.1, speed=0.35),
+                                 Partition("link:*", 4.6, duration_s=0.5, direction="upstream"),
+                                 CorruptCheckpoint("syncer-1", 5.7, down_for_s=0.5, damage="flip")))
 
 
 @examples(40)
@@ -45,6 +57,7 @@ CROSSED_FETCH = Schedule((PauseUnit("learner-2", 3.3, duration_s=4.0), Reset("li
 @examples(20)
 @given(schedules(WINDOW, max_faults=5))
 @example(CROSSED_FETCH)
+@example(DAMAGED_TWICE_INT4)
 def test_decoupled_with_compressed_broadcasts_is_safe_under_any_schedule(schedule):
     case = simulate_case(scenario(schedule, quorum=2, broadcast_compression="int4"))
     with reported(case, "safety"):
@@ -53,6 +66,7 @@ def test_decoupled_with_compressed_broadcasts_is_safe_under_any_schedule(schedul
 
 @examples(20)
 @given(schedules(WINDOW, max_faults=5))
+@example(DAMAGED_TWICE_SPARSE)
 def test_decoupled_with_sparse_pseudo_gradients_is_safe_under_any_schedule(schedule):
     """Sparse Δs both ways (the `sparse` preset's codec): the learner's error feedback is its
     kept progress and the shard's is its copies, so kills, cuts and shard crashes meet it
