@@ -15,7 +15,7 @@ in one place, everything the kind means (docs/ARCHITECTURE.md "Adding a fault ki
 - how the strategies draw it (`draw`, `fits`), what it costs the fleet
   (`learner_seconds`), which kinds it may not overlap with on one unit (`conflicts`),
   whether its heal starts a new process (`restarts`: the run keeps warm spares for its
-  role), its colour on the report's timeline (`colour`), and its reference line (the
+  role), whether its target is down while it lasts (`downs_target`), its colour on the report's timeline (`colour`), and its reference line (the
   class docstring's first sentence).
 
 Defining the class registers it in FAULT_KINDS, which the scenario reader, the schedule
@@ -92,6 +92,9 @@ class Fault:
     link_state: ClassVar[str] = ""
     colour: ClassVar[str] = "#cb181d"  # its marks on the report's timeline
     restarts: ClassVar[bool] = False  # its heal starts a new process (warm spares are kept for its role)
+    # while it is active its target neither steps nor answers (killed, paused, preempted):
+    # what the property suites' fault model reads to find a job-wide outage
+    downs_target: ClassVar[bool] = False
     # unit faults: the kinds it may not be active with on the same unit, and why (looked
     # up both ways: a pair is declared by either kind; faults/overlaps.py `conflict`)
     conflicts: ClassVar[dict[str, str]] = {}

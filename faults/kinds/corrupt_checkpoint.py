@@ -23,6 +23,7 @@ class CorruptCheckpoint(Fault):
     role: ClassVar[str] = "syncer"
     length_field: ClassVar[str] = "down_for_s"
     colour: ClassVar[str] = "#543005"
+    downs_target: ClassVar[bool] = True
     restarts: ClassVar[bool] = True
     mechanism: ClassVar[str] = "killed; its newest checkpoint damaged on disk; restarted"
     conflicts: ClassVar[dict[str, str]] = {"kill_syncer": "the shard is already down",

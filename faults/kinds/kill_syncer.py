@@ -16,6 +16,7 @@ class KillSyncer(Fault):
     role: ClassVar[str] = "syncer"
     length_field: ClassVar[str] = "down_for_s"
     colour: ClassVar[str] = "#67000d"
+    downs_target: ClassVar[bool] = True
     restarts: ClassVar[bool] = True
     conflicts: ClassVar[dict[str, str]] = {"kill_syncer": "the shard is already down"}
     down_for_s: float

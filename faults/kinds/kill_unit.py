@@ -15,6 +15,7 @@ class KillUnit(Fault):
     kind: ClassVar[str] = "kill_unit"
     length_field: ClassVar[str] = "down_for_s"
     colour: ClassVar[str] = "#a50f15"
+    downs_target: ClassVar[bool] = True
     restarts: ClassVar[bool] = True
     conflicts: ClassVar[dict[str, str]] = {"kill_unit": "the unit is already down"}
     down_for_s: float | None = field(metadata=NEVER)

@@ -13,6 +13,7 @@ class PauseUnit(Fault):
 
     kind: ClassVar[str] = "pause_unit"
     colour: ClassVar[str] = "#756bb1"
+    downs_target: ClassVar[bool] = True
     conflicts: ClassVar[dict[str, str]] = {
         "pause_unit": "the unit is already paused",
         "kill_unit": "a unit cannot be paused while it is down (the pause's SIGCONT would hit its restarted process)",

@@ -19,6 +19,7 @@ class Preempt(Fault):
     length_field: ClassVar[str] = "down_for_s"
     mechanism: ClassVar[str] = "SIGTERM (the unit closes and leaves); a new process after down_for"
     colour: ClassVar[str] = "#6a3d9a"
+    downs_target: ClassVar[bool] = True
     restarts: ClassVar[bool] = True
     conflicts: ClassVar[dict[str, str]] = {
         "preempt": "the unit is already leaving",

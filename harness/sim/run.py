@@ -181,8 +181,8 @@ def simulate(s: Scenario, *, params: SimParams = SimParams(), bugs=frozenset(), 
 def _snapshot_evals(world: World, t0: float, duration_s: float) -> dict:
     """The global model along the run, as the process tier gets it (the shards keep a
     checkpoint every KEEP_EVERY_S of clock time and the harness evaluates at most
-    MAX_POINTS of them: harness/run/global_eval.py). Here the shards' durable
-    snapshots are evaluated every `duration / (MAX_POINTS - 1)` virtual seconds (at least
+    MAX_POINTS of them: harness/run/global_eval.py). Here the shards' newest intact
+    snapshots (a save the harness damaged is passed over, as a process's is) are evaluated every `duration / (MAX_POINTS - 1)` virtual seconds (at least
     0.5 s: a short run ends long before its duration cap, and still gets its points): a
     harness `eval` line with `global` and `snapshot`, which global_loss_regression reads.
     dp modes: a live learner's model (every learner applies the same mean gradient, so
@@ -203,9 +203,9 @@ def _snapshot_evals(world: World, t0: float, duration_s: float) -> dict:
             if live:
                 any_saved, params = True, live[0].core.params(live[0].state)
         for shard in ([] if world.dp else world.syncers.values()):
-            if shard.durable is not None:
+            if shard.intact is not None:
                 any_saved = True
-                for p, f in shard.durable[0]["fragments"].items():
+                for p, f in shard.intact[0]["fragments"].items():
                     params = world.model.frag.set(params, int(p), f["theta"])
         if any_saved:
             world.emit("eval", "harness", loss=world.model.evaluate(params), step=None,

@@ -177,6 +177,12 @@ class SimSyncer:
         """The newest landed save (damaged or not): what is on disk at the end of a run."""
         return self.saves[-1] if self.saves else None
 
+    @property
+    def intact(self) -> tuple[dict, int] | None:
+        """The newest landed save the harness did not damage: what the process tier's global
+        evals read (only checkpoints that match their manifests: harness/run/global_eval.py)."""
+        return next((s for s in reversed(self.saves) if s[1] not in self.damaged), None)
+
     def landed(self, snapshot: dict, number: int) -> None:
         self.saves.append((snapshot, number))
         self.oldest = self.oldest or self.saves[0]  # the first save: what a real shard keeps longest

@@ -64,10 +64,10 @@ def outages(faults, shape) -> int:
     count, out = 0, False
     for _, what, f in Schedule(tuple(faults)).timeline():
         active = [g for g in active if g is not f] + ([f] if what == "start" else [])
-        down = {g.target for g in active if g.kind in ("kill_unit", "pause_unit", "kill_syncer")}
+        down = {g.target for g in active if g.downs_target}
 
         def cut(u, sh):
-            return u in down or any(g.kind in ("partition", "reset", "truncate")
+            return u in down or any(g.cuts_link
                                     and g.target.removeprefix("link:") in ("*", u, f"{u}~{sh}") for g in active)
 
         now_out = any(sh in down or all(cut(u, sh) for u in shape.units) for sh in shape.syncers)
@@ -134,7 +134,7 @@ def progress_budget(faults) -> float:
     total = 0.0
     for f in faults:
         slowed = f.kind in ("wan", "latency_spike")
-        recovery = (RECOVERY_S if f.kind == "kill_unit" else SYNCER_RECOVERY_S if f.kind == "kill_syncer" else
+        recovery = (RECOVERY_S if f.kind == "kill_unit" else SYNCER_RECOVERY_S if f.role == "syncer" and f.restarts else
                     LINK_RECOVERY_S if slowed or getattr(f, "cuts_link", False) else OTHER_RECOVERY_S)
         priced = Reset(f.target, f.at_s, duration_s=f.duration_s) if slowed else f
         total += unit_seconds(priced, WINDOW, recovery_s=recovery)
@@ -231,7 +231,7 @@ def _disturbed(case: Case, unit: str, a: float, b: float) -> bool:
         if f.at_s >= b or end <= a or f.kind == "wan":
             continue
         spec = f.target.removeprefix("link:").split("~")[0]
-        if f.kind == "kill_syncer" or f.target == unit or spec in ("*", unit):
+        if f.role == "syncer" or f.target == unit or spec in ("*", unit):
             return True
     return False
 

@@ -24,6 +24,16 @@ from sim_cases import WINDOW, examples, reported, scenario, simulate_case
 from sim_props import decoupled_beats_dp, goodput_bound, outages
 
 
+def test_every_kind_that_takes_a_shard_down_is_a_job_wide_outage():
+    from diloco_chaos.faults.kinds import FAULT_KINDS
+
+    downs = [cls for cls in FAULT_KINDS.values() if cls.role == "syncer" and cls.downs_target]
+    assert {c.kind for c in downs} >= {"kill_syncer", "corrupt_checkpoint"}
+    for cls in downs:
+        fault = cls(target="syncer-0", at_s=0.6, **{cls.length_field: 5.0})
+        assert outages([fault], WINDOW) == 1, cls.kind
+
+
 @examples(40)
 @given(schedules(WINDOW, max_faults=4))
 def test_goodput_stays_above_the_fault_load_bound(schedule):

@@ -268,3 +268,13 @@ def test_a_flipped_byte_loads_through_orbax_and_only_the_manifest_sees_it(tmp_pa
         step, tree, skipped = ck.restore_verified()
         assert step == 1 and [s["step"] for s in skipped] == [2]
         np.testing.assert_array_equal(tree["theta"], np.arange(4096, dtype=np.float32))
+        assert checkpoint_disk.listing(tmp_path) == {"finalized": [1, 2], "sealed": [1, 2]}
+
+
+def test_the_harness_reads_the_manifest_by_the_trainers_name():
+    """checkpoint_disk reads a unit's folder without the unit's code (no orbax import in
+    the harness's evidence path); the file's name is the contract the two share."""
+    from diloco_chaos.harness.backends import checkpoint_disk
+    from diloco_chaos.trainer import checkpoint
+
+    assert checkpoint_disk.MANIFEST == checkpoint.MANIFEST

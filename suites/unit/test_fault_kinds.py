@@ -29,6 +29,15 @@ def test_every_kind_lives_in_its_own_module():
         assert cls.__doc__ and cls.__doc__.strip().split(".")[0], f"{kind}: its reference line"
 
 
+def test_a_kind_that_restarts_its_target_takes_it_down_while_it_lasts():
+    """`downs_target` is what the property suites' fault model reads to find a job-wide
+    outage: a kind that restarts its target and forgot it was counted as no outage (a
+    corrupt_checkpoint on a shard for 5 s passed the goodput suite's filter, and
+    decoupled lost 62 % of its tokens to the outage, as the filter exists to exclude)."""
+    for kind, cls in FAULT_KINDS.items():
+        assert cls.downs_target or not cls.restarts, f"{kind} restarts its target but does not say it is down"
+
+
 @pytest.fixture
 def brownout():
     """A unit fault written as a user would: a degraded host that loses a slice and runs
