@@ -340,6 +340,15 @@ EVENT_KINDS: dict[str, tuple[str, str]] = {  # kind -> (who writes it, what it s
                                       "unit, step, damage (flip, truncate, manifest), file"),
     "checkpoints_listed": ("harness", "a shard's checkpoint folder as the harness found it right after killing "
                                       "it: unit, finalized and sealed steps (restore_latest_intact)"),
+    "repair_asked": ("syncer", "a restarted shard asked a learner for its copy of Θ[p] at a version past the "
+                               "restored one (its Hello named it, the journal holds its digest): fragment, "
+                               "version, from_version, learner"),
+    "repaired": ("syncer", "a restarted shard took a learner's copy of Θ[p] (its digest the journal's): "
+                           "fragment, version, from_version, learner, digest"),
+    "repair_failed": ("syncer", "a repair given up (no answer, the learner left, a digest not the journal's): "
+                                "fragment, version, from_version, learner, why; Θ[p] stays as restored"),
+    "journal_failed": ("syncer", "a shard's journal of commits could not be written (once until it can): "
+                                 "fragment, version, error"),
     "eval": ("learner, harness", "a held-out loss: a learner's of its local θ, or the harness's of the global "
                                  "model (`global: true`; `snapshot: true` along the run)"),
     "slices": ("learner", "the learner's live slices changed (kill_slice): live_slices"),

@@ -28,7 +28,11 @@ sent_step). Rules:
   streaming / sync_diloco send their in-flight contributions to it again (dp its
   unanswered gradients): lost with the old connection, a round of all units would stall;
   and a fragment due while it awaits its fetch goes out the step after the fetch
-  (decoupled: it waits for its next turn);
+  (decoupled: if the fetch kept its progress; one the fetch overwrote waits for its next
+  turn). After a shard's restart every learner's fetch lands at once: waiting for each
+  one's turn let the first commit overwrite the others' outage progress (the `cut` rule);
+  sent the step after, they meet in one round (simulator, syncer-0 killed 2.0-3.5 s, 4
+  seeds: goodput 0.781-0.985 -> 0.968-0.985, tokens merged 0.80-1.0 -> 0.989-1.0);
 - decoupled mode never blocks; streaming / sync_diloco block once a fragment has been in
   flight τ steps; dp / elastic_dp block from `grads_ready` until every GradMean is in.
 - bounded staleness (decoupled; docs/PROTOCOL.md "Bounded staleness"): p is contributed
@@ -67,8 +71,8 @@ from dataclasses import replace
 from diloco_chaos.trainer.learner_close import LearnerClose
 from diloco_chaos.trainer.learner_dp import LearnerDP
 from diloco_chaos.trainer.learner_types import InFlight, LearnerConfig, LearnerMath, LearnerState
-from diloco_chaos.trainer.messages import (Contribution, FragmentDelta, FragmentUpdate, GradMean, Hello, RoundOpen,
-                              SliceControl)
+from diloco_chaos.trainer.messages import (Contribution, FragmentDelta, FragmentUpdate, GradMean, Hello, Repair,
+                                           RepairRequest, RoundOpen, SliceControl, held_field)
 from diloco_chaos.trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, Block, IllegalTransition, Log,
                                    NotStarted, Send, SetSlices, Unblock, UnexpectedMessage, UnknownFragment,
                                    UnknownPeer)
@@ -86,6 +90,7 @@ class LearnerCore(LearnerDP, LearnerClose):
         FragmentUpdate: ("_on_update", DILOCO_MODES),
         FragmentDelta: ("_on_delta", DILOCO_MODES),
         RoundOpen: ("_on_round_open", DILOCO_MODES),
+        RepairRequest: ("_on_repair_request", DILOCO_MODES),
         GradMean: ("_on_grad_mean", DP_MODES),
         SliceControl: ("_on_slices", MODES),
     }
@@ -285,7 +290,8 @@ class LearnerCore(LearnerDP, LearnerClose):
         if flight is not None:
             state = replace(state, last_sync_s=now - flight.sent_at,
                             in_flight={q: f for q, f in state.in_flight.items() if q != p})
-        if fetch and p in state.deferred and version >= state.base_version[p] and state.c_steps[p] >= 1:
+        if (fetch and p in state.deferred and version >= state.base_version[p] and state.c_steps[p] >= 1
+                and self.config.mode in ("streaming", "sync_diloco")):
             # p's turn came while it awaited this fetch, and its round may be holding every
             # other unit: the progress made against the Θ[p] it holds goes out now, before
             # the fetch replaces it (stale by version − base_version, which the shard weighs)
@@ -316,6 +322,8 @@ class LearnerCore(LearnerDP, LearnerClose):
             params = self.math.set_fragment(state.params, p, local)
         if self.config.keep_local:  # what goes out next is measured from this take
             state = replace(state, sent_from=_put(state.sent_from, p, None))
+        if overwrite and self.config.mode == "decoupled":  # nothing kept: its turn comes as scheduled
+            state = replace(state, deferred=state.deferred - {p})
         state = replace(state, params=params,
                         base=_put(state.base, p, glob), base_version=_put(state.base_version, p, version),
                         awaiting=state.awaiting - {p})
@@ -405,6 +413,16 @@ class LearnerCore(LearnerDP, LearnerClose):
         return state, [Log("join", {"fragment": p, "version": msg.version, "step": state.step,
                                     "early": away})] + sends
 
+    def _on_repair_request(self, state: LearnerState, now: float, sender: str, msg: RepairRequest):
+        """A restarted shard asks for the copy of Θ[p] this learner's Hello named: sent as it
+        is held (base[p]), if it still holds that version."""
+        p = self._fragment(msg.fragment, sender)
+        if state.base_version[p] != msg.version:
+            return state, [Log("drop", {"what": "RepairRequest", "fragment": p, "version": msg.version,
+                                        "reason": "not_held", "holds": state.base_version[p]})]
+        return state, [Send(sender, Repair(self.config.learner, self.config.incarnation, p, msg.version,
+                                           list(state.base[p])))]
+
     def _on_slices(self, state: LearnerState, now: float, sender: str, msg: SliceControl):
         return replace(state, live_slices=msg.live_slices), [
             SetSlices(msg.live_slices), Log("slices", {"live_slices": msg.live_slices})]
@@ -415,8 +433,8 @@ class LearnerCore(LearnerDP, LearnerClose):
             # a round needs every unit: skipping p's turn would stall it for a whole cycle
             # (and deadlock the units blocked on it): p goes out the step after its fetch
             return replace(state, deferred=state.deferred | {p}), []
-        if p in state.awaiting:  # counters keep running; p goes out on its next turn
-            state, more = self._starved(state, self.config.owners[p])
+        if p in state.awaiting:  # counters keep running; p goes out the step after a fetch that keeps them
+            state, more = self._starved(replace(state, deferred=state.deferred | {p}), self.config.owners[p])
             return state, [Log("drop", {"what": "Contribution", "fragment": p, "reason": "awaiting_fetch"})] + more
         if (self.config.mode == "decoupled" and p in state.in_flight
                 and not self.config.bugs & {"cumulative_delta", "resend_drift"}):
@@ -488,7 +506,12 @@ class LearnerCore(LearnerDP, LearnerClose):
                 and not any(state.base_version)):
             fresh = self.math.digest([a for p, owner in enumerate(self.config.owners) if owner == shard
                                       for a in state.base[p]])
-        return Hello(self.config.learner, self.config.incarnation, fresh)
+        # the copies it holds past version 0: a shard restarted from an older checkpoint
+        # asks for the newest instead of rolling it back (docs/PROTOCOL.md "Repair from the learners")
+        held = {} if self.math.digest is None else {
+            p: (state.base_version[p], self.math.digest(state.base[p]))
+            for p, owner in enumerate(self.config.owners) if owner == shard and state.base_version[p] > 0}
+        return Hello(self.config.learner, self.config.incarnation, fresh, held_field(held))
 
     def _started(self, state: LearnerState) -> None:
         if not state.started:

@@ -7,9 +7,10 @@ raw (`np.ndarray`). Every class names the fields that hold tensor lists in
 which is all the codec (trainer/codec.py) needs to know.
 
 Decoupled / streaming / sync DiLoCo:
-  learner → shard   Hello, Contribution
+  learner → shard   Hello, Contribution, Repair (Θ[p] as it holds it, asked for)
   shard → learner   FragmentUpdate, FragmentDelta (a compressed broadcast),
-                    RoundOpen (`align`: a round of a fragment has opened, join it)
+                    RoundOpen (`align`: a round of a fragment has opened, join it),
+                    RepairRequest (a restarted shard asks for a version it lost)
 Data-parallel baselines (mode "dp", "elastic_dp"), one message per fragment per step:
   learner → shard   GradStep
   shard → learner   GradMean
@@ -59,11 +60,31 @@ class Hello(_Message):
 
     fresh: "" or, while the learner has taken no update and holds the run's initial
     parameters, the digest of its Θ0 over the shard's fragments; if it is the shard's own,
-    a fragment the shard still holds at version 0 is answered with no params."""
+    a fragment the shard still holds at version 0 is answered with no params.
+    held: the copies it holds of the shard's fragments past version 0, as
+    "p:version:digest" joined by "," (`held_copies` reads it): a shard restarted from an
+    older checkpoint asks for a version it lost (RepairRequest) instead of rolling back."""
 
     learner: str
     incarnation: int
     fresh: str = ""
+    held: str = ""
+
+
+def held_field(copies: dict) -> str:
+    """Hello.held from {p: (version, digest)}."""
+    return ",".join(f"{p}:{v}:{d}" for p, (v, d) in sorted(copies.items()))
+
+
+def held_copies(held: str) -> dict:
+    """{p: (version, digest)} from Hello.held; a malformed entry raises ValueError."""
+    out = {}
+    for item in filter(None, held.split(",")):
+        p, v, d = item.split(":")
+        if not (p.isdigit() and v.isdigit() and d):
+            raise ValueError(f"Hello.held entry {item!r} is not p:version:digest")
+        out[int(p)] = (int(v), d)
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,6 +177,36 @@ class RoundOpen(_Message):
 
 
 @dataclass(frozen=True, eq=False)
+class RepairRequest(_Message):
+    """Shard → learner: a shard restarted from a checkpoint older than the copy of
+    Θ[fragment] at `version` the learner's Hello says it holds, and whose own journal of
+    commits names that version's digest: send it (docs/PROTOCOL.md "Repair from the
+    learners")."""
+
+    fragment: int
+    version: int
+
+    def __post_init__(self):
+        self._non_negative("fragment", "version")
+
+
+@dataclass(frozen=True, eq=False)
+class Repair(_Message):
+    """Learner → shard, the answer to a RepairRequest: its copy of Θ[fragment] at
+    `version`, which the shard takes only if its digest is the one its journal holds."""
+
+    TENSOR_FIELDS: ClassVar[tuple[str, ...]] = ("params",)
+    learner: str
+    incarnation: int
+    fragment: int
+    version: int
+    params: list[np.ndarray]
+
+    def __post_init__(self):
+        self._non_negative("incarnation", "fragment", "version")
+
+
+@dataclass(frozen=True, eq=False)
 class GradStep(_Message):
     """Data-parallel baseline, learner → shard: its gradient of `fragment` at inner `step`.
 
@@ -217,8 +268,8 @@ class Received(_Message):
 
 
 MESSAGE_TYPES: dict[str, type] = {
-    c.__name__: c for c in (Hello, Contribution, FragmentUpdate, FragmentDelta, RoundOpen, GradStep, GradMean,
-                             SliceControl, Received)
+    c.__name__: c for c in (Hello, Contribution, FragmentUpdate, FragmentDelta, RoundOpen, RepairRequest, Repair,
+                             GradStep, GradMean, SliceControl, Received)
 }
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Hashable
 
-from diloco_chaos.trainer.messages import Contribution, FragmentDelta, FragmentUpdate, Hello, RoundOpen
+from diloco_chaos.trainer.messages import Contribution, FragmentDelta, FragmentUpdate, Hello, Repair, RepairRequest, RoundOpen
 
 COMBINED = "contrib"  # keys of this kind are combined, never replaced: put() needs `combine`
 
@@ -50,6 +50,8 @@ def outbox_key(msg) -> Hashable | None:
         return ("frag", msg.fragment)
     if isinstance(msg, Hello):
         return ("hello",)
+    if isinstance(msg, (RepairRequest, Repair)):  # only the newest version asked is worth sending
+        return ("repair", msg.fragment)
     if isinstance(msg, RoundOpen):  # only the newest open round of p is worth joining
         return ("open", msg.fragment)
     if isinstance(msg, Contribution):

@@ -8,6 +8,8 @@ process around the core, or the simulator); the core never does them itself:
   Log(kind, fields)        write an event-log line (kinds of trainer/events.py)
   Block(reason) / Unblock()  the learner must stop / may resume inner steps
   SaveCheckpoint(versions) persist `core.snapshot(state)`; report back with `durable(...)`
+  Journal(fragment, version, digest)  append a commit's digest to the shard's journal, apart
+                           from its checkpoints; a restart hands it back (`SyncerCore.remember`)
   ApplyGrads(step, grads)  data-parallel: apply the averaged gradient pytree now
   SetSlices(live_slices)   the learner's batch is now spread over this many slices
 """
@@ -36,7 +38,7 @@ SYNCER_BUGS = frozenset({"merge_twice", "stale_as_fresh", "ignore_quorum", "rela
                          "unbounded_outbox", "trust_payloads", "damped_outer", "restore_oldest",
                          "shared_version", "steep_discount", "drop_last_delta", "guard_ignores_steps", "held_as_exact",
                          "restore_mixed", "sticky_membership", "restore_stale_outer", "durable_on_failure",
-                         "restore_unverified"})
+                         "restore_unverified", "no_repair"})
 LEARNER_BUGS = frozenset({"rejoin_without_fetch", "rejoin_out_of_phase", "cumulative_delta", "unbounded_outbox",
                           "count_discarded", "resend_drift", "rejoin_reads_in_flight", "roundopen_heard",
                           "keep_sent_progress", "fetch_discards"})
@@ -86,6 +88,13 @@ class Unblock:
 @dataclass(frozen=True)
 class SaveCheckpoint:
     versions: dict
+
+
+@dataclass(frozen=True)
+class Journal:
+    fragment: int
+    version: int
+    digest: str
 
 
 @dataclass(frozen=True, eq=False)

@@ -21,6 +21,7 @@ from diloco_chaos.trainer.protocol import SyncerCore
 from diloco_chaos.trainer.syncer_driver import SaveFailed, SyncerDriver
 from diloco_chaos.trainer.tasks import task_for_run
 from diloco_chaos.trainer.flow import BufferLog
+from diloco_chaos.trainer.journal import CommitJournal
 from diloco_chaos.trainer.transport import ShardServer, parse_addr
 from diloco_chaos.trainer.wiring import fragmenter_for, syncer_config, syncer_math
 
@@ -65,13 +66,15 @@ class Syncer:
                 f["outer"] = oldest["fragments"][p]["outer"]
         elif restored is not None:
             restored = shell.from_ckpt(restored)
+        self.commit_journal = CommitJournal(self.run_dir / "journal" / f"{self.name}.jsonl")
         if restored is not None:
-            self.driver = SyncerDriver(core, core.restore(restored), self, saved)
+            state = core.restore(restored)
+        else:
+            state = core.init({p: frag.get(params, p) for p in topo["shards"][self.name]})
+        self.driver = SyncerDriver(core, core.remember(state, self.commit_journal.entries()), self, saved)
+        if restored is not None:
             self.ev.emit("checkpoint_restored", step=step, versions=self.driver.versions(),
                          digests=self.driver.digests())  # of what it loaded (restores_faithful)
-        else:
-            self.driver = SyncerDriver(core, core.init({p: frag.get(params, p) for p in topo["shards"][self.name]}),
-                                       self, saved)
         self.timers = shell.Timers()
         host, port = parse_addr(topo["shard_addrs"][self.name])
         self.server = ShardServer(self.name, topo["run_id"], host, port, secret=auth.secret_from_env())
@@ -110,6 +113,11 @@ class Syncer:
             self.ckpt.wait()
         except Exception as e:  # noqa: BLE001
             raise self._failed(e) from None
+
+    def journal(self, fragment: int, version: int, digest: str) -> None:
+        was = self.commit_journal.failed
+        if (why := self.commit_journal.append(fragment, version, digest)) is not None and was is None:
+            self.ev.emit("journal_failed", fragment=fragment, version=version, error=why)
 
     def _failed(self, e: Exception) -> SaveFailed:
         """A failed save: orbax's manager is made anew (it keeps the error), the driver told."""
@@ -152,6 +160,7 @@ class Syncer:
         except Exception as e:  # noqa: BLE001 - a failed save's error, raised once more on the way out
             self.ev.emit("checkpoint_failed", number=d.saved, error=why_failed(e))
         self.server.close()
+        self.commit_journal.close()
         self.ev.emit("done", links={p: vars(s) for p, s in self.server.stats.items()}, versions=d.versions())
         self.ev.close()
         return 0

@@ -42,12 +42,14 @@ import math
 from dataclasses import replace
 
 from diloco_chaos.trainer import guard
-from diloco_chaos.trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradStep, Hello, RoundOpen
-from diloco_chaos.trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, IllegalTransition, Log, SaveCheckpoint, Send,
-                                   SetTimer, UnexpectedMessage, UnknownFragment, UnknownPeer, ema)
+from diloco_chaos.trainer.messages import (Contribution, FragmentDelta, FragmentUpdate, GradStep, Hello, Repair,
+                                           RepairRequest, RoundOpen, held_copies)
+from diloco_chaos.trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, IllegalTransition, Journal, Log,
+                                   SaveCheckpoint, Send, SetTimer, UnexpectedMessage, UnknownFragment, UnknownPeer, ema)
 # the data-parallel baselines' side, and the types (imported from here as before), live beside the core
 from diloco_chaos.trainer.syncer_dp import SyncerDP
-from diloco_chaos.trainer.syncer_types import DOWNLINKS, SHARE_BY, Pending, Round, SyncerConfig, SyncerMath, SyncerState
+from diloco_chaos.trainer.syncer_types import (DOWNLINKS, SHARE_BY, Pending, Repairing, Round, SyncerConfig, SyncerMath,
+                                              SyncerState)
 
 __all__ = ["DOWNLINKS", "SHARE_BY", "SNAPSHOT_FORMAT", "Pending", "Round", "SyncerConfig", "SyncerCore", "SyncerMath",
            "SyncerState"]
@@ -58,6 +60,9 @@ SNAPSHOT_FORMAT = 1
 ALIGN_WAIT_STEPS = 4.0
 # a round holding a closing Δ (trainer/learner_close.py) waits this long for every live learner
 CLOSE_HOLD_S = 8.0
+# repair from the learners: how long a restarted shard waits for the copy it asked for
+# before it gives up and answers with what it restored
+REPAIR_WAIT_S = 10.0
 
 
 def _without(d: dict, key) -> dict:
@@ -69,6 +74,7 @@ class SyncerCore(SyncerDP):
     _HANDLERS = {
         Hello: ("_on_hello", MODES),
         Contribution: ("_on_contribution", DILOCO_MODES),
+        Repair: ("_on_repair", DILOCO_MODES),
         GradStep: ("_on_grad_step", DP_MODES),
     }
 
@@ -98,6 +104,11 @@ class SyncerCore(SyncerDP):
         held = {k: v for k, v in state.held.items() if k[0] != learner}  # it fetches afresh
         live = state.live if "sticky_membership" in self.config.bugs else state.live - {learner}  # planted
         state, actions = replace(state, live=live, held=held), []
+        for p, r in sorted(state.repairing.items()):  # it will not answer, or hear the answer
+            if learner in r.waiting:
+                state, more = self._repair_next(state, now, p, {k: v for k, v in r.waiting.items() if k != learner},
+                                                asked_gone=r.learner == learner)
+                actions += more
         for p in sorted(state.rounds):
             state, more = self._advance(state, now, p)
             actions += more
@@ -116,9 +127,15 @@ class SyncerCore(SyncerDP):
     def timer(self, state: SyncerState, now: float, key: str):
         """A grace window may have expired. Timers of rounds already closed are harmless."""
         kind, _, p = key.partition(":")
-        if kind != "grace" or not p.isdigit():
+        if kind not in ("grace", "repair") or not p.isdigit():
             raise IllegalTransition(f"unknown timer {key!r}")
-        return self._advance(state, now, self._owned(int(p)))
+        p = self._owned(int(p))
+        if kind == "repair":
+            r = state.repairing.get(p)
+            if r is None or now < r.deadline:
+                return state, []
+            return self._repair_failed(state, p, "no answer")
+        return self._advance(state, now, p)
 
     def durable(self, state: SyncerState, now: float, versions: dict):
         """The shell saved a snapshot holding these versions: they survive a restart."""
@@ -168,18 +185,118 @@ class SyncerCore(SyncerDP):
     def _on_hello(self, state: SyncerState, now: float, msg: Hello):
         if self.config.mode in DP_MODES:
             return state, []  # nothing to fetch: dp shards hold no parameters
+        state, held_back, actions = self._repair_hello(state, now, msg)
+        answer = [p for p in self.config.fragments if p not in held_back]
         held = dict(state.held)
         if self.math.broadcast_delta is not None:  # it now holds Θ exactly
-            held.update({(msg.learner, p): (state.version[p], state.theta[p]) for p in self.config.fragments})
+            held.update({(msg.learner, p): (state.version[p], state.theta[p]) for p in answer})
         # a fresh learner holding this shard's Θ0: a fragment still at version 0 goes without params
         same = bool(msg.fresh) and msg.fresh == state.theta0
-        return replace(state, held=held, closed=state.closed - {msg.learner}), [
+        return replace(state, held=held, closed=state.closed - {msg.learner}), actions + [
             Send(msg.learner, FragmentUpdate(p, state.version[p], True,
                                              [] if same and state.version[p] == 0 else state.theta[p]))
-            for p in self.config.fragments]
+            for p in answer]
+
+    # --- repair from the learners (docs/PROTOCOL.md "Repair from the learners") --------------
+    def remember(self, state: SyncerState, entries) -> SyncerState:
+        """A restart's journal: the (fragment, version, digest) its earlier incarnations
+        committed, oldest first (`Journal` actions, kept apart from the checkpoints). The
+        versions past what the restore holds are the ones a learner's copy may repair, if
+        its digest is the journal's (a version written again drops the history after it:
+        the shard forked there)."""
+        journal: dict = {}
+        for p, v, digest in entries:
+            if p in self.config.fragments:
+                journal[p] = {**{u: d for u, d in journal.get(p, {}).items() if u < v}, v: digest}
+        journal = {p: {v: d for v, d in js.items() if v > state.version[p]} for p, js in journal.items()}
+        return replace(state, journal={p: js for p, js in journal.items() if js})
+
+    def _repair_hello(self, state: SyncerState, now: float, msg: Hello):
+        """(state, fragments whose answer waits for a repair, actions). A learner's Hello says
+        which copies it holds; one at a version past this shard's, whose digest the journal
+        names, is asked for (RepairRequest) instead of rolling the learner back, and the
+        learner's answer for that fragment waits for the repair (bug `no_repair`: it is not)."""
+        if not (state.journal or state.repairing) or "no_repair" in self.config.bugs:
+            return state, set(), []
+        try:
+            claims = held_copies(msg.held)
+        except ValueError:
+            claims = {}
+        held_back, actions = set(), []
+        for p in self.config.fragments:
+            claim = claims.get(p)
+            good = self._verifiable(state, p, claim)
+            r = state.repairing.get(p)
+            if r is None and not good:
+                continue
+            held_back.add(p)
+            waiting = {**(r.waiting if r else {}), msg.learner: claim if good else None}
+            if r is not None and not (good and claim[0] > r.version):
+                state = replace(state, repairing={**state.repairing, p: replace(r, waiting=waiting)})
+                continue
+            state, more = self._ask(state, now, p, msg.learner, claim[0], waiting)
+            actions += more
+        return state, held_back, actions
+
+    def _verifiable(self, state: SyncerState, p: int, claim) -> bool:
+        return (claim is not None and claim[0] > state.version[p]
+                and state.journal.get(p, {}).get(claim[0]) == claim[1])
+
+    def _ask(self, state: SyncerState, now: float, p: int, learner: str, version: int, waiting: dict):
+        r = Repairing(version, learner, now + REPAIR_WAIT_S, waiting)
+        return replace(state, repairing={**state.repairing, p: r}), [
+            Log("repair_asked", {"fragment": p, "version": version, "from_version": state.version[p],
+                                 "learner": learner}),
+            Send(learner, RepairRequest(p, version)), SetTimer(f"repair:{p}", r.deadline)]
+
+    def _repair_next(self, state: SyncerState, now: float, p: int, waiting: dict, asked_gone: bool):
+        """A waiting learner left: if it was the one asked, ask the next that holds a
+        verifiable copy, else give up."""
+        r = state.repairing[p]
+        if not asked_gone:
+            return replace(state, repairing={**state.repairing, p: replace(r, waiting=waiting)}), []
+        claims = sorted((c[0], learner) for learner, c in waiting.items() if self._verifiable(state, p, c))
+        if not claims:
+            return self._repair_failed(replace(state, repairing={**state.repairing, p: replace(r, waiting=waiting)}),
+                                       p, "the learner asked left")
+        return self._ask(state, now, p, claims[-1][1], claims[-1][0], waiting)
+
+    def _repair_failed(self, state: SyncerState, p: int, why: str):
+        """No repair: the history past the restored version is lost (the journal of p is
+        dropped), and every live learner gets Θ[p] as restored."""
+        r = state.repairing[p]
+        state = replace(state, repairing=_without(state.repairing, p), journal=_without(state.journal, p))
+        log = Log("repair_failed", {"fragment": p, "version": r.version, "from_version": state.version[p],
+                                    "learner": r.learner, "why": why})
+        state, sends = self._answer(state, p, sorted(state.live), whole=True)
+        return state, [log] + sends
+
+    def _on_repair(self, state: SyncerState, now: float, msg: Repair):
+        """The copy asked for: taken as Θ[p] at its version if its digest is the journal's,
+        and sent whole to every live learner (the waiting ones' fetch, the others' update)."""
+        p = self._owned(msg.fragment)
+        r = state.repairing.get(p)
+        drop = {"what": "Repair", "fragment": p, "learner": msg.learner, "version": msg.version}
+        if r is None or r.learner != msg.learner or r.version != msg.version:
+            return state, [Log("drop", {**drop, "reason": "unasked"})]
+        digest = self.math.digest(list(msg.params))
+        if digest != state.journal.get(p, {}).get(msg.version):
+            state, actions = self._repair_failed(state, p, "its digest is not the journal's")
+            return state, [Log("drop", {**drop, "reason": "repair_mismatch"})] + actions
+        old = state.version[p]
+        later = {u: d for u, d in state.journal[p].items() if u > msg.version}  # a newer copy may still greet it
+        state = replace(state, theta={**state.theta, p: list(msg.params)}, version={**state.version, p: msg.version},
+                        repairing=_without(state.repairing, p),
+                        journal={**_without(state.journal, p), **({p: later} if later else {})})
+        state, sends = self._answer(state, p, sorted(state.live), whole=True)
+        return state, [Log("repaired", {"fragment": p, "version": msg.version, "from_version": old,
+                                        "learner": msg.learner, "digest": digest})] + sends + [
+            SaveCheckpoint(dict(state.version))]
 
     def _on_contribution(self, state: SyncerState, now: float, c: Contribution):
         p = self._owned(c.fragment)
+        if p in state.repairing:  # made on a Θ[p] the repair replaces; the repair's Θ[p] answers it
+            return state, [self._drop(c, "repairing")]
         prev = state.rounds[p].pending.get(c.learner) if p in state.rounds else None
         why = self._seen(state, p, c, prev)
         if why is None and (c.c_steps < 1 or c.c_tokens < 1):
@@ -284,9 +401,13 @@ class SyncerCore(SyncerDP):
         n = len(deltas) - 1 if "drop_last_delta" in bugs and len(deltas) > 1 else len(deltas)  # planted: off by one
         before = (state.theta[p], state.outer[p])
         theta, outer = self.math.merge_and_step(*before, deltas[:n], weights[:n], scale, closing)
-        state = replace(state, theta={**state.theta, p: list(theta)}, outer={**state.outer, p: outer})
-        state, actions = self._close(state, now, p, weights, stale, self._evidence(state, p, before, closing))
+        state = replace(state, theta={**state.theta, p: list(theta)}, outer={**state.outer, p: outer},
+                        journal=_without(state.journal, p))  # a new history of p: nothing left to repair
+        evidence = self._evidence(state, p, before, closing)
+        state, actions = self._close(state, now, p, weights, stale, evidence)
         actions += self._commit_audit(state, p, before, deltas, weights, closing)
+        if "digest" in evidence:  # the journal a restart repairs from
+            actions.append(Journal(p, state.version[p], evidence["digest"]))
         state, sends = self._answer(state, p, self._recipients(state, merged))
         return state, actions + sends + [SaveCheckpoint(dict(state.version))]
 

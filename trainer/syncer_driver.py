@@ -20,13 +20,20 @@ A save can fail (a full disk, an I/O error): the host's port raises `SaveFailed`
 start or when the write ends. Never fatal: the shard logs `checkpoint_failed`, nothing of
 that save is reported durable, and its state goes into the next save (after the gap);
 at SIGTERM, what is durable stays the last save that landed.
+
+The journal: every commit's (fragment, version, digest of Θ[p]) is appended to a small
+file of the shard's own, apart from its checkpoints (`Journal` actions; a host whose
+journal write fails says so once with `journal_failed` and goes on). A restarted shard
+hands it to the core (`SyncerCore.remember`): the versions committed since its last
+checkpoint, which a learner's copy may repair only if its digest is the journal's.
 """
 from __future__ import annotations
 
 from typing import Protocol
 
 from diloco_chaos.trainer.messages import describe
-from diloco_chaos.trainer.protocol import IllegalTransition, Log, SaveCheckpoint, Send, SetTimer, SyncerCore, SyncerState
+from diloco_chaos.trainer.protocol import (IllegalTransition, Journal, Log, SaveCheckpoint, Send, SetTimer, SyncerCore,
+                                           SyncerState)
 
 
 class SyncerPort(Protocol):
@@ -38,6 +45,7 @@ class SyncerPort(Protocol):
     def emit(self, kind: str, **fields) -> None: ...  # one event-log line from this shard
     def start_save(self, number: int, snapshot: dict) -> None: ...  # asynchronous: call driver.saved() when on disk
     def save_now(self, number: int, snapshot: dict) -> None: ...    # synchronous (the final save)
+    def journal(self, fragment: int, version: int, digest: str) -> None: ...  # append to the shard's journal
 
 
 SAVE_GAP_S = 0.5    # the least time from one save's start to the next's (a crash loses at most this much more)
@@ -166,6 +174,8 @@ class SyncerDriver:
                 self.port.set_timer(a.key, a.at)
             elif isinstance(a, SaveCheckpoint):
                 self.dirty = True
+            elif isinstance(a, Journal):
+                self.port.journal(a.fragment, a.version, a.digest)
 
     def checkpoint(self) -> None:
         """Starts a save if the state moved on and none is in flight (coalescing)."""

@@ -118,6 +118,17 @@ class Round:
 
 
 @dataclass(frozen=True)
+class Repairing:
+    """A fragment a restarted shard is repairing: the version it asked `learner` for, by
+    when, and the learners whose Hello it answers once the repair is in or given up
+    (learner -> the (version, digest) its Hello said it holds)."""
+    version: int
+    learner: str
+    deadline: float
+    waiting: dict
+
+
+@dataclass(frozen=True)
 class SyncerState:
     theta: dict              # p -> list of arrays
     outer: dict              # p -> outer optimizer state (opaque)
@@ -134,3 +145,7 @@ class SyncerState:
     xi_sync: float | None = None
     theta0: str = ""         # digest of the owned fragments' Θ0 ("" after a restore: unknown)
     norms: tuple = ()        # the last accepted Δs' rms per inner step, every fragment (the corrupt guard)
+    # repair from the learners (a restart): p -> {version: digest} the journal holds past
+    # the restored version, until p's first commit; p -> Repairing while a learner is asked
+    journal: dict = field(default_factory=dict)
+    repairing: dict = field(default_factory=dict)

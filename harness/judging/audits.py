@@ -18,6 +18,8 @@ own arithmetic (harness/judging/spec.py), never the trainer's.
                            history of accepted sizes
 - restores_faithful        (harness/judging/restores.py) what a restarted unit loaded is what
                            the save it names wrote, and that save is the newest that had landed
+- committed_rounds_kept    (harness/judging/repairs.py) a restarted shard goes on from the newest
+                           committed version a greeting learner held (repair from the learners)
 - membership_follows_links a learner whose link went down (or that the harness killed) stops
                            counting in the shards' live sets
 - starved_learners_reanchor a learner that hears nothing from a shard asks it again in time
@@ -35,6 +37,7 @@ from diloco_chaos.harness.eventlog import EventLog
 from diloco_chaos.harness.judging import spec
 from diloco_chaos.harness.judging.check_base import SHOW, Result, _shards
 from diloco_chaos.harness.judging.history import is_process_up, learner_names
+from diloco_chaos.harness.judging.repairs import committed_rounds_kept
 from diloco_chaos.harness.judging.restores import restores_faithful
 
 DILOCO = ("decoupled", "streaming", "sync_diloco")
@@ -180,6 +183,8 @@ def commits_audited(log: EventLog) -> Result:
                     merges[(e["fragment"], e["version"])].append(e)
                 elif e["kind"] == "checkpoint_restored":
                     last.update(_restored_digests(e))
+                elif e["kind"] == "repaired":  # a learner's copy taken (committed_rounds_kept judges it)
+                    last[e["fragment"]] = e["digest"]
                 elif e["kind"] == "round_commit":
                     commits += 1
                     p = e["fragment"]
@@ -497,5 +502,5 @@ def deltas_reexecuted(log: EventLog) -> Result:
 
 def audit_checks(log: EventLog) -> list[Result]:
     return [weights_match_staleness(log), quorum_respected(log), commits_audited(log), copies_consistent(log),
-            deltas_reexecuted(log), guard_decisions(log), restores_faithful(log), membership_follows_links(log),
-            starved_learners_reanchor(log)]
+            deltas_reexecuted(log), guard_decisions(log), restores_faithful(log), committed_rounds_kept(log),
+            membership_follows_links(log), starved_learners_reanchor(log)]

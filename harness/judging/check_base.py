@@ -73,6 +73,33 @@ def shard_lives(log: EventLog, shard: str) -> list[ShardLife]:
     return lives if lives[0].events else lives[1:]
 
 
+def committed_digests(lives: list[ShardLife]) -> dict:
+    """(fragment, version) -> the digest of Θ[p] the shard's round_commit lines in `lives`
+    name (a version committed again, after a rollback: the later one)."""
+    out = {}
+    for life in lives:
+        for e in life.events:
+            if e["kind"] == "round_commit" and "digest" in e:
+                out[(e["fragment"], e["version"])] = e["digest"]
+    return out
+
+
+def resumed(lives: list[ShardLife], j: int) -> dict:
+    """{fragment: version} life j went on from: its restore, raised by each `repaired` line
+    (a copy taken from a learner, trainer/syncer_core.py) whose digest is the one an earlier
+    life committed at that version (the judge's evidence: the shard's own commit lines
+    of its earlier incarnations; a repair that is not honoured stays at the restore)."""
+    out = dict(lives[j].restored or {})
+    committed = None
+    for e in lives[j].events:
+        if e["kind"] == "repaired":
+            committed = committed if committed is not None else committed_digests(lives[:j])
+            p, v = int(e["fragment"]), int(e["version"])
+            if committed.get((p, v)) == e.get("digest") and v > out.get(p, 0):
+                out[p] = v
+    return out
+
+
 def _shards(log: EventLog) -> list[str]:
     topo = (log.header.get("topology") or {}).get("shards") or {}
     learners = set(learner_names(log))
@@ -83,13 +110,15 @@ def _shards(log: EventLog) -> list[str]:
 
 def _lost_merges(log: EventLog) -> set[int]:
     """id() of every merge line whose round its shard lost in a crash: a later incarnation of
-    that shard restored a lower version of the fragment than the merge made."""
+    that shard went on from a lower version of the fragment than the merge made (what it
+    restored, or repaired from a learner: `resumed`)."""
     out = set()
     for shard in _shards(log):
         lives = shard_lives(log, shard)
+        went_on = [resumed(lives, k) for k in range(len(lives))]
         for j, life in enumerate(lives):
             for e in life.events:
-                if e["kind"] == "merge" and any((later.restored or {}).get(e["fragment"], 0) < e["version"]
-                                                for later in lives[j + 1:]):
+                if e["kind"] == "merge" and any(went_on[k].get(e["fragment"], 0) < e["version"]
+                                                for k in range(j + 1, len(lives))):
                     out.add(id(e))
     return out

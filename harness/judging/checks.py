@@ -26,7 +26,7 @@ from diloco_chaos.faults.overlaps import LinkTarget
 from diloco_chaos.faults.kinds import FAULT_KINDS
 from diloco_chaos.harness.judging.audits import audit_checks
 from diloco_chaos.harness.judging.storage import storage_checks
-from diloco_chaos.harness.judging.check_base import SHOW, Result, _judge, _shards, shard_lives
+from diloco_chaos.harness.judging.check_base import SHOW, Result, _judge, _shards, resumed, shard_lives
 from diloco_chaos.harness.eventlog import EventLog
 from diloco_chaos.harness.intervals import clip, intersect, minus, norm
 from diloco_chaos.harness.judging.history import histories, learner_names, window
@@ -47,6 +47,7 @@ def merged_at_most_once(log: EventLog) -> Result:
     bad, relost = [], []
     for shard in _shards(log):
         lives = shard_lives(log, shard)
+        went_on = [resumed(lives, k) for k in range(len(lives))]
         for j, life in enumerate(lives):
             for e in life.events:
                 if e["kind"] != "merge":
@@ -56,8 +57,8 @@ def merged_at_most_once(log: EventLog) -> Result:
                     first[key] = (shard, j, e)
                     continue
                 s0, j0, e0 = first[key]
-                lost = s0 == shard and any((later.restored or {}).get(e["fragment"], 0) < e0["version"]
-                                           for later in lives[j0 + 1:j + 1])
+                lost = s0 == shard and any(went_on[k].get(e["fragment"], 0) < e0["version"]
+                                           for k in range(j0 + 1, j + 1))
                 (relost if lost else bad).append({"key": list(key), "t": e["t"], "shard": shard,
                                                   "versions": [e0["version"], e["version"]]})
                 first[key] = (shard, j, e)
@@ -67,12 +68,15 @@ def merged_at_most_once(log: EventLog) -> Result:
 def versions_monotonic(log: EventLog) -> Result:
     """Per shard incarnation and fragment, every merge and round_commit carries version
     last + 1 (a commit then makes it the last); an incarnation starts from the versions its
-    checkpoint_restored names, else from 0."""
+    checkpoint_restored names, else from 0, and a `repaired` line makes its version the last
+    (whether that repair was faithful is committed_rounds_kept's to judge)."""
     bad = []
     for shard in _shards(log):
         for life in shard_lives(log, shard):
             last = dict(life.restored or {})
             for e in life.events:
+                if e["kind"] == "repaired":
+                    last[int(e["fragment"])] = int(e["version"])
                 if e["kind"] not in ("merge", "round_commit"):
                     continue
                 p, want = e["fragment"], last.get(e["fragment"], 0) + 1

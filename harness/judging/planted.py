@@ -135,7 +135,7 @@ CATALOGUE: dict[str, Planted] = {
         "against what its restart restored (and restores_faithful: the restore older than the newest save it "
         "said landed); the disk filled by the harness (disk_full)",
         "suites/properties/test_storage.py::test_a_failed_save_taken_for_a_landed_one_is_caught",
-        "suites/cluster/test_full_disk.py::test_disk_full_then_a_crash_on_real_processes[durable_on_failure,restore_unverified]"),
+        "suites/cluster/test_full_disk.py::test_disk_full_then_a_crash_on_real_processes[durable_on_failure,no_repair,restore_unverified]"),
     "restore_unverified": Planted(
         "syncer host (trainer/syncer.py, harness/sim/syncer.py)",
         "a restarted shard loads its newest finalized checkpoint as it is, without checking it against its "
@@ -143,7 +143,17 @@ CATALOGUE: dict[str, Planted] = {
         "independent: the harness's own record of the save it damaged (checkpoint_damaged) and of the folder at "
         "the kill, against the step the restore names and the digests of what it loaded",
         "suites/properties/test_storage.py::test_a_restore_that_does_not_verify_is_caught",
-        "suites/cluster/test_full_disk.py::test_disk_full_then_a_crash_on_real_processes[durable_on_failure,restore_unverified]"),
+        "suites/cluster/test_full_disk.py::test_disk_full_then_a_crash_on_real_processes[durable_on_failure,no_repair,restore_unverified]"),
+    "no_repair": Planted(
+        "syncer", "a restarted shard answers every Hello with the Θ[p] it restored, though a learner's Hello names a "
+        "newer copy its journal vouches for: the rounds since its last checkpoint are rolled back",
+        "committed_rounds_kept", "two processes' lines that must agree: the earlier incarnations' round_commit "
+        "digests and the learners' copy lines (the newest before the restarted shard's recv of their Hello), "
+        "against the version the restart went on from (its restore, raised by repaired lines whose digest is the "
+        "committed one)",
+        "suites/properties/test_storage.py::test_a_shard_that_does_not_repair_from_its_learners_is_caught",
+        "suites/cluster/test_full_disk.py::test_disk_full_then_a_crash_on_real_processes"
+        "[durable_on_failure,no_repair,restore_unverified]"),
     "restore_mixed": Planted(
         "syncer host (trainer/syncer.py, harness/sim/syncer.py)",
         "a restarted shard reads Θ from its oldest kept checkpoint and everything else (versions too) from the "
@@ -235,5 +245,6 @@ PROOFS: dict[str, tuple[Proof, ...]] = {
     "membership_follows_links": (_main("sticky_membership"),),
     "checkpoint_integrity": (_main("restore_unverified"),),
     "restore_latest_intact": (_main("restore_unverified"),),
+    "committed_rounds_kept": (_main("no_repair"),),
     "starved_learners_reanchor": (_main("roundopen_heard"),),
 }

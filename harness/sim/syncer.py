@@ -50,14 +50,14 @@ class SyncerProc:
         core = SyncerCore(syncer_config(w.cfg, w.topology, unit.name, w.syncer_bugs), math)
         restored = self._restore(core) if unit.saves else None
         if restored is not None:
-            snap, step = restored
-            self.driver = SyncerDriver(core, core.restore(snap), self, unit.saved)
-            self.emit("checkpoint_restored", step=step, versions=self.driver.versions(),
-                      digests=self.driver.digests())  # of what it loaded (restores_faithful)
+            state = core.restore(restored[0])
         else:
             frags = w.topology["shards"][unit.name]
-            self.driver = SyncerDriver(core, core.init({p: w.model.frag.get(w.model.params0, p) for p in frags}),
-                                       self, unit.saved)
+            state = core.init({p: w.model.frag.get(w.model.params0, p) for p in frags})
+        self.driver = SyncerDriver(core, core.remember(state, unit.journal), self, unit.saved)
+        if restored is not None:
+            self.emit("checkpoint_restored", step=restored[1], versions=self.driver.versions(),
+                      digests=self.driver.digests())  # of what it loaded (restores_faithful)
         self.emit("unit_up", incarnation=self.incarnation, pid=None, addr=f"sim:{unit.name}")
         self.listening = True
 
@@ -136,6 +136,9 @@ class SyncerProc:
         self.unit.saved = number
         self.unit.landed(snapshot, number)
 
+    def journal(self, fragment: int, version: int, digest: str) -> None:
+        self.unit.journal.append((fragment, version, digest))  # (its own disk: disk_full spares it)
+
     def emit(self, kind: str, **fields) -> None:
         self.world.emit(kind, self.unit.name, **fields)
 
@@ -171,6 +174,7 @@ class SimSyncer:
         self.oldest = None  # the first durable snapshot (planted restore_oldest restores it)
         self.saved = 0
         self.disk_full = False  # disk_full: every save fails while it lasts
+        self.journal: list = []  # (fragment, version, digest) per commit, across incarnations (trainer/journal.py)
 
     @property
     def durable(self) -> tuple[dict, int] | None:

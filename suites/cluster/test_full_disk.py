@@ -101,7 +101,7 @@ STORAGE = {  # syncer-crash, shortened, with syncer-0's disk full before and dur
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="disk_full mounts a small filesystem: root only")
-@pytest.mark.parametrize("bugs", ["", "durable_on_failure,restore_unverified"])
+@pytest.mark.parametrize("bugs", ["", "durable_on_failure,no_repair,restore_unverified"])
 def test_disk_full_then_a_crash_on_real_processes(bugs, tmp_path, monkeypatch):
     """The `disk_full` fault through the runner: syncer-0's checkpoint folder a 64 MiB tmpfs
     of its own, filled to its last byte at 4 s, emptied at 8 s; syncer-0 killed at 7 s (on the
@@ -117,7 +117,12 @@ def test_disk_full_then_a_crash_on_real_processes(bugs, tmp_path, monkeypatch):
     orbax's finalize and the manifest, it has none) and restores the newest sealed one before
     it (checkpoint_integrity, restore_latest_intact hold). With `restore_unverified` (the
     newest save loaded as it is) it loads the damaged one: checkpoint_integrity and
-    restore_latest_intact fail on syncer-1 (durable_on_failure acts on syncer-0 alone)."""
+    restore_latest_intact fail on syncer-1 (durable_on_failure acts on syncer-0 alone).
+
+    Repair from the learners: syncer-0's last save landed before its disk filled, 3 s and
+    more before its kill; its restart takes the versions committed since from a learner's
+    copy (`repaired`, the digest its journal holds) and loses no committed round
+    (committed_rounds_kept). With `no_repair` it rolls back to its restore: that check fails."""
     monkeypatch.setenv(BUGS_ENV, bugs)
     result = runner.run_scenario(scenario_from_dict(STORAGE), tmp_path, live=False)
     folder = result.run_dir / "ckpt" / "syncer-0"
@@ -143,7 +148,11 @@ def test_disk_full_then_a_crash_on_real_processes(bugs, tmp_path, monkeypatch):
         assert restored[0]["step"] == max(s for s in damaged[0]["sealed"] if s != damaged[0]["step"])
         assert by["checkpoint_integrity"]["details"]["restores_after_damage"] == 1
         assert by["restore_latest_intact"]["details"]["restarts_judged"] == 2  # both shards' restarts
+        assert by["committed_rounds_kept"]["details"]["restarts"] == 2, by["committed_rounds_kept"]
+        _repaired_from_the_learners(log)
     else:
+        assert by["committed_rounds_kept"]["valid"] is False, by["committed_rounds_kept"]
+        assert "syncer-0" in {v["shard"] for v in by["committed_rounds_kept"]["details"]["violations"]}
         assert by["durable_rounds_kept"]["valid"] is False, by["durable_rounds_kept"]
         assert {v["shard"] for v in by["durable_rounds_kept"]["details"]["violations"]} == {"syncer-0"}
         assert by["restores_faithful"]["valid"] is False, by["restores_faithful"]
@@ -154,3 +163,22 @@ def test_disk_full_then_a_crash_on_real_processes(bugs, tmp_path, monkeypatch):
         # left unsealed (a CI run: restore_latest_intact named it too)
         assert {v["shard"] for v in by["checkpoint_integrity"]["details"]["violations"]} == {"syncer-1"}
         assert restored[0]["step"] == damaged[0]["step"]
+
+
+def _repaired_from_the_learners(log) -> None:
+    """syncer-0 was killed seconds after its last landed save, and went on from the newest
+    version it had committed of each fragment (its restore, raised by repaired lines)."""
+    from diloco_chaos.harness.judging.check_base import resumed, shard_lives
+
+    lives = shard_lives(log, "syncer-0")
+    first, restart = lives[0], next(j for j, life in enumerate(lives) if life.n == 1)
+    saved = [e["t"] for e in first.events if e["kind"] == "checkpoint_saved"]
+    killed = [e["t"] for e in log.of("unit_down") if e["src"] == "syncer-0" and e.get("reason") == "killed"]
+    assert saved and killed and killed[0] - max(saved) >= 2.0, (saved[-3:], killed)
+    last = {}
+    for e in first.events:
+        if e["kind"] == "round_commit":
+            last[e["fragment"]] = e["version"]
+    went_on = resumed(lives, restart)
+    assert any(e["kind"] == "repaired" for e in lives[restart].events), "no repair"
+    assert all(went_on.get(p, 0) >= v for p, v in last.items()), (last, went_on)

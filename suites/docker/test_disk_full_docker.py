@@ -3,7 +3,8 @@ mounted into its container with the run folder (mounted before the container sta
 the bind carries it); the host fills it and the kernel answers the container's writes with
 ENOSPC. The run of suites/cluster/test_full_disk.py, its no-bug case, on the docker backend:
 syncer-1's newest checkpoint is damaged by the host in the folder its container binds, and
-its new container passes it over."""
+its new container passes it over; syncer-0's new container repairs from the learners (its
+journal in the run folder the containers bind)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ import pytest
 from diloco_chaos.harness import eventlog
 from diloco_chaos.harness.backends import runner
 from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
-from suites.cluster.test_full_disk import STORAGE
+from suites.cluster.test_full_disk import STORAGE, _repaired_from_the_learners
 
 pytestmark = [pytest.mark.docker, pytest.mark.cluster]
 
@@ -32,4 +33,5 @@ def test_disk_full_then_a_crash_in_containers(tmp_path):
     assert damaged and [e["step"] for e in skipped] == [damaged[0]["step"]], (damaged, skipped)
     bad = {c["name"]: c for c in result.summary["checks"] if c["valid"] is False}
     assert not bad, bad
+    _repaired_from_the_learners(log)
     assert str(result.run_dir) not in Path("/proc/mounts").read_text()

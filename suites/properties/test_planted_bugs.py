@@ -158,11 +158,14 @@ def test_a_shard_restored_from_its_oldest_checkpoint_is_seen_by_the_model_checks
     killed 4-5 s: its versions go back (durable_rounds_kept), and the model with them: the
     final global loss rises 0.52 nats over its best (global_loss_regression, bound 0.25).
     The same schedule passes both without the bug. (On the base still learning at its end,
-    the default lr, 12× the floor, the rise was 0.03 nats.)"""
+    the default lr, 12× the floor, the rise was 0.03 nats.) Planted beside `no_repair`: a
+    shard that repairs from its learners takes the rounds its old save lacks back from a
+    learner's copy, so the model never sees the oldest save (durable_rounds_kept still sees
+    its versions go back, in test_a_planted_bug_is_caught[restore_oldest])."""
     crash = (KillSyncer(target="syncer-0", at_s=4.0, down_for_s=1.0),)
     near_floor = scenario(crash)
     assert near_floor.train.lr == CONVERGED_LR
-    bug, good = simulate_case(near_floor, bugs={"restore_oldest"}), simulate_case(near_floor)
+    bug, good = simulate_case(near_floor, bugs={"restore_oldest", "no_repair"}), simulate_case(near_floor)
     for check in (checks.durable_rounds_kept, checks.global_loss_regression):
         assert check(bug.log).valid is False, check(bug.log)
         assert check(good.log).valid is True, check(good.log)
@@ -173,10 +176,10 @@ def test_a_shard_restored_from_its_oldest_checkpoint_fails_the_loss_parity_prope
     can fail: restore_oldest, syncer-0 down 0.5 s at 3.7 s (a schedule its strategy draws,
     fault_load 0.08): measured, the run lost 69 % of its progress (the fault-free run was
     that much earlier at its final loss) against the faults' share of 46 % + 5 %. Without
-    the bug the same crash costs 19 %: it passes."""
+    the bug the same crash costs 19 %: it passes. (Beside `no_repair`, as above.)"""
     crash = scenario((KillSyncer(target="syncer-0", at_s=3.7, down_for_s=0.5),))
     assert fault_load(crash.faults, WINDOW) <= PARITY_LOAD
-    message = failure(loss_parity, simulate_case(crash, bugs={"restore_oldest"}))
+    message = failure(loss_parity, simulate_case(crash, bugs={"restore_oldest", "no_repair"}))
     assert message is not None and "of the run earlier" in message, message
     assert failure(loss_parity, simulate_case(crash)) is None
 

@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 from diloco_chaos.trainer import codec
 from diloco_chaos.trainer.codec import FrameDecoder, decode_frame, encode_frame
 from diloco_chaos.trainer.compression import KINDS, encode
-from diloco_chaos.trainer.messages import (MESSAGE_TYPES, Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello,
+from diloco_chaos.trainer.messages import (MESSAGE_TYPES, Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, Repair, RepairRequest,
                               Received, RoundOpen, SliceControl, describe)
 
 RUN = "run-7"
@@ -32,12 +32,15 @@ def one_of_each():
                 for kind in KINDS]
     return [
         Hello("learner-0", 3),
+        Hello("learner-0", 3, "", "0:12:ab12,3:9:cd34"),
         *contribs,
         Contribution("learner-1", 0, 1, 0, 0, 1, 64, 1, 0.5, raw),
         FragmentUpdate(2, 17, True, arrays()),
         FragmentUpdate(0, 0, False, []),
         *[FragmentDelta(1, 6, 4, encode(arrays(), kind)) for kind in ("int8", "int4")],
         RoundOpen(3, 12),
+        RepairRequest(1, 7),
+        Repair("learner-2", 1, 1, 7, arrays()),
         GradStep("learner-2", 1, 5, 0, 41, 256, encode(arrays(), "bf16")),
         GradMean(0, 8, 5, 3, arrays()),
         SliceControl(1),

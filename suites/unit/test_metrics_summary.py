@@ -134,7 +134,7 @@ def test_real_fault_free_sample():
         "commits_audited": None, "copies_consistent": None, "deltas_reexecuted": None,
         "weights_match_staleness": True, "quorum_respected": True,
         "guard_decisions": True,  # (no guard in that version: its config has no guard_factor)
-        "restores_faithful": True,  # (no shard restarted)
+        "restores_faithful": True, "committed_rounds_kept": True,  # (no shard restarted)
         "membership_follows_links": None,  # (no live sets on its round_commit lines)
         "starved_learners_reanchor": True,
         "checkpoint_integrity": True, "restore_latest_intact": True}  # (no checkpoint damaged, no shard killed)
