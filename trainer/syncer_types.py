@@ -149,3 +149,4 @@ class SyncerState:
     # the restored version, until p's first commit; p -> Repairing while a learner is asked
     journal: dict = field(default_factory=dict)
     repairing: dict = field(default_factory=dict)
+    rejoining: frozenset = frozenset()  # fragments not committed since a restart (their first round holds)

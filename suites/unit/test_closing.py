@@ -15,7 +15,7 @@ from diloco_chaos.trainer.config import RunConfig
 from diloco_chaos.trainer.fragments import Fragmenter
 from diloco_chaos.trainer.messages import Contribution, FragmentUpdate
 from diloco_chaos.trainer.protocol import LearnerConfig, LearnerCore, Log, Send, SetTimer, SyncerConfig, SyncerCore
-from diloco_chaos.trainer.syncer_core import CLOSE_HOLD_S
+from diloco_chaos.trainer.syncer_core import CLOSE_HOLD_S, RESTART_HOLD_S
 from diloco_chaos.trainer.wiring import syncer_math as run_math
 
 
@@ -169,6 +169,8 @@ def test_a_restarted_shard_still_counts_the_learner_that_closed(keep):
     for learner in "BCD":
         state, _ = core.learner_connected(state, 10.0, learner)
     state, _ = core.receive(state, 10.0, "B", Contribution("B", 0, 1, 0, 1, 2, 20, 1.0, None, [arr(4.0)]))
+    # (a restarted shard's first round holds for the others' return: RESTART_HOLD_S)
+    state, _ = core.timer(state, 10.0 + RESTART_HOLD_S, "grace:0")
     assert state.version[0] == 2
     assert state.theta[0][0].tolist() == pytest.approx([-1.0 if keep else -4.0 / 3])
 

@@ -12,7 +12,7 @@ from diloco_chaos.trainer.messages import (Contribution, FragmentUpdate, Hello, 
                                            held_field)
 from diloco_chaos.trainer.protocol import (Journal, LearnerConfig, LearnerCore, Log, SaveCheckpoint, Send, SetTimer,
                                            SyncerConfig, SyncerCore)
-from diloco_chaos.trainer.syncer_core import REPAIR_WAIT_S
+from diloco_chaos.trainer.syncer_core import REPAIR_WAIT_S, RESTART_HOLD_S
 from diloco_chaos.trainer.wiring import digest
 
 THETA0 = {0: [arr(1.0)], 1: [arr(2.0)]}
@@ -72,9 +72,13 @@ def test_a_learners_newer_copy_repairs_the_shard():
     assert _sends(acts) == [("A", "FragmentUpdate", 0, 3), ("B", "FragmentUpdate", 0, 3)]
     assert [a.kind for a in acts if isinstance(a, Log)] == ["repaired"] and any(isinstance(a, SaveCheckpoint)
                                                                                 for a in acts)
-    # the next commit goes on from version 3: Θ[0] = −0.5 − 0.5 = −1.0 at version 4
+    # the first round after the restart holds (RESTART_HOLD_S) until every learner is back and in;
+    # it goes on from version 3: Θ[0] = −0.5 − 0.5 = −1.0 at version 4 (two Δs of 0.5, merged)
     state, acts = core.receive(state, 12.0, "B", Contribution("B", 0, 1, 0, 3, 2, 20, 1.0, None, [arr(0.5)]))
+    assert state.version[0] == 3 and SetTimer("grace:0", 12.0 + RESTART_HOLD_S) in acts
+    state, acts = core.receive(state, 12.1, "A", Contribution("A", 0, 10, 0, 3, 2, 20, 1.0, None, [arr(0.5)]))
     assert (state.version[0], float(state.theta[0][0][0])) == (4, -1.0) and state.journal == {}
+    assert state.rejoining == {1}  # fragment 1 has not committed since the restart
 
 
 def test_a_copy_that_is_not_the_journals_is_refused():
@@ -104,6 +108,20 @@ def test_no_answer_gives_up_at_the_deadline_and_a_leaving_learner_passes_the_ask
     state, acts = core.timer(state, 11.0 + REPAIR_WAIT_S, "repair:0")
     assert [a.kind for a in acts if isinstance(a, Log)] == ["repair_failed"] and state.version[0] == 1
     assert _sends(acts) == [("A", "FragmentUpdate", 0, 1), ("B", "FragmentUpdate", 0, 1)]
+
+
+def test_a_restarted_shards_first_round_waits_for_the_learners_to_be_back():
+    """A restart without a repair too: B is back, A not yet; B's Δ alone waits RESTART_HOLD_S
+    (the learners' reconnects spread over their backoff) before it commits; then rounds
+    commit as before."""
+    core, state, _ = _crashed_after_three_commits()
+    state, _ = core.learner_disconnected(state, 10.5, "A")
+    state, acts = core.receive(state, 11.0, "B", Contribution("B", 0, 1, 1, 0, 2, 20, 1.0, None, [arr(0.5)]))
+    assert state.version[1] == 0 and SetTimer("grace:1", 11.0 + RESTART_HOLD_S) in acts
+    state, acts = core.timer(state, 11.0 + RESTART_HOLD_S, "grace:1")
+    assert state.version[1] == 1 and 1 not in state.rejoining
+    state, _ = core.receive(state, 13.0, "B", Contribution("B", 0, 2, 1, 1, 2, 20, 1.0, None, [arr(0.5)]))
+    assert state.version[1] == 2  # no hold once the fragment committed
 
 
 def test_no_repair_rolls_the_learners_back():
