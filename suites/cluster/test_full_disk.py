@@ -166,19 +166,21 @@ def test_disk_full_then_a_crash_on_real_processes(bugs, tmp_path, monkeypatch):
 
 
 def _repaired_from_the_learners(log) -> None:
-    """syncer-0 was killed seconds after its last landed save, and went on from the newest
-    version it had committed of each fragment (its restore, raised by repaired lines)."""
+    """syncer-0, killed on its full disk, went on from the newest version it had committed of
+    each fragment: its restore, raised by repaired lines wherever the restore was older (on
+    an idle machine its last save landed 2-3 s before the kill; under load the harness's
+    fill can come late and a save land closer to it: how old the save was is not asserted,
+    a bound in seconds a busy machine misses)."""
     from diloco_chaos.harness.judging.check_base import resumed, shard_lives
 
     lives = shard_lives(log, "syncer-0")
     first, restart = lives[0], next(j for j, life in enumerate(lives) if life.n == 1)
-    saved = [e["t"] for e in first.events if e["kind"] == "checkpoint_saved"]
-    killed = [e["t"] for e in log.of("unit_down") if e["src"] == "syncer-0" and e.get("reason") == "killed"]
-    assert saved and killed and killed[0] - max(saved) >= 2.0, (saved[-3:], killed)
     last = {}
     for e in first.events:
         if e["kind"] == "round_commit":
             last[e["fragment"]] = e["version"]
-    went_on = resumed(lives, restart)
-    assert any(e["kind"] == "repaired" for e in lives[restart].events), "no repair"
-    assert all(went_on.get(p, 0) >= v for p, v in last.items()), (last, went_on)
+    restored, went_on = lives[restart].restored or {}, resumed(lives, restart)
+    assert all(went_on.get(p, 0) >= v for p, v in last.items()), (last, restored, went_on)
+    behind = [p for p, v in last.items() if restored.get(p, 0) < v]
+    repaired = {e["fragment"] for e in lives[restart].events if e["kind"] == "repaired"}
+    assert set(behind) <= repaired, (behind, repaired)
