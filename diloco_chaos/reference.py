@@ -338,6 +338,9 @@ EVENT_KINDS: dict[str, tuple[str, str]] = {  # kind -> (who writes it, what it s
                                               "did not load, its bytes not what its manifest says)"),
     "checkpoint_damaged": ("harness", "corrupt_checkpoint damaged a unit's newest sealed checkpoint at rest: "
                                       "unit, step, damage (flip, truncate, manifest), file"),
+    "writes_lost": ("harness", "lost_writes dropped what a killed shard wrote and never fsynced (its host "
+                               "crashed): unit, lost and truncated files of its checkpoint folder and of its "
+                               "journal, then its folder's finalized and sealed steps (restore_latest_intact)"),
     "checkpoints_listed": ("harness", "a shard's checkpoint folder as the harness found it right after killing "
                                       "it: unit, finalized and sealed steps (restore_latest_intact)"),
     "repair_asked": ("syncer", "a restarted shard asked a learner for its copy of Θ[p] at a version past the "

@@ -21,7 +21,7 @@ KINDS = frozenset({
     "checkpoint_saved", "checkpoint_restored", "eval", "slices", "blocked", "done", "phase",
     "contribute", "join", "closing", "discard", "reanchor", "corrupt", "starved", "link_buffer", "resources", "auth_refused",
     "copy", "held", "guard", "commit_audit", "checkpoint_started", "checkpoint_failed",
-    "checkpoint_skipped", "checkpoint_damaged", "checkpoints_listed",
+    "checkpoint_skipped", "checkpoint_damaged", "checkpoints_listed", "writes_lost",
     "repair_asked", "repaired", "repair_failed", "journal_failed",
 })
 

@@ -5,19 +5,24 @@ What it is for: a shard that restarts from a checkpoint older than its last comm
 learns from it which versions it lost and what each one was (the digest of Θ[p]), so that
 it can take a learner's copy of such a version back, and only a copy that is exactly what
 it committed (trainer/syncer_core.py `remember`, docs/PROTOCOL.md "Repair from the
-learners"). A line is written and flushed at the commit (not fsynced: a killed process
-loses nothing the kernel holds; a host crash may lose the tail, and a version missing
-from the journal is simply not repaired). A torn or unreadable line is skipped.
+learners"). A line is written, flushed and fsynced at the commit, before the commit's
+answers go out (the core's Journal action comes before its sends): a learner can hold a
+version only if the journal has it durably, so a host crash (the `lost_writes` fault)
+cannot leave a learner's copy the journal cannot vouch for. Without the fsync (the planted
+`journal_unsynced`) a killed process still loses nothing the kernel holds, but a host
+crash takes the whole file that was never fsynced, and every round since the last save
+with it. A torn or unreadable line is skipped.
 """
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 
 class CommitJournal:
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    def __init__(self, path: Path, fsync: bool = True):
+        self.path, self.fsync = Path(path), fsync
         self._file = None
         self.failed: str | None = None  # why the last append failed (None: it did not)
 
@@ -43,6 +48,8 @@ class CommitJournal:
                 self._file = open(self.path, "a", encoding="utf-8")
             self._file.write(json.dumps([fragment, version, digest]) + "\n")
             self._file.flush()
+            if self.fsync:
+                os.fsync(self._file.fileno())
         except OSError as e:
             self.failed = f"{type(e).__name__}: {e}"
             return self.failed

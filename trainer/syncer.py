@@ -66,7 +66,8 @@ class Syncer:
                 f["outer"] = oldest["fragments"][p]["outer"]
         elif restored is not None:
             restored = shell.from_ckpt(restored)
-        self.commit_journal = CommitJournal(self.run_dir / "journal" / f"{self.name}.jsonl")
+        self.commit_journal = CommitJournal(self.run_dir / "journal" / f"{self.name}.jsonl",
+                                            fsync="journal_unsynced" not in self.bugs)  # planted: flushed only
         if restored is not None:
             state = core.restore(restored)
         else:

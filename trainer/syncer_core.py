@@ -292,7 +292,7 @@ class SyncerCore(SyncerDP):
             state, actions = self._repair_failed(state, p, "its digest is not the journal's")
             return state, [Log("drop", {**drop, "reason": "repair_mismatch"})] + actions
         old = state.version[p]
-        later = {u: d for u, d in state.journal[p].items() if u > msg.version}  # a newer copy may still greet it
+        later = {u: d for u, d in state.journal.get(p, {}).items() if u > msg.version}  # a newer copy may still greet it
         state = replace(state, theta={**state.theta, p: list(msg.params)}, version={**state.version, p: msg.version},
                         repairing=_without(state.repairing, p),
                         journal={**_without(state.journal, p), **({p: later} if later else {})})

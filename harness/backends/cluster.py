@@ -32,6 +32,7 @@ from typing import Protocol
 from diloco_chaos.trainer.auth import SECRET_ENV, new_secret
 from diloco_chaos.trainer.shell import default_compile_cache
 from diloco_chaos.harness.backends import checkpoint_disk
+from diloco_chaos.harness.backends.fuse_disks import FuseDisks
 from diloco_chaos.harness.backends.small_disks import SmallDisks
 from diloco_chaos.harness.backends.toxiproxy_client import ToxiproxyClient
 from diloco_chaos.harness.links import LinkProfile
@@ -107,6 +108,11 @@ class LocalCluster:
     spare_pool: int = 2  # how many each such role keeps (on docker: on each engine)
     small_disks: tuple[str, ...] = ()  # units whose checkpoint folder is a filesystem of its own (disk_full)
     _disks: SmallDisks | None = field(default=None, repr=False)
+    # units whose checkpoint folder is the harness's FUSE layer (disk_slow, lost_writes), and
+    # whether the journals' folder is one too (lost_writes: a host crash loses its tail too)
+    fuse_disks: tuple[str, ...] = ()
+    fuse_journal: bool = False
+    _fuse: FuseDisks | None = field(default=None, repr=False)
     units: Units = field(default_factory=lambda: _processes())
     toxiproxy: ToxiproxyServer | None = None
     client: ToxiproxyClient | None = None
@@ -132,8 +138,12 @@ class LocalCluster:
     # lifecycle -------------------------------------------------------------
     def start(self, *, start_learners: bool = True) -> "LocalCluster":
         try:
-            self._disks = SmallDisks(self.run_dir, self.small_disks)
+            self._fuse = FuseDisks(self.run_dir, self.fuse_disks, journal=self.fuse_journal)
+            # a unit with both: its small disk under its FUSE layer (the layer's backing folder)
+            self._disks = SmallDisks(self.run_dir, self.small_disks,
+                                     where={u: self._fuse.backing(u) for u in self.small_disks if u in self.fuse_disks})
             self._disks.mount()  # before any unit opens its checkpoint folder
+            self._fuse.mount()
             self.units.prepare(self)
             self._start(start_learners)
         except BaseException:
@@ -208,8 +218,12 @@ class LocalCluster:
             if self.toxiproxy is not None:
                 self.toxiproxy.stop()
                 self.toxiproxy = None
-            if self._disks is not None:
-                self._disks.unmount()  # the checkpoints stay, the mounts go
+            try:
+                if self._fuse is not None:
+                    self._fuse.unmount()  # first: a small disk may be under a layer
+            finally:
+                if self._disks is not None:
+                    self._disks.unmount()  # the checkpoints stay, the mounts go
 
     def __enter__(self) -> "LocalCluster":
         return self.start()
@@ -271,6 +285,14 @@ class LocalCluster:
     def set_disk_full(self, shard: str, full: bool) -> None:
         """disk_full: the shard's own small disk filled to its last byte (True) or emptied."""
         (self._disks.fill if full else self._disks.free)(shard)
+
+    def set_disk_latency(self, shard: str, latency_ms: float) -> None:
+        """disk_slow: each write and fsync on the shard's checkpoint folder `latency_ms` late."""
+        self._fuse.latency(shard, latency_ms)
+
+    def lose_writes(self, unit: str) -> dict:
+        """lost_writes (the unit is dead): its un-fsynced writes dropped by its FUSE layer."""
+        return self._fuse.crash(unit)
 
     def checkpoints(self, unit: str) -> dict:
         """The unit's checkpoint folder as the harness finds it: finalized and sealed steps."""

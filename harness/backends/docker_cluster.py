@@ -135,7 +135,9 @@ class Containers:
         self._image_ref = self._image_ref or next(iter(self.images.values()))
         # read-write: the run directory and the shared XLA compilation cache; a disk_full target's
         # small disk too (a bind of the run directory does not carry the tmpfs mounted inside it)
-        disks = [(str(cluster.run_dir / "ckpt" / unit), False) for unit in cluster.small_disks]
+        disks = [(str(cluster.run_dir / "ckpt" / unit), False) for unit in {*cluster.small_disks, *cluster.fuse_disks}]
+        if cluster.fuse_journal:  # the journals' FUSE layer (lost_writes)
+            disks.append((str(cluster.run_dir / "journal"), False))
         self._mounts = [*self._mounts, (str(cluster.run_dir), False), (str(JAX_CACHE.resolve()), False), *disks]
 
     def backend_info(self, cluster: LocalCluster) -> dict:

@@ -50,7 +50,9 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
     kw = dict(shards=s.cluster.shards, seed=s.seed, wan=s.wan, slices=s.cluster.slices,
               max_steps_factor=MAX_STEPS_FACTOR, listen=s.cluster.listen, spares=s.spare_roles(),
               spare_pool=s.cluster.spare_pool,
-              small_disks=tuple(sorted({f.target for f in s.schedule().faults if f.kind == "disk_full"})))
+              small_disks=tuple(sorted({f.target for f in s.schedule().faults if f.kind == "disk_full"})),
+              fuse_disks=tuple(sorted({f.target for f in s.schedule().faults if f.kind in ("disk_slow", "lost_writes")})),
+              fuse_journal=any(f.kind == "lost_writes" for f in s.schedule().faults))
     if s.cluster.backend == "docker":
         from diloco_chaos.harness.backends.docker_cluster import DockerCluster
 

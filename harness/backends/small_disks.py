@@ -26,13 +26,14 @@ class SmallDiskError(UserError):
 
 
 class SmallDisks:
-    def __init__(self, run_dir: Path, units: tuple[str, ...], size: str = SIZE):
+    def __init__(self, run_dir: Path, units: tuple[str, ...], size: str = SIZE, where: dict | None = None):
         self.run_dir, self.units, self.size = Path(run_dir), tuple(units), size
+        self.where = dict(where or {})  # unit -> another folder for its disk (under a FUSE layer)
         self.mounted: list[str] = []
         self.full: dict[str, threading.Event] = {}  # unit -> the switch of its top-up thread
 
     def folder(self, unit: str) -> Path:
-        return self.run_dir / "ckpt" / unit
+        return self.where.get(unit) or self.run_dir / "ckpt" / unit
 
     def mount(self) -> None:
         for unit in self.units:

@@ -73,4 +73,10 @@ def main(args) -> int:
         return 1
     version = subprocess.run([str(path), "-version"], capture_output=True, text=True)
     print(f"setup: {path} ({(version.stdout or version.stderr).strip() or 'no version printed'})")
+    from diloco_chaos.harness.backends.fuse_disks import FuseDiskError, binary
+
+    try:  # the storage faults' FUSE layer (disk_slow, lost_writes): optional
+        print(f"setup: {binary(tools, log=lambda m: print('setup: ' + m))} (the FUSE layer of disk_slow and lost_writes)")
+    except (FuseDiskError, OSError, subprocess.SubprocessError) as e:
+        print(f"setup: no FUSE layer, so no disk_slow / lost_writes on processes: {e}", file=sys.stderr)
     return 0

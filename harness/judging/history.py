@@ -43,6 +43,9 @@ class UnitHistory:
     incs: list[Incarnation] = field(default_factory=list)
     dead: list = field(default_factory=list)
     paused: list = field(default_factory=list)
+    # the harness's last respawn, when no process line followed it by the end of the run:
+    # (t, start). A restart that never came up is still a restart (recovery: never).
+    unborn: tuple | None = None
     _open: dict = field(default_factory=dict, repr=False)  # down / pause / restart / restore / block
     _live: bool = False
 
@@ -107,6 +110,8 @@ class UnitHistory:
         """Spans still open at the end of the run end there."""
         if self.incs and self._live:
             self._close("block", self.incs[-1].blocked, self.incs[-1].end_t)
+        if "restart" in self._open:
+            self.unborn = (self._open.pop("restart"), self._open.pop("start", "cold"))
         self._close("down", self.dead, t_end)
         self._close("pause", self.paused, t_end)
 

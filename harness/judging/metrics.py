@@ -150,6 +150,8 @@ def learner_time(h: UnitHistory, t0: float, t1: float, *, dp: bool, lag: int, sh
             blocked += [(a["t"], b["t"] - b["dt"]) for a, b in zip(inc.steps, inc.steps[1:])]
     if not h.incs:
         startup.append((t0, t1))
+    if h.unborn is not None:  # respawned and never came up: booting to the end
+        startup.append((h.unborn[0], t1))
     taken = list(gone)  # each bucket is what is left after the ones before it
 
     def bucket(iv):

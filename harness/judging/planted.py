@@ -154,6 +154,14 @@ CATALOGUE: dict[str, Planted] = {
         "suites/properties/test_storage.py::test_a_shard_that_does_not_repair_from_its_learners_is_caught",
         "suites/cluster/test_full_disk.py::test_disk_full_then_a_crash_on_real_processes"
         "[durable_on_failure,no_repair,restore_unverified]"),
+    "journal_unsynced": Planted(
+        "syncer host (trainer/journal.py, harness/sim/syncer.py)",
+        "the commit journal is flushed at each commit but never fsynced: a host crash (lost_writes) takes the "
+        "whole file, the restart can vouch for no learner's copy, and the rounds since its last save roll back",
+        "committed_rounds_kept", "two processes' lines that must agree (as for no_repair), the loss itself seen "
+        "by the harness's FUSE layer and its own count of the journal's lines (writes_lost)",
+        "suites/properties/test_storage.py::test_a_journal_a_host_crash_can_take_is_caught",
+        "suites/cluster/test_lost_writes.py::test_a_slow_disk_then_a_host_crash_on_real_processes[journal_unsynced]"),
     "restore_mixed": Planted(
         "syncer host (trainer/syncer.py, harness/sim/syncer.py)",
         "a restarted shard reads Θ from its oldest kept checkpoint and everything else (versions too) from the "

@@ -56,8 +56,10 @@ def _rejoin_steps(inc: Incarnation, merged: set) -> int | None:
 
 
 def recoveries(log: EventLog, hs: dict[str, UnitHistory], lag: int, t0: float, firsts: dict) -> tuple:
-    """A `Recovery` for every learner incarnation ≥ 1 (DiLoCo and dp modes alike);
-    `firsts`: first_merges(log)."""
+    """A `Recovery` for every learner incarnation ≥ 1 (DiLoCo and dp modes alike), and for a
+    respawn the harness made whose process never wrote a line (recovery_s None, never
+    booted: the harness's word that it restarted, the unit's silence that it did not come
+    up); `firsts`: first_merges(log)."""
     H = (log.config.get("diloco") or {}).get("sync_every")
     merged_by: dict[str, set] = defaultdict(set)
     for e in log.of("merge"):
@@ -80,4 +82,8 @@ def recoveries(log: EventLog, hs: dict[str, UnitHistory], lag: int, t0: float, f
                 rejoin_steps=steps, rejoin_cycles=None if steps is None or not H else steps / H,
                 steps_run=len(inc.steps), sync_every=H, start=inc.start, cycle_s=cycle,
                 recovery_cycles=None if rec is None or not cycle else rec / cycle, crashed=inc.crashed))
+        if h.unborn is not None:  # respawned, and no process line by the end: it never came up
+            t, start = h.unborn
+            out.append(Recovery(n, (h.incs[-1].n + 1) if h.incs else 1, t - t0, None,
+                                sync_every=H, start=start, cycle_s=cycle))
     return tuple(out)

@@ -3,8 +3,9 @@ disk and did to it.
 
 Evidence, in order of trust:
 - the harness's own lines, written right after it killed the shard and before the restart:
-  `checkpoints_listed` (kill_syncer) and `checkpoint_damaged` (corrupt_checkpoint: also the
-  step it damaged and how) carry the shard's checkpoint folder as the harness listed it:
+  `checkpoints_listed` (kill_syncer), `checkpoint_damaged` (corrupt_checkpoint: also the
+  step it damaged and how) and `writes_lost` (lost_writes: listed after the crash dropped
+  the un-fsynced writes) carry the shard's checkpoint folder as the harness listed it:
   the steps orbax finalized and those sealed (their manifest written last, so complete);
 - the shard's `checkpoint_restored` line (which save it loaded, the digests of the state it
   loaded) and its `checkpoint_started` lines (the digests of what each save wrote): its own
@@ -26,7 +27,7 @@ from diloco_chaos.harness.eventlog import EventLog
 from diloco_chaos.harness.judging.check_base import SHOW, Result, _shards
 from diloco_chaos.harness.judging.restores import SHARD_PARTS, loaded_differs
 
-LISTINGS = ("checkpoints_listed", "checkpoint_damaged")
+LISTINGS = ("checkpoints_listed", "checkpoint_damaged", "writes_lost")
 
 
 def damaged_saves(log: EventLog, before: float = float("inf")) -> dict[str, set[int]]:

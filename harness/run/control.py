@@ -103,5 +103,7 @@ class Control(Protocol):
     def set_live_slices(self, learner: str, live: int) -> None: ...
     def set_corrupt(self, learner: str, spec: dict | None) -> None: ...
     def set_disk_full(self, shard: str, full: bool) -> None: ...  # its checkpoint saves fail (ENOSPC) while full
+    def set_disk_latency(self, shard: str, latency_ms: float) -> None: ...  # each checkpoint write / fsync late (0: not)
+    def lose_writes(self, unit: str) -> dict: ...  # a dead unit's un-fsynced writes dropped: {"lost", "truncated", ...}
     def checkpoints(self, unit: str) -> dict: ...  # {"finalized": [...], "sealed": [...]} steps in its folder
     def damage_checkpoint(self, unit: str, damage: str) -> dict: ...  # its newest sealed one damaged at rest

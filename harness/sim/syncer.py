@@ -18,6 +18,9 @@ from diloco_chaos.trainer.transport import LinkStats
 from diloco_chaos.trainer.wiring import MATH_BUGS, syncer_config, syncer_math
 
 NO_SPACE = "OSError: [Errno 28] No space left on device (simulated disk_full)"
+# disk_slow: the writes and fsyncs one save makes, each `latency_ms` late (an orbax save of a
+# shard's state and its manifest on processes, counted through tools/ckptfs)
+DISK_OPS_PER_SAVE = 24
 KEEP = 3  # saves kept besides the first (trainer/checkpoint.py's max_to_keep)
 SKIPPED = {  # a damaged save's reason, as trainer/checkpoint.py words it (simulated)
     "flip": "not what was saved: a leaf's sha256 differs from its manifest (simulated)",
@@ -128,7 +131,8 @@ class SyncerProc:
 
     def start_save(self, number: int, snapshot: dict) -> None:
         self.unit.saved = number
-        self.world.clock.at(self.world.now + self.world.params.ckpt_save_s, self._saved, (snapshot, number))
+        slow = self.unit.disk_latency_s * DISK_OPS_PER_SAVE  # disk_slow
+        self.world.clock.at(self.world.now + self.world.params.ckpt_save_s + slow, self._saved, (snapshot, number))
 
     def save_now(self, number: int, snapshot: dict) -> None:
         if self.unit.disk_full:
@@ -138,6 +142,8 @@ class SyncerProc:
 
     def journal(self, fragment: int, version: int, digest: str) -> None:
         self.unit.journal.append((fragment, version, digest))  # (its own disk: disk_full spares it)
+        if "journal_unsynced" not in self.world.syncer_bugs:  # fsynced with the line (trainer/journal.py)
+            self.unit.journal_synced = len(self.unit.journal)
 
     def emit(self, kind: str, **fields) -> None:
         self.world.emit(kind, self.unit.name, **fields)
@@ -174,7 +180,9 @@ class SimSyncer:
         self.oldest = None  # the first durable snapshot (planted restore_oldest restores it)
         self.saved = 0
         self.disk_full = False  # disk_full: every save fails while it lasts
+        self.disk_latency_s = 0.0  # disk_slow: each write and fsync of a save this much late
         self.journal: list = []  # (fragment, version, digest) per commit, across incarnations (trainer/journal.py)
+        self.journal_synced = 0  # how many of its lines an fsync made durable
 
     @property
     def durable(self) -> tuple[dict, int] | None:
@@ -208,6 +216,22 @@ class SimSyncer:
         step = candidates[-1]
         self.damaged[step] = how
         return {"step": step, "damage": how, "file": "(simulated)", **before}
+
+    def lose_writes(self) -> dict:
+        """lost_writes, once the process is dead: what no fsync made durable is gone, as
+        tools/ckptfs drops it on processes (a file never fsynced deleted, one written past its
+        last fsync cut back to it). Here that is the journal's tail (every line, with the
+        planted journal_unsynced); the save being written died with the process already, and
+        a landed save was fsynced before it was sealed."""
+        lines = len(self.journal) - self.journal_synced
+        lost = truncated = 0
+        if lines and not self.journal_synced:
+            lost = 1
+        elif lines:
+            truncated = 1
+        del self.journal[self.journal_synced:]
+        return {"lost": 0, "truncated": 0, "journal_lost": lost, "journal_truncated": truncated,
+                "journal_lines_lost": lines}
 
     def as_stored(self, snap: dict, step: int) -> dict:
         """A save as a load without verification reads it: a `flip` changes one value of its

@@ -206,6 +206,8 @@ class World:
                "kill_syncer": "process gone; a new one restores the checkpoint",
                "corrupt": "the learner corrupts its outgoing contributions",
                "disk_full": "the shard's saves fail (ENOSPC) while it lasts",
+               "disk_slow": "each write and fsync of the shard's saves late",
+               "lost_writes": "process gone; its un-fsynced journal lines dropped; a new one restores",
                "corrupt_checkpoint": "process gone; its newest save marked damaged; a new one restores"}
         return "simulated: " + mechanism_words({**LOCAL_MECHANISMS, **how}, kind)
 
@@ -220,6 +222,14 @@ class World:
     def set_disk_full(self, shard: str, full: bool) -> None:
         """disk_full: the shard's saves fail while it lasts (it outlives a restart, as a disk does)."""
         self.syncers[shard].disk_full = full
+
+    def set_disk_latency(self, shard: str, latency_ms: float) -> None:
+        """disk_slow: each write and fsync of the shard's saves `latency_ms` late (0: healed)."""
+        self.syncers[shard].disk_latency_s = latency_ms / 1000.0
+
+    def lose_writes(self, unit: str) -> dict:
+        """lost_writes: the dead shard's un-fsynced writes dropped (harness/sim/syncer.py)."""
+        return self.syncers[unit].lose_writes()
 
     def checkpoints(self, unit: str) -> dict:
         """A shard's kept saves as the harness lists a process's folder ({} for a learner)."""

@@ -35,3 +35,24 @@ def test_disk_full_then_a_crash_in_containers(tmp_path):
     assert not bad, bad
     _repaired_from_the_learners(log)
     assert str(result.run_dir) not in Path("/proc/mounts").read_text()
+
+
+@pytest.mark.nightly  # the same FUSE layers on processes run in CI (suites/cluster/test_lost_writes.py)
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/fuse"), reason="the FUSE layer needs root and /dev/fuse")
+def test_a_slow_disk_then_a_host_crash_in_containers(tmp_path):
+    """disk_slow and lost_writes on containers: syncer-0's checkpoint folder and the journals'
+    folder are the host's FUSE layers, bound into the containers (a bind of the mount point
+    goes through the layer); its new container restores and repairs from the learners."""
+    from suites.cluster.test_lost_writes import SLOW_THEN_CRASH
+
+    s = scenario_from_dict({**SLOW_THEN_CRASH, "cluster": {**SLOW_THEN_CRASH["cluster"], "backend": "docker"}})
+    result = runner.run_scenario(s, tmp_path, live=False)
+    log = eventlog.read(result.run_dir)
+    assert result.summary["faults_applied"] == 2, result.summary
+    lost = log.of("writes_lost", src="harness")
+    assert len(lost) == 1 and lost[0]["journal_lines_lost"] == 0, lost
+    bad = {c["name"]: c for c in result.summary["checks"] if c["valid"] is False}
+    assert not bad, bad
+    assert [e for e in log.of("repaired") if e["src"] == "syncer-0"], "no repair"
+    mounts = Path("/proc/mounts").read_text()
+    assert str(result.run_dir) not in mounts

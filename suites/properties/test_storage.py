@@ -13,6 +13,8 @@ import pytest
 from diloco_chaos.faults.kinds import KillSyncer
 from diloco_chaos.faults.kinds.corrupt_checkpoint import CorruptCheckpoint
 from diloco_chaos.faults.kinds.disk_full import DiskFull
+from diloco_chaos.faults.kinds.disk_slow import DiskSlow
+from diloco_chaos.faults.kinds.lost_writes import LostWrites
 from diloco_chaos.harness.judging import checks
 from sim_cases import reported, scenario, simulate_case
 
@@ -146,10 +148,42 @@ def test_a_shard_that_does_not_repair_from_its_learners_is_caught():
     assert min(v["lost_rounds"] for v in r.details["violations"]) >= 5, r.to_dict()
 
 
+# syncer-0's disk slow from 1 s (each of a save's writes and fsyncs 200 ms late: a save takes
+# ~5 s, so none lands after the first), then its host crashes at 5 s: the save it was writing
+# is gone with it, and so is whatever it had not fsynced
+CRASH = (DiskSlow("syncer-0", 1.0, duration_s=6.0, latency_ms=200.0), LostWrites("syncer-0", 5.0, down_for_s=0.5))
+
+
+def test_a_slow_disk_then_a_host_crash_loses_no_committed_round():
+    """The journal is fsynced with each commit, before its answers go out, so the crash
+    takes nothing a learner could hold: the restart repairs from the learners past its old
+    save and every check holds."""
+    case = simulate_case(scenario(CRASH))
+    lost = case.log.of("writes_lost", src="harness")
+    assert [(e["unit"], e["journal_lost"], e["journal_truncated"], e["journal_lines_lost"]) for e in lost] == \
+        [("syncer-0", 0, 0, 0)]
+    assert [e for e in case.log.of("repaired") if e["src"] == "syncer-0"], "no repair"
+    by = _all_hold(case)
+    assert by["committed_rounds_kept"].details["restarts"] == 1
+    assert by["restore_latest_intact"].details["restarts_judged"] == 1
+
+
+def test_a_journal_a_host_crash_can_take_is_caught():
+    """Planted `journal_unsynced` (the journal flushed, never fsynced): the host crash takes
+    the whole file, the restart cannot vouch for any learner's copy, and the rounds since
+    its last save are rolled back: committed_rounds_kept fails."""
+    case = simulate_case(scenario(CRASH), bugs={"journal_unsynced"})
+    lost = case.log.of("writes_lost", src="harness")
+    assert lost and lost[0]["journal_lost"] == 1 and lost[0]["journal_lines_lost"] > 5, lost
+    by = {r.name: r for r in checks.safety_checks(case.log, case.metrics)}
+    r = by["committed_rounds_kept"]
+    assert r.valid is False and {v["shard"] for v in r.details["violations"]} == {"syncer-0"}, r.to_dict()
+
+
 @pytest.mark.nightly
 def test_the_storage_builtin_holds_on_the_simulator():
     """The built-in `storage` (a full disk, then a torn, a bit-flipped and a manifest-less
-    checkpoint under restarts of both shards), on the simulator at its own seed: each
+    checkpoint under restarts of both shards, a slow disk and a host crash), on the simulator at its own seed: each
     restart passes its damaged save over and restores the newest intact one, and every
     safety check holds (125-136 s on 2 cores alone, 304 s beside the other CI worker:
     nightly; each damage kind's CI test above runs the same path on the small task)."""
@@ -163,6 +197,9 @@ def test_the_storage_builtin_holds_on_the_simulator():
     skipped = {(e["src"], e["step"]) for e in case.log.of("checkpoint_skipped")}
     assert {(e["unit"], e["step"]) for e in damaged} <= skipped, (damaged, skipped)
     assert case.log.of("checkpoint_failed"), "no save failed on the full disk"
+    lost = case.log.of("writes_lost", src="harness")  # the host crash at 42 s took nothing fsynced
+    assert [(e["unit"], e["journal_lines_lost"]) for e in lost] == [("syncer-0", 0)], lost
     by = _all_hold(case)
-    assert by["checkpoint_integrity"].details["restores_after_damage"] == 3
-    assert by["restore_latest_intact"].details["restarts_judged"] == 3
+    # syncer-0's host-crash restart is its second after a damage: 4 restores judged by each
+    assert by["checkpoint_integrity"].details["restores_after_damage"] == 4
+    assert by["restore_latest_intact"].details["restarts_judged"] == 4

@@ -268,6 +268,25 @@ def test_recovery_after_restart():
     assert m.restarts == 1
 
 
+def test_a_respawn_that_never_came_up_is_a_recovery_that_never_ended():
+    # 1 learner, 20 s: steps 1-4 merged, killed at 5, respawned at 8 by the harness, and its
+    # process never wrote a line by the end (a boot slower than the rest of the run, or a
+    # hang before its first line). It is a restart all the same: recovery_s None, never
+    # booted, incarnation 1; dead [5, 20] = 15 s. Before, no process line meant no Recovery
+    # at all, and a recovery bound could not see a restart that never came up.
+    # Time: dead [5, 8] = 3 (down to the respawn), startup [8, 20] = 12 (booting to the
+    # end), other [4, 5] = 1; productive steps 1-4 = 4.
+    b = LogBuilder(learners=1, t_end=20.0).up(0, "learner-0")
+    b.train("learner-0", 4, merged={1, 2})
+    b.down(5, "learner-0").respawn(8, "learner-0")
+    m = compute(b.log())
+    assert [(r.unit, r.incarnation, r.t_s, r.recovery_s, r.boot_s) for r in m.recovery] == \
+        [("learner-0", 1, 8.0, None, None)]
+    assert m.badput_s == {**dict.fromkeys(BADPUT, approx(0.0)), "dead": approx(3.0), "startup": approx(12.0),
+                          "other": approx(1.0)}
+    assert m.productive_s == approx(4.0) and total(m) == approx(1.0)
+
+
 def test_death_without_a_harness_line():
     # killed by something other than the injector (no unit_down): steps 1-3 (lines 1..3),
     # then a new incarnation's unit_up at 6. Dead from its last line: [3, 6] = 3 s.
