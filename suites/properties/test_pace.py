@@ -41,7 +41,8 @@ def at_risk_steps(f, run_s: float, step_s: float, learners: int, owned: dict) ->
     - a cut link (`partition`, `reset`, `truncate`): every step of each learner it cuts off,
       while it lasts, and two cycles. (The learner core keeps cut-off progress only up to
       one version behind, `keep_gap`: a longer cut's work is thrown at the fetch. Priced
-      as it is, not as it should be.)
+      as it is: sending it at its staleness instead was tried and not kept, docs/PROTOCOL.md
+      "Tried: sending it at its staleness instead".)
     - a shard down (`kill_syncer`, `corrupt_checkpoint`, `lost_writes`): its share of every
       learner's steps over two cycles (the rounds it committed as it died, the first after);
       and where it is still down within those two cycles of the run's end, its share of every
