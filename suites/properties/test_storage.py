@@ -197,7 +197,7 @@ def test_the_storage_builtin_holds_on_the_simulator():
     skipped = {(e["src"], e["step"]) for e in case.log.of("checkpoint_skipped")}
     assert {(e["unit"], e["step"]) for e in damaged} <= skipped, (damaged, skipped)
     assert case.log.of("checkpoint_failed"), "no save failed on the full disk"
-    lost = case.log.of("writes_lost", src="harness")  # the host crash at 42 s took nothing fsynced
+    lost = case.log.of("writes_lost", src="harness")  # the host crash at 24 s took nothing fsynced
     assert [(e["unit"], e["journal_lines_lost"]) for e in lost] == [("syncer-0", 0)], lost
     by = _all_hold(case)
     # syncer-0's host-crash restart is its second after a damage: 4 restores judged by each
