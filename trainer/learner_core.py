@@ -233,7 +233,7 @@ class LearnerCore(LearnerDP, LearnerClose):
                 raise UnexpectedMessage(f"{self.config.learner}: an update of fragment {p} without params "
                                         f"at version {msg.version}, holding version {state.base_version[p]}")
             return self._take(state, now, p, list(state.base[p]), 0, fetch)
-        return self._take(state, now, p, list(msg.params), msg.version, fetch)
+        return self._take(state, now, p, list(msg.params), msg.version, fetch, unmoved=msg.unmoved)
 
     def _reanchor(self, state: LearnerState, p: int, glob: list):
         """Compressed broadcasts: Θ[p] whole at the version this learner already holds (a
@@ -284,7 +284,7 @@ class LearnerCore(LearnerDP, LearnerClose):
         return replace(state, awaiting=state.awaiting | self._to_fetch(mine)), [drop, Send(sender, self._hello(state, sender))]
 
     def _take(self, state: LearnerState, now: float, p: int, glob: list, version: int, fetch: bool,
-              via: str = "whole"):
+              via: str = "whole", unmoved: bool = False):
         """Θ[p] at `version` arrived (whole, or rebuilt from a delta): mix it in, make it the base."""
         flight, sent = state.in_flight.get(p), self._copy_line(p, version, glob, via)
         if flight is not None:
@@ -301,8 +301,10 @@ class LearnerCore(LearnerDP, LearnerClose):
         # progress made while p's link was down, taken onto a Θ[p] that moved on without it:
         # thrown away, not moved onto Θ[p] (its next Δ would go out fresh and add it again
         # on top of the other learners' like progress, merged meanwhile)
-        stale_cut = p in state.cut and version > state.base_version[p]
-        kept = fetch and not stale_cut and self._keeps_on_fetch(state, p, version)
+        # (unmoved: a restarted shard's Θ[p] before any round since: the versions past base[p]
+        # are commits from before its crash, with nothing of the outage in them)
+        stale_cut = p in state.cut and version > state.base_version[p] and not unmoved
+        kept = fetch and not stale_cut and self._keeps_on_fetch(state, p, version, unmoved)
         overwrite = (fetch and not kept) or stale_cut
         if self.config.keep_local and not overwrite:
             # the progress made since p was last contributed (or last taken) is in no Δ yet:
@@ -355,7 +357,7 @@ class LearnerCore(LearnerDP, LearnerClose):
             logs = logs + more
         return self._check_block(state, logs)
 
-    def _keeps_on_fetch(self, state: LearnerState, p: int, version: int) -> bool:
+    def _keeps_on_fetch(self, state: LearnerState, p: int, version: int, unmoved: bool = False) -> bool:
         """A fetch (a reconnect, a starved shard answering, a restart's first) keeps the local
         progress not yet contributed, moved onto the fetched Θ[p] as an answer's is, when
         `keep_on_fetch` and the fetched version is at most `keep_gap` (trainer/wiring.py
@@ -363,13 +365,16 @@ class LearnerCore(LearnerDP, LearnerClose):
         re-anchoring fetch, a shard that crashed and came back, a cut while no round
         committed. Further ahead the progress is stale, and merged fresh it would bypass the
         shard's staleness discount: it is thrown away (`discard`; docs/PROTOCOL.md
-        "keep_local")."""
+        "keep_local"). A restarted shard's Θ[p] before any round since (`unmoved`) is kept
+        onto however far ahead: the versions between are its commits from before the crash
+        (a round committed as it died reached some learners and not others: 130-170 steps
+        of each of three learners' outage progress thrown on processes)."""
         if not (self.config.keep_on_fetch and self.config.keep_local and state.c_steps[p] > 0):
             return False
         if "fetch_discards" in self.config.bugs:  # planted: every fetch throws the progress away
             return False
         gap = version - state.base_version[p]
-        return not self.config.keep_gap or gap <= self.config.keep_gap
+        return unmoved or not self.config.keep_gap or gap <= self.config.keep_gap
 
     def _rephase(self, state: LearnerState):
         """Due next: the fragment with the lowest version, earliest in the cycle (in lockstep

@@ -123,7 +123,11 @@ class FragmentUpdate(_Message):
 
     rejoin=True marks the answer to a Hello (sent to that learner only); False a commit.
     Empty params (only in answer to a fresh Hello, at version 0): the learner's own Θ0[p]
-    is current; nothing else needs to cross the link.
+    is current; nothing else needs to cross the link. unmoved=True: no round of p has
+    committed since the shard restarted, so the versions past a learner's copy are commits
+    from before its crash, which hold none of the progress the learners made while it was
+    down: a fetch keeps that progress however many versions ahead it is (docs/PROTOCOL.md
+    "Repair from the learners").
     """
 
     TENSOR_FIELDS: ClassVar[tuple[str, ...]] = ("params",)
@@ -131,6 +135,7 @@ class FragmentUpdate(_Message):
     version: int
     rejoin: bool
     params: list[np.ndarray]
+    unmoved: bool = False
 
     def __post_init__(self):
         self._non_negative("fragment", "version")

@@ -201,8 +201,13 @@ class SyncerCore(SyncerDP):
         same = bool(msg.fresh) and msg.fresh == state.theta0
         return replace(state, held=held, closed=state.closed - {msg.learner}), actions + [
             Send(msg.learner, FragmentUpdate(p, state.version[p], True,
-                                             [] if same and state.version[p] == 0 else state.theta[p]))
+                                             [] if same and state.version[p] == 0 else state.theta[p],
+                                             unmoved=self._unmoved(state, p)))
             for p in answer]
+
+    def _unmoved(self, state: SyncerState, p: int) -> bool:
+        """No round of p committed since this shard's restart (FragmentUpdate.unmoved)."""
+        return p in state.rejoining
 
     # --- repair from the learners (docs/PROTOCOL.md "Repair from the learners") --------------
     def remember(self, state: SyncerState, entries) -> SyncerState:
@@ -489,7 +494,7 @@ class SyncerCore(SyncerDP):
         as a FragmentDelta against the copy the learner holds, where the shard knows it."""
         v, theta, send = state.version[p], state.theta[p], self.math.broadcast_delta
         if send is None or whole:
-            update = FragmentUpdate(p, v, False, theta)
+            update = FragmentUpdate(p, v, False, theta, unmoved=self._unmoved(state, p))
             held = dict(state.held)
             if send is not None:  # it will hold Θ exactly
                 held.update({(learner, p): (v, theta) for learner in learners})

@@ -125,7 +125,7 @@ def frame(header: dict | bytes, blob: bytes = b"", *, magic=codec.MAGIC, version
 
 def good_header(**over) -> dict:
     h = {"run_id": RUN, "sender": "s", "kind": "FragmentUpdate",
-         "fields": {"fragment": 0, "version": 1, "rejoin": False},
+         "fields": {"fragment": 0, "version": 1, "rejoin": False, "unmoved": False},
          "tensors": {"params": [{"enc": None, "dtype": "float32", "shape": [2], "scale": 1.0,
                                  "nbytes": 8}]}}
     h.update(over)
@@ -152,13 +152,13 @@ MALFORMED = [
     ("wrong run id", frame(good_header(run_id="other"), BLOB), codec.WrongRunId),
     ("unknown kind", frame(good_header(kind="Pickle"), BLOB), codec.UnknownKind),
     ("missing field", frame(good_header(fields={"fragment": 0, "version": 1}), BLOB), codec.BadHeader),
-    ("extra field", frame(good_header(fields={"fragment": 0, "version": 1, "rejoin": False, "x": 1}), BLOB),
+    ("extra field", frame(good_header(fields={"fragment": 0, "version": 1, "rejoin": False, "unmoved": False, "x": 1}), BLOB),
      codec.BadHeader),
-    ("mistyped field", frame(good_header(fields={"fragment": "0", "version": 1, "rejoin": False}), BLOB),
+    ("mistyped field", frame(good_header(fields={"fragment": "0", "version": 1, "rejoin": False, "unmoved": False}), BLOB),
      codec.BadHeader),
-    ("bool as int", frame(good_header(fields={"fragment": True, "version": 1, "rejoin": False}), BLOB),
+    ("bool as int", frame(good_header(fields={"fragment": True, "version": 1, "rejoin": False, "unmoved": False}), BLOB),
      codec.BadHeader),
-    ("negative version", frame(good_header(fields={"fragment": 0, "version": -1, "rejoin": False}), BLOB),
+    ("negative version", frame(good_header(fields={"fragment": 0, "version": -1, "rejoin": False, "unmoved": False}), BLOB),
      codec.BadHeader),
     ("unknown dtype", frame(good_header(tensors=spec(dtype="complex64")), BLOB), codec.UnknownDtype),
     ("nbytes vs dtype x shape", frame(good_header(tensors=spec(nbytes=4)), BLOB[:4]), codec.BadTensorSize),

@@ -233,3 +233,43 @@ def test_progress_made_while_the_link_was_down_is_kept_only_where_no_round_moved
     s, _, _ = _step(core, s, float(s.params[0][0]) + 1)
     s, _, logs = _step(core, s, float(s.params[0][0]) + 1)  # due: contributed, no longer cut
     assert s.cut == frozenset() and logs and logs[0]["steps"] == 2
+
+
+@pytest.mark.parametrize("unmoved,kept", [(True, True), (False, False)])
+def test_a_restarted_shards_fetch_keeps_the_outage_progress_however_far_ahead(unmoved, kept):
+    """The shard died after the send at step 2 (θ = 2); its last round committed as it died
+    and reached other learners, not this one: it comes back (repaired) at version 3, this
+    learner holding version 0. Steps 3-4 were made while it was down. Its fetch brings
+    Θ = 10 at version 3, 3 versions ahead (keep_gap 1): from a restarted shard whose
+    fragment has had no round since (`unmoved`), those versions are commits from before the
+    crash, with none of the outage progress in them: kept, θ = 10 + (4 − 2) = 12. Not so
+    marked (a link cut while the rounds went on), they go: θ = 10, 2 steps discarded."""
+    core, s = _fetching(True, gap=1)
+    for x in (1.0, 2.0):
+        s, _, _ = _step(core, s, x)                  # Δ sent at step 2 (θ = 2), unanswered
+    s, _ = core.shard_disconnected(s, 0.0, "s0")     # the shard died
+    s, _, _ = _step(core, s, 3.0)
+    s, _, _ = _step(core, s, 4.0)
+    s, _ = core.shard_connected(s, 0.0, "s0")
+    s, acts = core.receive(s, 0.0, "s0", FragmentUpdate(0, 3, True, [arr(10.0)], unmoved=unmoved))
+    discards = [a.fields["steps"] for a in acts if isinstance(a, Log) and a.kind == "discard"]
+    assert float(s.params[0][0]) == (12.0 if kept else 10.0)
+    assert (s.c_steps[0], discards) == ((2, []) if kept else (0, [2]))
+
+
+def test_a_restarted_shard_says_unmoved_until_its_first_round():
+    """A shard restored from its checkpoint answers Hellos with unmoved=True for a fragment
+    until that fragment's first round after the restart commits; then False again."""
+    from diloco_chaos.trainer.messages import Hello
+
+    cfg = SyncerConfig("s0", (0,), ("A",), grace_gamma=0.0, tau=100)
+    core = SyncerCore(cfg, syncer_math())
+    restored = core.restore(core.snapshot(core.init({0: [arr(0.0)]})))
+    net = MemNet()
+    net.add("s0", core, restored)
+    net.do("s0", "learner_connected", "A")
+    _, acts = core.receive(net.states["s0"], 0.0, "A", Hello("A", 0, "", ""))
+    assert [a.msg.unmoved for a in acts if isinstance(a, Send)] == [True]
+    fresh = core.init({0: [arr(0.0)]})
+    _, acts = core.receive(fresh, 0.0, "A", Hello("A", 0, "", ""))
+    assert [a.msg.unmoved for a in acts if isinstance(a, Send)] == [False]
