@@ -77,6 +77,11 @@ from diloco_chaos.trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, B
                                    NotStarted, Send, SetSlices, Unblock, UnexpectedMessage, UnknownFragment,
                                    UnknownPeer)
 
+# how many versions past keep_gap a restarted shard's unmoved fetch may be and still keep the
+# learners' outage progress: the rounds whose answers a crash can take (each link's outbox
+# holds the newest update of a fragment; a run measured copies 1 and 2 versions behind)
+RESTART_GAP = 2
+
 __all__ = ["InFlight", "LearnerConfig", "LearnerCore", "LearnerMath", "LearnerState"]
 
 
@@ -301,10 +306,11 @@ class LearnerCore(LearnerDP, LearnerClose):
         # progress made while p's link was down, taken onto a Θ[p] that moved on without it:
         # thrown away, not moved onto Θ[p] (its next Δ would go out fresh and add it again
         # on top of the other learners' like progress, merged meanwhile)
-        # (unmoved: a restarted shard's Θ[p] before any round since: the versions past base[p]
-        # are commits from before its crash, with nothing of the outage in them)
-        stale_cut = p in state.cut and version > state.base_version[p] and not unmoved
-        kept = fetch and not stale_cut and self._keeps_on_fetch(state, p, version, unmoved)
+        # (a restarted shard's Θ[p] before any round since, a few versions ahead: the versions
+        # past base[p] are its commits from before its crash, with nothing of the outage in them)
+        restart = unmoved and version - state.base_version[p] <= self.config.keep_gap + RESTART_GAP
+        stale_cut = p in state.cut and version > state.base_version[p] and not restart
+        kept = fetch and not stale_cut and self._keeps_on_fetch(state, p, version, restart)
         overwrite = (fetch and not kept) or stale_cut
         if self.config.keep_local and not overwrite:
             # the progress made since p was last contributed (or last taken) is in no Δ yet:
@@ -357,7 +363,7 @@ class LearnerCore(LearnerDP, LearnerClose):
             logs = logs + more
         return self._check_block(state, logs)
 
-    def _keeps_on_fetch(self, state: LearnerState, p: int, version: int, unmoved: bool = False) -> bool:
+    def _keeps_on_fetch(self, state: LearnerState, p: int, version: int, restart: bool = False) -> bool:
         """A fetch (a reconnect, a starved shard answering, a restart's first) keeps the local
         progress not yet contributed, moved onto the fetched Θ[p] as an answer's is, when
         `keep_on_fetch` and the fetched version is at most `keep_gap` (trainer/wiring.py
@@ -365,16 +371,19 @@ class LearnerCore(LearnerDP, LearnerClose):
         re-anchoring fetch, a shard that crashed and came back, a cut while no round
         committed. Further ahead the progress is stale, and merged fresh it would bypass the
         shard's staleness discount: it is thrown away (`discard`; docs/PROTOCOL.md
-        "keep_local"). A restarted shard's Θ[p] before any round since (`unmoved`) is kept
-        onto however far ahead: the versions between are its commits from before the crash
-        (a round committed as it died reached some learners and not others: 130-170 steps
-        of each of three learners' outage progress thrown on processes)."""
+        "keep_local"). A restarted shard's Θ[p] before any round since (`unmoved`), at most
+        RESTART_GAP versions further (`restart`), keeps it too: those versions are its commits
+        from before the crash, whose answers died in its buffers (a round committed as it
+        died reached some learners and not others: 130-170 steps of each of three learners'
+        outage progress thrown on processes). Further behind, the learner was cut off before
+        the crash while rounds went on (its link reset 1.6 s, then the shard killed: 5
+        versions), and the others' like progress is in them: thrown, as for a cut."""
         if not (self.config.keep_on_fetch and self.config.keep_local and state.c_steps[p] > 0):
             return False
         if "fetch_discards" in self.config.bugs:  # planted: every fetch throws the progress away
             return False
         gap = version - state.base_version[p]
-        return unmoved or not self.config.keep_gap or gap <= self.config.keep_gap
+        return restart or not self.config.keep_gap or gap <= self.config.keep_gap
 
     def _rephase(self, state: LearnerState):
         """Due next: the fragment with the lowest version, earliest in the cycle (in lockstep

@@ -235,15 +235,17 @@ def test_progress_made_while_the_link_was_down_is_kept_only_where_no_round_moved
     assert s.cut == frozenset() and logs and logs[0]["steps"] == 2
 
 
-@pytest.mark.parametrize("unmoved,kept", [(True, True), (False, False)])
-def test_a_restarted_shards_fetch_keeps_the_outage_progress_however_far_ahead(unmoved, kept):
+@pytest.mark.parametrize("unmoved,version,kept", [(True, 3, True), (False, 3, False), (True, 5, False)])
+def test_a_restarted_shards_fetch_keeps_the_outage_progress_a_crash_left_behind(unmoved, version, kept):
     """The shard died after the send at step 2 (θ = 2); its last round committed as it died
     and reached other learners, not this one: it comes back (repaired) at version 3, this
     learner holding version 0. Steps 3-4 were made while it was down. Its fetch brings
     Θ = 10 at version 3, 3 versions ahead (keep_gap 1): from a restarted shard whose
     fragment has had no round since (`unmoved`), those versions are commits from before the
     crash, with none of the outage progress in them: kept, θ = 10 + (4 − 2) = 12. Not so
-    marked (a link cut while the rounds went on), they go: θ = 10, 2 steps discarded."""
+    marked (a link cut while the rounds went on), they go: θ = 10, 2 steps discarded; so
+    they do 5 versions ahead (past keep_gap + RESTART_GAP = 3: cut off while rounds went on
+    before the crash)."""
     core, s = _fetching(True, gap=1)
     for x in (1.0, 2.0):
         s, _, _ = _step(core, s, x)                  # Δ sent at step 2 (θ = 2), unanswered
@@ -251,7 +253,7 @@ def test_a_restarted_shards_fetch_keeps_the_outage_progress_however_far_ahead(un
     s, _, _ = _step(core, s, 3.0)
     s, _, _ = _step(core, s, 4.0)
     s, _ = core.shard_connected(s, 0.0, "s0")
-    s, acts = core.receive(s, 0.0, "s0", FragmentUpdate(0, 3, True, [arr(10.0)], unmoved=unmoved))
+    s, acts = core.receive(s, 0.0, "s0", FragmentUpdate(0, version, True, [arr(10.0)], unmoved=unmoved))
     discards = [a.fields["steps"] for a in acts if isinstance(a, Log) and a.kind == "discard"]
     assert float(s.params[0][0]) == (12.0 if kept else 10.0)
     assert (s.c_steps[0], discards) == ((2, []) if kept else (0, [2]))
