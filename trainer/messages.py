@@ -126,8 +126,8 @@ class FragmentUpdate(_Message):
     is current; nothing else needs to cross the link. unmoved=True: no round of p has
     committed since the shard restarted, so the versions past a learner's copy are commits
     from before its crash, which hold none of the progress the learners made while it was
-    down: a fetch keeps that progress however many versions ahead it is (docs/PROTOCOL.md
-    "Repair from the learners").
+    down: a fetch up to RESTART_GAP versions past keep_gap keeps that progress
+    (trainer/learner_core.py; docs/PROTOCOL.md "Repair from the learners").
     """
 
     TENSOR_FIELDS: ClassVar[tuple[str, ...]] = ("params",)

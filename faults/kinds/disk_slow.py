@@ -13,7 +13,7 @@ class DiskSlow(Fault):
     """For `duration_s`, every write and every fsync on the shard's checkpoint disk takes
     `latency_ms` longer (a failing drive, a saturated network volume). On processes and
     containers the disk is a FUSE layer of the harness's over the shard's checkpoint folder
-    (tools/ckptfs: root only) that sleeps before each write and fsync; in the simulator a
+    (harness/backends/ckptfs: root only) that sleeps before each write and fsync; in the simulator a
     save takes `latency_ms` longer per write and fsync it makes. Saves land late and fewer
     of them start: the shard must go on committing (at most one save in flight, never a
     wait on the disk in its loop) and a crash then must still keep its committed rounds

@@ -14,7 +14,7 @@ class LostWrites(Fault):
     durable is lost, in its checkpoint folder and its commit journal alike (a file never
     fsynced is gone, one written past its last fsync is cut back to it); it restarts after
     `down_for_s`. On processes and containers its checkpoint folder and the journals'
-    folder are a FUSE layer of the harness's (tools/ckptfs, as Jepsen's LazyFS: root only);
+    folder are a FUSE layer of the harness's (harness/backends/ckptfs, as Jepsen's LazyFS: root only);
     in the simulator the shard's un-synced journal lines and the save it was writing are
     dropped. It must restore the newest intact checkpoint (restore_latest_intact) and keep
     every committed round (committed_rounds_kept): only what it made durable may it count on."""

@@ -18,8 +18,8 @@ from diloco_chaos.trainer.transport import LinkStats
 from diloco_chaos.trainer.wiring import MATH_BUGS, syncer_config, syncer_math
 
 NO_SPACE = "OSError: [Errno 28] No space left on device (simulated disk_full)"
-# disk_slow: the writes and fsyncs one save makes, each `latency_ms` late (an orbax save of a
-# shard's state and its manifest on processes, counted through tools/ckptfs)
+# disk_slow: the writes and fsyncs one save makes, each `latency_ms` late: an estimate for an
+# orbax save of a shard's state and its manifest, not counted on processes
 DISK_OPS_PER_SAVE = 24
 KEEP = 3  # saves kept besides the first (trainer/checkpoint.py's max_to_keep)
 SKIPPED = {  # a damaged save's reason, as trainer/checkpoint.py words it (simulated)
@@ -219,7 +219,7 @@ class SimSyncer:
 
     def lose_writes(self) -> dict:
         """lost_writes, once the process is dead: what no fsync made durable is gone, as
-        tools/ckptfs drops it on processes (a file never fsynced deleted, one written past its
+        harness/backends/ckptfs drops it on processes (a file never fsynced deleted, one written past its
         last fsync cut back to it). Here that is the journal's tail (every line, with the
         planted journal_unsynced); the save being written died with the process already, and
         a landed save was fsynced before it was sealed."""
