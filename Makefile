@@ -46,11 +46,12 @@ test-loaded: setup
 # The scheduled exploration: the property suites with the nightly Hypothesis profile (not
 # derandomized: every run draws new schedules; 25x the ci examples, ~40 min on 2 cores),
 # and every test marked `nightly` (two built-in scenarios on Docker, the restore audit's
-# outer-state run and a fault-free planted-bug control on processes, ~5 min more).
+# outer-state run, a fault-free planted-bug control on processes, the README's one-minute
+# path from a fresh install, ~9 min more).
 # A failure is kept in .hypothesis/ and replayed first by the next run.
 nightly: setup
 	@HYPOTHESIS_PROFILE=nightly $(PY) -m pytest -q suites/properties $(PYTEST_ARGS)
-	@HYPOTHESIS_PROFILE=nightly $(PY) -m pytest -q -m nightly suites/cluster suites/docker $(PYTEST_ARGS)
+	@HYPOTHESIS_PROFILE=nightly $(PY) -m pytest -q -m nightly suites/unit suites/cluster suites/docker $(PYTEST_ARGS)
 
 bench: setup
 	@for b in $(BENCHES); do $(VENV)/bin/diloco-chaos bench $$b || exit 1; done
