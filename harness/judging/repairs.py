@@ -15,7 +15,9 @@ from the learners"). The check, per restart and fragment, from three sources:
   whose digest is the committed one at that version (check_base.py `resumed`).
 
 A fragment whose restarted shard went on from below the newest version a greeting
-learner held, before it committed that fragment again, lost committed rounds: FAIL; so
+learner held, before it committed that fragment again, lost committed rounds: FAIL (a
+life that died before it committed the fragment at all went on from nothing: the next
+life is judged, with its own greetings; the run's last life is judged as it ended); so
 does a `repaired` line whose digest is not the one committed at its version (a repair
 that took another copy). UNKNOWN where a restart had greeting learners but no learner
 wrote `copy` lines (no evidence of what they held).
@@ -67,6 +69,8 @@ def committed_rounds_kept(log: EventLog) -> Result:
                     if e["t"] < first_commit.get(p, float("inf")) and v > held.get(p, (0, ""))[0]:
                         held[p] = (v, who)
             for p, (v, who) in sorted(held.items()):
+                if p not in first_commit and j + 1 < len(lives):
+                    continue  # it died before it went on with p (a repair still asked): the next life is judged
                 if went_on.get(p, 0) < v:
                     bad.append({"shard": shard, "incarnation": life.n, "fragment": p, "went_on_from": went_on.get(p, 0),
                                 "learner_held": v, "learner": who, "lost_rounds": v - went_on.get(p, 0),

@@ -148,6 +148,31 @@ def test_a_shard_that_does_not_repair_from_its_learners_is_caught():
     assert min(v["lost_rounds"] for v in r.details["violations"]) >= 5, r.to_dict()
 
 
+# syncer-1 killed at 1.7 s for 2.1 s, then again at 5.4 s while its repair request was on
+# its way (CI's random draw, seed 1 of test_safety, found it)
+KILLED_WHILE_ASKING = (KillSyncer("syncer-1", 1.7, down_for_s=2.1), KillSyncer("syncer-1", 5.4, down_for_s=0.5))
+
+
+@pytest.mark.parametrize("bugs", [(), ("no_repair",)])
+def test_a_shard_killed_while_its_repair_is_asked_is_judged_by_its_next_life(bugs):
+    """The first restart asks learner-2 for fragment 1 at version 4 (its restore: 3) and is
+    killed before the copy comes: it committed nothing, so it lost nothing; the second
+    restart asks again and is judged (committed_rounds_kept once failed the first life).
+    With no_repair the second life goes on from its restore: the check still fails."""
+    from diloco_chaos.harness.judging.check_base import shard_lives
+
+    case = simulate_case(scenario(KILLED_WHILE_ASKING, quorum=2), bugs=set(bugs))
+    lives = shard_lives(case.log, "syncer-1")
+    assert len(lives) == 3 and bool([e for e in lives[1].events if e["kind"] == "repair_asked"]) == (not bugs)
+    assert not [e for e in lives[1].events if e["kind"] == "round_commit"]
+    r = {r.name: r for r in checks.safety_checks(case.log, case.metrics)}["committed_rounds_kept"]
+    if bugs:
+        assert r.valid is False and {v["incarnation"] for v in r.details["violations"]} == {2}, r.to_dict()
+    else:
+        assert r.valid is True, r.to_dict()
+        _all_hold(case)
+
+
 # syncer-0's disk slow from 1 s (each of a save's writes and fsyncs 200 ms late: a save takes
 # ~5 s, so none lands after the first), then its host crashes at 5 s: the save it was writing
 # is gone with it, and so is whatever it had not fsynced
