@@ -181,7 +181,7 @@ def check_table() -> list[dict]:
     """Every check a run's verdict, a scenario's [expect] or a property suite judges: its
     name, where it is judged, what it holds, its bound, and the evidence it reads as the
     planted-bug catalogue records it."""
-    from diloco_chaos.harness.judging import audits, baseline, checks, ledger, model_checks, storage
+    from diloco_chaos.harness.judging import audits, baseline, checks, inner_steps, ledger, model_checks, storage
     from diloco_chaos.harness.judging.planted import CATALOGUE, PROOFS
 
     safety = {
@@ -210,6 +210,9 @@ def check_table() -> list[dict]:
         "deltas_reexecuted": (audits.deltas_reexecuted,
                               f"0 violations (a Δ within {audits.DELTA_RTOL:g} of its steps' sum, relative, "
                               f"plus {audits.DELTA_ATOL:g} of Θ[p]; its claim exactly its steps and tokens)"),
+        "inner_steps_reexecuted": (inner_steps.inner_steps_reexecuted,
+                                   f"0 violations (θ, m, v after a step within {inner_steps.RTOL:g} of what the "
+                                   f"step changed plus {inner_steps.ATOL:g} of the value; counts exact)"),
         "guard_decisions": (audits.guard_decisions, "0 violations"),
         "restores_faithful": (audits.restores_faithful, "0 violations"),
         "membership_follows_links": (audits.membership_follows_links, "0 violations"),
@@ -379,6 +382,12 @@ EVENT_KINDS: dict[str, tuple[str, str]] = {  # kind -> (who writes it, what it s
                         "(guard_decisions)"),
     "commit_audit": ("syncer", "a commit's arrays (base64 float32: Θ[p], outer state, every Δ, the result; "
                                "whole, or a 64-coordinate `sample` with the norms) (commits_audited)"),
+    "inner_audit": ("learner", "a sampled inner step: θ before it (whole), the Adam and schedule counts, the "
+                               "moments at 16 coordinates a leaf, and what the step made there "
+                               "(inner_steps_reexecuted)"),
+    "inner_gradient": ("harness", "after the run, the task's gradient of each inner_audit step on the batch the "
+                                  "harness draws for it: its norm, and the mean gradient and noise estimate at "
+                                  "the line's coordinates (inner_steps_reexecuted)"),
 }
 
 

@@ -22,7 +22,8 @@ KINDS = frozenset({
     "contribute", "join", "closing", "discard", "reanchor", "corrupt", "starved", "link_buffer", "resources", "auth_refused",
     "copy", "held", "guard", "commit_audit", "checkpoint_started", "checkpoint_failed",
     "checkpoint_skipped", "checkpoint_damaged", "checkpoints_listed", "writes_lost",
-    "repair_asked", "repaired", "repair_failed", "journal_failed",
+    "repair_asked", "repaired", "repair_failed", "journal_failed", "inner_audit",
+    "inner_gradient",
 })
 
 

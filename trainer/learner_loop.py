@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from diloco_chaos.trainer.step_audit import audit_fields, sampled
+
 CKPT_EVERY = 50        # inner steps between learner checkpoints
 FETCH_WAIT_S = 5.0     # at (re)start, wait this long for the global fragments before stepping
 DRAIN_S = 1.0          # after the last step, keep receiving for this long
@@ -64,6 +66,8 @@ class LearnerLoopHost(Protocol):
 
     cfg: Any
     step: int                 # inner steps done, this incarnation's count (restored from a checkpoint)
+    opt_state: Any            # the inner optimizer's state (train_step replaces it; None: no inner_audit lines)
+    live_slices: int
     max_steps: int            # the unit's own step cap (the harness ends the run before it)
     incarnation: int
 
@@ -96,6 +100,12 @@ def learner_loop(h):
     yield Until(lambda: not (h.state.awaiting or (dp and not h.links_up())), FETCH_WAIT_S)
     h.drain()
     closes = h.cfg.diloco.mode == "decoupled"  # its last progress goes to Θ first (`finish`)
+    first, start = True, h.step  # the incarnation's first step with lr > 0: an inner_audit line (trainer/step_audit.py)
+    # planted `batch_of_incarnation`: batches keyed by the incarnation's own count, so a restarted
+    # unit draws its first batches again; `batch_off_by_one`: each step draws the next step's
+    # batch (1-based steps taken for 0-based). The inner_audit's judge draws them by the global step.
+    bugs = getattr(getattr(h.core, "config", None), "bugs", frozenset())
+    key_from = (start if "batch_of_incarnation" in bugs else 0) - (1 if "batch_off_by_one" in bugs else 0)
     while h.step < h.max_steps and not h.stopping:
         h.drain()
         h.read_control()
@@ -106,7 +116,9 @@ def learner_loop(h):
         t0 = h.now()
         params = h.core.params(h.state)
         step = h.grad_step if dp else h.train_step
-        out = yield Compute(lambda: step(params, h.step))
+        audit = not dp and h.opt_state is not None and sampled(h.step + 1, first and h.step > 0)
+        opt_before, first = h.opt_state, first and h.step == 0  # a cold start's step 1 has lr 0: its step 2 is audited
+        out = yield Compute(lambda: step(params, h.step - key_from))
         if out is None:  # stopped mid-step where time no longer runs (the simulator's teardown)
             break
         if dp:
@@ -119,6 +131,8 @@ def learner_loop(h):
             h.driver.stepped(before, params)
             h.do("after_inner_step", params, tokens, h.now() - t0)
         h.step += 1
+        if audit:
+            h.emit("inner_audit", **audit_fields(h.step, h.live_slices, before, params, opt_before, h.opt_state))
         h.step_line(step=h.step, tokens=tokens, loss=loss, dt=round(h.now() - t0, 6), live_slices=h.live_slices)
         yield Spent("loop")
         if (h.step % h.cfg.eval_every == 0 or h.step == h.cfg.steps) and not (closes and h.step >= h.max_steps):

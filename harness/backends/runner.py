@@ -9,6 +9,8 @@ run started is stopped on every way out (the `with` blocks), Ctrl-C included.
 """
 from __future__ import annotations
 
+import json
+
 import os
 import shlex
 import time
@@ -91,6 +93,7 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
         raise
     header.setdefault("t_end", time.time())
     _global_evals(run_dir, cfg, cluster.topology, header, harness_events)
+    _inner_replay(run_dir, cfg, cluster.topology, header, harness_events)
     eventlog.merge(run_dir, header, harness_events)
     summary = summarize(run_dir, s, reference, expect=expect)
     return RunResult(run_dir, summary)
@@ -142,6 +145,21 @@ def _global_evals(run_dir: Path, cfg: RunConfig, topology: dict, header: dict, e
     if errors:  # in the log's header too, where a report or a failed test can show it
         header["global_eval_errors"] = errors
         (run_dir / "global_eval_error.txt").write_text("\n".join(errors) + "\n")
+
+
+def _inner_replay(run_dir: Path, cfg: RunConfig, topology: dict, header: dict, events: list) -> None:
+    """The harness's gradient of every learner's sampled inner step (its `inner_audit` lines
+    in the processes' logs): harness `inner_gradient` lines (harness/run/inner_replay.py),
+    which inner_steps_reexecuted reads. A failure is kept in the header, never raised."""
+    from diloco_chaos.harness.run import inner_replay
+    audits = []
+    for path in sorted((run_dir / "logs").glob("*.jsonl")):
+        with open(path) as f:
+            audits += [json.loads(line) for line in f if '"inner_audit"' in line and line.endswith("\n")]
+    try:
+        events += inner_replay.gradient_lines(cfg, list(topology["learners"]), audits)
+    except Exception as e:  # noqa: BLE001 - the run's log must still be written
+        header["inner_replay_error"] = f"{type(e).__name__}: {e}"
 
 
 def wait_until(t_wall: float, poll, interval_s: float = 0.1, until=lambda: False) -> None:

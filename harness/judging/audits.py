@@ -14,6 +14,8 @@ own arithmetic (harness/judging/spec.py), never the trainer's.
                            steps it claims did (the `contribute` line's `progress`, kept beside
                            the core: trainer/tally.py) and compared with the Δ the shard merged
                            (its commit_audit): a Δ holding more, less or other progress fails
+- inner_steps_reexecuted   (harness/judging/inner_steps.py) every sampled inner step of a learner
+                           redone from the batch the judge draws, in its own optimizer arithmetic
 - guard_decisions          every Δ the corrupt guard judged, judged again from the shard's
                            history of accepted sizes
 - restores_faithful        (harness/judging/restores.py) what a restarted unit loaded is what
@@ -38,6 +40,7 @@ from diloco_chaos.harness.judging import spec
 from diloco_chaos.harness.judging.check_base import SHOW, Result, _shards
 from diloco_chaos.harness.judging.history import is_process_up, learner_names
 from diloco_chaos.harness.judging.repairs import committed_rounds_kept
+from diloco_chaos.harness.judging.inner_steps import inner_steps_reexecuted
 from diloco_chaos.harness.judging.restores import restores_faithful
 
 DILOCO = ("decoupled", "streaming", "sync_diloco")
@@ -502,5 +505,5 @@ def deltas_reexecuted(log: EventLog) -> Result:
 
 def audit_checks(log: EventLog) -> list[Result]:
     return [weights_match_staleness(log), quorum_respected(log), commits_audited(log), copies_consistent(log),
-            deltas_reexecuted(log), guard_decisions(log), restores_faithful(log), committed_rounds_kept(log),
-            membership_follows_links(log), starved_learners_reanchor(log)]
+            deltas_reexecuted(log), inner_steps_reexecuted(log), guard_decisions(log), restores_faithful(log),
+            committed_rounds_kept(log), membership_follows_links(log), starved_learners_reanchor(log)]

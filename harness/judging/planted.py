@@ -67,6 +67,18 @@ CATALOGUE: dict[str, Planted] = {
         "deltas_reexecuted", "independent of the core: the merged Δs (the shard's commit_audit) against the sum "
         "of what the claimed inner steps changed (the learner's step tally, kept outside the core's rules)",
         f"{SIM_BUGS}[keep_sent_progress]", f"{PROCS}[keep_sent_progress,restore_mixed]"),
+    "batch_of_incarnation": Planted(
+        "learner", "a learner draws its batches by its incarnation's own step count: a restart from a "
+        "checkpoint trains on its first batches again (the data stream restarts)",
+        "inner_steps_reexecuted", "independent of the unit's choice of batch: the judge draws the batch of each "
+        "sampled step (its inner_audit line: θ and the Adam state before, the result after) by the global step "
+        "and redoes the step in its own arithmetic",
+        f"{SIM_BUGS}[batch_of_incarnation]",
+        None),
+    "batch_off_by_one": Planted(
+        "learner", "every inner step draws the next step's batch (1-based steps taken for 0-based)",
+        "inner_steps_reexecuted", "independent of the unit's choice of batch (as batch_of_incarnation)",
+        f"{SIM_BUGS}[batch_off_by_one]", f"{PROCS}[batch_off_by_one,count_discarded]"),
     "fetch_discards": Planted(
         "learner", "every fetch throws the learner's unsent progress away (as the core did before keep_on_fetch): "
         "each Δ is still merged once, weighed right and rebuilt from its steps", "tokens_merged_vs_baseline",
@@ -77,7 +89,7 @@ CATALOGUE: dict[str, Planted] = {
     "count_discarded": Planted(
         "learner", "a fetch does not reset the contribution counters: the next Δ claims discarded tokens",
         "tokens_conserved", "the learners' contribute and discard lines (their own account)",
-        f"{SIM_BUGS}[count_discarded]", f"{PROCS}[count_discarded]"),
+        f"{SIM_BUGS}[count_discarded]", f"{PROCS}[batch_off_by_one,count_discarded]"),
     "damped_outer": Planted(
         "syncer", "the outer step moves Θ by half the merged pseudo-gradient (always on: in the reference too)",
         "baseline_parity_max", "a stored known-good baseline (harness/scenarios/baselines.json), not this code's reference",
@@ -247,6 +259,7 @@ PROOFS: dict[str, tuple[Proof, ...]] = {
     "commits_audited": (_main("drop_last_delta"),),
     "copies_consistent": (_main("held_as_exact"),),
     "deltas_reexecuted": (_main("keep_sent_progress"),),
+    "inner_steps_reexecuted": (_main("batch_off_by_one"), _main("batch_of_incarnation")),
     "guard_decisions": (_main("guard_ignores_steps"),),
     "restores_faithful": (_main("restore_mixed"), _main("restore_stale_outer"), _main("restore_oldest"),
                           _main("durable_on_failure")),

@@ -21,6 +21,15 @@ one rule, in float64 numpy, with hand values in suites/unit/test_judge_spec.py; 
                   Θ − lr·m′; without momentum Θ′ = Θ − lr·g
     guard         drop a Δ whose rms is not finite; whose rms per inner step is over factor × the
                   largest of the shard's last 16 accepted (once 4 are known); or over Θ[p]'s rms
+
+And a learner's inner step (docs/TRAINER_MATH.md "Inner step"), per coordinate:
+
+    inner_lr      linear warm-up 0 → lr over warmup_steps, then cosine to lr/10 at total_steps,
+                  held after; at the schedule's count before the step (the first step's is 0)
+    clip_factor   min(1, clip_norm / ‖g‖), the norm over every leaf
+    adamw         c = count + 1; m = b1·m + (1−b1)·g; v = b2·v + (1−b2)·g²; s = b2·s + (1−b2)·n;
+                  hats by 1 − b^c; v_f = max(v̂ − (1 − 1/M)·ŝ, v̂/M) (M = 1: v̂);
+                  u = m̂/(√v_f + 1e-8) + wd·θ (matrices only); θ′ = θ − lr·u
 """
 from __future__ import annotations
 
@@ -131,3 +140,38 @@ def rms(arrays: list) -> float:
 def arrays_of(field: list) -> list[np.ndarray]:
     """A list of arrays as a log line carries them: [{"dtype", "shape", "b64"}, ...]."""
     return [np.frombuffer(base64.b64decode(a["b64"]), dtype=np.dtype(a["dtype"])).reshape(a["shape"]) for a in field]
+
+
+# --- a learner's inner step ---------------------------------------------------------------------
+ADAM_EPS = 1e-8   # docs/TRAINER_MATH.md: optax's default, the inner optimizer's
+
+
+def inner_lr(inner: dict, count: int) -> float:
+    lr, warm, total = float(inner["lr"]), int(inner["warmup_steps"]), int(inner["total_steps"])
+    if count < warm:
+        return lr * count / warm
+    span = max(total - warm, 1)
+    done = min(count - warm, span) / span
+    end = lr / 10
+    return end + (lr - end) * 0.5 * (1 + math.cos(math.pi * done))
+
+
+def clip_factor(norm: float, clip_norm: float) -> float:
+    return 1.0 if norm < clip_norm else clip_norm / norm
+
+
+def adamw(theta, g, m, v, s, noise, *, count: int, lr: float, inner: dict, fleet: int, decay: bool):
+    """One coordinate block of the inner step (float64): (θ′, m′, v′, s′) from the clipped
+    gradient g (and its noise estimate n, the fleet's second moment; None: plain Adam)."""
+    b1, b2 = float(inner["b1"]), float(inner["b2"])
+    c = count + 1
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    v_hat = v / (1 - b2 ** c)
+    if noise is not None:
+        s = b2 * s + (1 - b2) * noise
+        v_hat = np.maximum(v_hat - (1 - 1 / fleet) * (s / (1 - b2 ** c)), v_hat / fleet)
+    u = (m / (1 - b1 ** c)) / (np.sqrt(v_hat) + ADAM_EPS)
+    if decay:
+        u = u + float(inner["weight_decay"]) * theta
+    return theta - lr * u, m, v, s

@@ -35,6 +35,7 @@ from diloco_chaos.harness.sim.progress import SimProgress
 from diloco_chaos.harness.sim.world import SimParams, World
 from diloco_chaos.trainer.config import RunConfig
 from diloco_chaos.trainer.events import _plain
+from diloco_chaos.harness.run import inner_replay
 from diloco_chaos.trainer.inner import make_inner
 from diloco_chaos.trainer.shell import global_init
 from diloco_chaos.trainer.tasks import task_for_run
@@ -241,7 +242,22 @@ def finish(s: Scenario, world: World, injector: Injector, header: dict) -> SimRu
         e = final_eval_event(world.now, world.cfg.steps, final)
         world.emit("eval", "harness", loss=e["loss"], step=e["step"], batch_losses=e["batch_losses"],
                    **{"global": True})
-    return SimRun(s, header, world.events, world)
+    return SimRun(s, header, _with_inner_replay(world), world)
+
+
+def _with_inner_replay(world: World) -> list:
+    """The events with the harness's gradient of each sampled inner step right after its
+    `inner_audit` line (harness/run/inner_replay.py), as the process runner adds them."""
+    lines = inner_replay.gradient_lines(world.cfg, list(world.topology["learners"]), world.events)
+    if not lines:
+        return world.events
+    after = {(g["learner"], g["audit_t"]): g for g in lines}
+    out = []
+    for e in world.events:
+        out.append(e)
+        if e["kind"] == "inner_audit" and (g := after.get((e["src"], e["t"]))) is not None:
+            out.append(g)
+    return out
 
 
 def _global_eval(world: World) -> list[float] | None:

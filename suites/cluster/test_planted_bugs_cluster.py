@@ -108,7 +108,10 @@ CASES = {  # bugs -> (built-in scenario, its fault kept, that fault (at, for) s,
     "trust_payloads": ("sdc", 0, (5.0, 6.0), {}, ("tokens_conserved", "global_loss_regression"), ()),
     # early and short: the first Δ after the reconnect shows the bug, so the run must go on
     # past it (at 5-10 s a CI machine's learners once finished their 320 steps during the cut)
-    "count_discarded": ("flaky-links", 0, (2.0, 2.0), {"keep_on_fetch": False}, ("tokens_conserved",), ()),
+    # batch_off_by_one rides along (every batch drawn for the step after: inner_steps_reexecuted
+    # redoes each learner's sampled steps from the batch the judge draws; the ledger is untouched)
+    "batch_off_by_one,count_discarded": ("flaky-links", 0, (2.0, 2.0), {"keep_on_fetch": False},
+                                         ("tokens_conserved", "inner_steps_reexecuted"), ()),
     "relative_discount,unbounded_outbox": ("starved-link", 0, (5.0, 12.0), {},
                                            ("staleness_bounded", "link_buffers_bounded"), ()),
     "ignore_quorum,stale_as_fresh": ("one-way-cut", 0, (5.0, 7.0), {"quorum": 2},

@@ -21,6 +21,8 @@ finds; and the same schedule passes without the bug, so it is the bug that is ca
 | restore_mixed        | safety: restores_faithful                           | decoupled, kill_syncer |
 | sticky_membership    | safety: membership_follows_links                    | decoupled, kill_unit |
 | keep_sent_progress   | deltas_reexecuted                                   | decoupled, cuts, kill_syncer |
+| batch_of_incarnation | inner_steps_reexecuted                              | decoupled, kill_unit |
+| batch_off_by_one     | inner_steps_reexecuted                              | decoupled (always on) |
 
 Where a bug also proves an `[expect]` check, the same found schedule is judged by it
 (EXPECT_TOO): it fails with the bug and holds without. uptime_min by the out-of-phase
@@ -49,6 +51,7 @@ from diloco_chaos.faults.kinds import Corrupt
 from diloco_chaos.harness.bench.sim import CONVERGED_LR, LEARNING_BASE
 from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
 from diloco_chaos.harness.judging import checks
+from diloco_chaos.harness.judging.inner_steps import inner_steps_reexecuted
 from diloco_chaos.harness.judging.ledger import tokens_conserved
 from diloco_chaos.harness.sim.run import replay_sim
 from sim_cases import WINDOW, reported, scenario, simulate_case
@@ -65,6 +68,11 @@ def rebuilt(case) -> None:
     """deltas_reexecuted alone (keep_sent_progress also moves the loss, which safety() judges
     first: global_loss_regression)."""
     case.check(audits.deltas_reexecuted(case.log))
+
+
+def restepped(case) -> None:
+    """inner_steps_reexecuted alone (the judge redoes the sampled inner steps)."""
+    case.check(inner_steps_reexecuted(case.log))
 
 
 BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure names)
@@ -86,6 +94,9 @@ BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure na
     "restore_mixed": (safety, {}, ("kill_syncer",), "restores_faithful"),
     "sticky_membership": (safety, {}, ("kill_unit",), "membership_follows_links"),
     "keep_sent_progress": (rebuilt, {}, ("partition", "reset", "kill_syncer"), "deltas_reexecuted"),
+    # 120 steps: a learner killed after its step-50 save restarts and steps again before the end
+    "batch_of_incarnation": (restepped, {"steps": 120}, ("kill_unit",), "inner_steps_reexecuted"),
+    "batch_off_by_one": (restepped, {}, ("kill_unit",), "inner_steps_reexecuted"),
 }
 # [expect] checks the same found schedule proves (bound: fails with the bug, holds without;
 # measured: uptime 0.08 vs 0.56 (streaming stops while a unit is down, by design; on

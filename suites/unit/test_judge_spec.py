@@ -110,6 +110,32 @@ def test_judging_imports_no_trainer_function():
     assert not any(found.values()), {k: v for k, v in found.items() if v}
 
 
+def test_inner_lr_by_hand():
+    """lr 0.01, warm-up 10, total 110: 0 at count 0, 0.005 at 5, then cosine to 0.001 at 110."""
+    inner = {"lr": 0.01, "warmup_steps": 10, "total_steps": 110}
+    assert spec.inner_lr(inner, 0) == 0.0 and spec.inner_lr(inner, 5) == pytest.approx(0.005)
+    assert spec.inner_lr(inner, 10) == pytest.approx(0.01)
+    assert spec.inner_lr(inner, 60) == pytest.approx(0.001 + 0.009 * 0.5)   # half-way: cos(π/2) = 0
+    assert spec.inner_lr(inner, 110) == pytest.approx(0.001) and spec.inner_lr(inner, 500) == pytest.approx(0.001)
+
+
+def test_clip_and_adamw_by_hand():
+    """Step 1 from zero moments: m̂ = g, v̂ = g², so u = sign(g) (eps aside); with the fleet's
+    second moment M = 4 and noise s: v̂ − ¾ŝ. Decay adds wd·θ to u for a matrix only."""
+    assert spec.clip_factor(0.5, 1.0) == 1.0 and spec.clip_factor(4.0, 1.0) == 0.25
+    inner = {"b1": 0.9, "b2": 0.95, "weight_decay": 0.1}
+    z = np.zeros(1)
+    th, m, v, s = spec.adamw(np.array([2.0]), np.array([0.5]), z, z, None, None, count=0, lr=0.1, inner=inner,
+                             fleet=1, decay=False)
+    assert th[0] == pytest.approx(2.0 - 0.1) and m[0] == pytest.approx(0.05) and v[0] == pytest.approx(0.05 * 0.25)
+    th, *_ = spec.adamw(np.array([2.0]), np.array([0.5]), z, z, None, None, count=0, lr=0.1, inner=inner,
+                        fleet=1, decay=True)
+    assert th[0] == pytest.approx(2.0 - 0.1 * (1 + 0.1 * 2.0))
+    th, _, _, s = spec.adamw(np.array([0.0]), np.array([0.5]), z, z, z, np.array([0.2]), count=0, lr=1.0,
+                             inner=inner, fleet=4, decay=False)  # v̂ − ¾ŝ = 0.25 − 0.15 = 0.1
+    assert th[0] == pytest.approx(-0.5 / np.sqrt(0.1)) and s[0] == pytest.approx(0.05 * 0.2)
+
+
 def test_the_rule_sees_an_imported_formula():
     """The line the old weights_match_staleness had: it would fail the test above."""
     assert trainer_functions_imported("from diloco_chaos.trainer.outer import contribution_weight\n") == [

@@ -32,6 +32,7 @@ class Host:
     def __init__(self, steps: int, mode: str = "decoupled", holds: int = 0, saved: int = 0):
         self.cfg = SimpleNamespace(steps=steps, eval_every=25, diloco=SimpleNamespace(mode=mode))
         self.step, self.max_steps, self.incarnation, self.live_slices = 0, steps, 0, 1
+        self.opt_state = None  # no optimizer here: no inner_audit lines
         self.core, self.state = Core(holds), SimpleNamespace(params=0.0, awaiting=frozenset({0}), closing=None)
         self.stopping, self.saved, self.t = False, saved, 0.0
         self.lines, self.waits, self.saves, self.done = [], [], [], None

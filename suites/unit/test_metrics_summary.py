@@ -132,6 +132,7 @@ def test_real_fault_free_sample():
         "delta_bases_advance": False,
         # and before the audits' evidence (digests, commit_audit, copy lines): UNKNOWN, not judged
         "commits_audited": None, "copies_consistent": None, "deltas_reexecuted": None,
+        "inner_steps_reexecuted": None,  # (and before the inner_audit lines)
         "weights_match_staleness": True, "quorum_respected": True,
         "guard_decisions": True,  # (no guard in that version: its config has no guard_factor)
         "restores_faithful": True, "committed_rounds_kept": True,  # (no shard restarted)
