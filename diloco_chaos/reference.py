@@ -203,6 +203,7 @@ def check_table() -> list[dict]:
         "tokens_conserved": (ledger.tokens_conserved, "0 violations"),
         "weights_match_staleness": (audits.weights_match_staleness, "0 violations (relative 1e-9)"),
         "quorum_respected": (audits.quorum_respected, "0 rounds under K"),
+        "grace_respected": (audits.grace_respected, "0 early rounds without every live, not closed learner"),
         "commits_audited": (audits.commits_audited,
                             f"0 violations (a step within {audits.STEP_RTOL:g} of the judge's, relative, "
                             f"plus {audits.THETA_RTOL:g} of Θ[p])"),

@@ -399,7 +399,9 @@ class SyncerCore(SyncerDP):
             actions.append(SetTimer(f"grace:{p}", rnd.deadline))
         state = replace(state, rounds={**state.rounds, p: rnd})
         back = not rejoin or (set(self.config.learners) - state.closed).issubset(state.live)
-        if now >= rnd.deadline or (back and (state.live - state.closed).issubset(rnd.pending)):  # a closed one sends no more
+        everyone = ((len(rnd.pending) >= len(state.live - state.closed)) if "commit_by_count" in self.config.bugs
+                    else (state.live - state.closed).issubset(rnd.pending))  # planted: a count for the set
+        if now >= rnd.deadline or (back and everyone):  # a closed one sends no more
             return self._commit(state, now, p)
         return state, actions
 
@@ -550,7 +552,7 @@ class SyncerCore(SyncerDP):
                 for (learner, pc), w, s in zip(merged, weights, stale)]
         logs.append(Log("round_commit", {
             "fragment": p, "version": v, "n": len(merged), "tokens": sum(pc.c_tokens for _, pc in merged),
-            "opened_at": rnd.opened_at, "quorum_at": rnd.quorum_at,
+            "opened_at": rnd.opened_at, "quorum_at": rnd.quorum_at, "at": now,  # (the shard's clock)
             "grace_s": None if rnd.quorum_at is None else rnd.deadline - rnd.quorum_at, **(evidence or {})}))
         state = replace(state, version={**state.version, p: v}, rounds=_without(state.rounds, p),
                         last_merged={**state.last_merged,
@@ -572,9 +574,12 @@ class SyncerCore(SyncerDP):
         why = guard.judge(size, steps, state.norms, theta, self.config.guard_factor)
         line = [Log("guard", {"fragment": p, "learner": c.learner, "incarnation": c.incarnation, "seq": c.seq,
                               "rms": size if math.isfinite(size) else str(size), "c_steps": c.c_steps,
-                              "theta_rms": theta, "factor": self.config.guard_factor, "accepted": why is None})]
+                              "theta_rms": theta, "factor": self.config.guard_factor, "accepted": why is None,
+                              # the history's largest size per step, the bound's base (None: too few yet)
+                              "recent_max": max(state.norms) if len(state.norms) >= guard.GUARD_WARMUP else None})]
         if why is None:
-            state = replace(state, norms=guard.remember(state.norms, size, c.c_steps))
+            kept = 1 if "guard_remembers_whole" in self.config.bugs else c.c_steps  # planted: whole sizes kept
+            state = replace(state, norms=guard.remember(state.norms, size, kept))
         return state, why, line
 
     def _seen(self, state: SyncerState, p: int, msg, prev: Pending | None) -> str | None:

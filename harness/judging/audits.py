@@ -3,6 +3,8 @@ own arithmetic (harness/judging/spec.py), never the trainer's.
 
 - weights_match_staleness  every merge's staleness (version − 1 − base) and weight, recomputed
 - quorum_respected         every decoupled round merged ≥ K contributions
+- grace_respected          a round that committed before its grace ended merged every learner the
+                           shard counted live and not closed
 - commits_audited          every commit's Θ[p] chain (the digest before = the digest the last
                            commit left), and every sampled commit redone: weights, fleet share,
                            warm-up, merge (mean / RDA), outer step, against Θ[p] and the outer
@@ -42,6 +44,7 @@ from diloco_chaos.harness.judging.history import is_process_up, learner_names
 from diloco_chaos.harness.judging.repairs import committed_rounds_kept
 from diloco_chaos.harness.judging.inner_steps import inner_steps_reexecuted
 from diloco_chaos.harness.judging.restores import restores_faithful
+from diloco_chaos.trainer.syncer_core import CLOSE_HOLD_S
 
 DILOCO = ("decoupled", "streaming", "sync_diloco")
 STEP_RTOL = 1e-3      # a commit's step may differ from the judge's by float32 rounding, far below this
@@ -87,6 +90,46 @@ def quorum_respected(log: EventLog) -> Result:
     bad = [{"src": e["src"], "fragment": e["fragment"], "version": e["version"], "n": e["n"], "t": e["t"]}
            for e in log.of("round_commit") if e["n"] < k]
     return Result("quorum_respected", not bad, len(bad), k, {"violations": bad[:SHOW]})
+
+
+GRACE_EPS_S = 1e-6  # a commit at its deadline is on time (float rounding of quorum_at + grace)
+
+
+def grace_respected(log: EventLog) -> Result:
+    """A decoupled round commits before its grace ends only when every learner the shard
+    counts live and not closed is in it (docs/PROTOCOL.md "Rounds"): every round_commit
+    earlier than quorum_at + its grace — the judge's, at least CLOSE_HOLD_S for a round
+    holding a closed learner's Δ — merged all of live − closed (its merge lines). The
+    grace itself and the live and closed sets are the shard's word (membership_follows_links
+    audits live against the links); which learners the round merged and the hold for a
+    closing round are the judge's."""
+    name = "grace_respected"
+    if _mode(log) != "decoupled":
+        return Result(name, True, 0, 0, {"why": f"{_mode(log)}: rounds wait for every learner; not applicable"})
+    merged = defaultdict(set)
+    for m in log.of("merge"):
+        merged[(m["src"], m["fragment"], m["version"])].add(m["learner"])
+    bad, early, n = [], 0, 0
+    for e in log.of("round_commit"):  # `at`, quorum_at: the shard's own clock (a process's monotonic one)
+        if e.get("quorum_at") is None or e.get("grace_s") is None or "live" not in e or "at" not in e:
+            continue
+        n += 1
+        ins = merged[(e["src"], e["fragment"], e["version"])]
+        closed = set(e.get("closed") or ())
+        grace = max(float(e["grace_s"]), CLOSE_HOLD_S if closed & ins else 0.0)
+        if float(e["at"]) >= float(e["quorum_at"]) + grace - GRACE_EPS_S:
+            continue
+        early += 1
+        missing = sorted(set(e["live"]) - closed - ins)
+        if missing:
+            bad.append({"shard": e["src"], "fragment": e["fragment"], "version": e["version"], "t": e["t"],
+                        "missing": missing, "why": f"committed {float(e['quorum_at']) + grace - float(e['at']):.3f} s before "
+                                                   f"its grace ended without {', '.join(missing)}"})
+    detail = {"violations": bad[:SHOW], "rounds": n, "early": early}
+    if log.of("round_commit") and not n:
+        return Result(name, None, None, 0, {**detail, "why": "no round_commit line carries its commit time and "
+                                                             "sets (a log from before they did)"})
+    return Result(name, not bad, len(bad), 0, detail)
 
 
 # --- commits ----------------------------------------------------------------------------------------
@@ -269,7 +312,10 @@ def guard_decisions(log: EventLog) -> Result:
     """Every Δ a shard's guard judged (its `guard` lines: the Δ's rms, steps and Θ[p]'s rms),
     judged again by the judge's rule (spec.guard_accepts) against the judge's own history of
     that shard incarnation's accepted sizes: an accepted Δ over the bound, or a dropped one
-    within it, fails. The sizes are the shard's word; the history and the bound are not."""
+    within it, fails; so does a line whose `recent_max` (the largest size per step the shard
+    remembers, the bound's base) is not the judge's, whether or not a decision flipped (a
+    history kept in other units moves the bound where no drawn corruption may fall). The
+    sizes are the shard's word; the history and the bound are not."""
     if na := _not_applicable("guard_decisions", log):
         return na
     if _mode(log) != "decoupled":  # streaming / sync_diloco rounds need every unit: the guard is off
@@ -285,17 +331,26 @@ def guard_decisions(log: EventLog) -> Result:
                 judged += 1
                 size = float(e["rms"])
                 want = spec.guard_accepts(size, e["c_steps"], seen, float(e["theta_rms"]), factor)
-                if want != e["accepted"]:
+                judged_max = max(seen) if len(seen) >= spec.GUARD_WARMUP else None
+                if "recent_max" in e and factor and not _same(e["recent_max"], judged_max):
+                    bad.append({"shard": shard, "learner": e["learner"], "seq": e["seq"], "fragment": e["fragment"],
+                                "t": e["t"], "recent_max": e["recent_max"], "expected_recent_max": judged_max,
+                                "why": "the shard's remembered largest size per step is not the judge's"})
+                elif want != e["accepted"]:
                     bad.append({"shard": shard, "learner": e["learner"], "seq": e["seq"], "fragment": e["fragment"],
                                 "t": e["t"], "accepted": e["accepted"], "expected": want,
                                 "rms_per_step": size / max(e["c_steps"], 1),
-                                "bound": factor * max(seen) if len(seen) >= spec.GUARD_WARMUP else None})
+                                "bound": factor * judged_max if judged_max is not None else None})
                 if want:
                     seen = spec.guard_remember(seen, size, e["c_steps"])
     if not judged:
         why = "no guard in this run" if not factor else "no guard lines in this log"
         return Result("guard_decisions", True if not factor or not log.of("merge") else None, 0, 0, {"why": why})
     return Result("guard_decisions", not bad, len(bad), 0, {"violations": bad[:SHOW], "judged": judged})
+
+
+def _same(a, b) -> bool:
+    return (a is None) == (b is None) and (a is None or math.isclose(float(a), float(b), rel_tol=WEIGHT_RTOL))
 
 
 # --- liveness -------------------------------------------------------------------------------------------------
@@ -504,6 +559,7 @@ def deltas_reexecuted(log: EventLog) -> Result:
 
 
 def audit_checks(log: EventLog) -> list[Result]:
-    return [weights_match_staleness(log), quorum_respected(log), commits_audited(log), copies_consistent(log),
+    return [weights_match_staleness(log), quorum_respected(log), grace_respected(log), commits_audited(log),
+            copies_consistent(log),
             deltas_reexecuted(log), inner_steps_reexecuted(log), guard_decisions(log), restores_faithful(log),
             committed_rounds_kept(log), membership_follows_links(log), starved_learners_reanchor(log)]

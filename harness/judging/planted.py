@@ -67,6 +67,18 @@ CATALOGUE: dict[str, Planted] = {
         "deltas_reexecuted", "independent of the core: the merged Δs (the shard's commit_audit) against the sum "
         "of what the claimed inner steps changed (the learner's step tally, kept outside the core's rules)",
         f"{SIM_BUGS}[keep_sent_progress]", f"{PROCS}[keep_sent_progress,restore_mixed]"),
+    "guard_remembers_whole": Planted(
+        "syncer", "the guard remembers each accepted Δ's whole size, not its size per inner step: its bound "
+        "grows about H-fold and a ×30-×180 corruption passes it", "guard_decisions",
+        "the shard's guard lines (sizes, and the remembered largest), against the judge's own history",
+        f"{SIM_BUGS}[guard_remembers_whole]",
+        f"{CLUSTER}test_a_guard_that_ignores_steps_is_seen_on_real_processes[guard_remembers_whole]"),
+    "commit_by_count": Planted(
+        "syncer", "commits a round early once as many learners are in as it counts live and not closed (a "
+        "count for the set): a closed learner's Δ stands in for a live one still on its way",
+        "grace_respected", "independent of the shard's decision: its merge lines against the live and closed "
+        "sets and the grace on its round_commit lines", f"{SIM_BUGS}[commit_by_count]",
+        f"{PROCS}[commit_by_count,resend_drift]"),
     "batch_of_incarnation": Planted(
         "learner", "a learner draws its batches by its incarnation's own step count: a restart from a "
         "checkpoint trains on its first batches again (the data stream restarts)",
@@ -196,7 +208,7 @@ CATALOGUE: dict[str, Planted] = {
         "learner", "no answer gate, bookkeeping kept: re-sends its drift while its contribute lines look right",
         "delta_bases_advance", "independent: the shards' merge, recv and send lines only",
         f"{SIM_STALENESS}[resend_drift]",
-        f"{PROCS}[resend_drift]"),
+        f"{PROCS}[commit_by_count,resend_drift]"),
 }
 
 
@@ -254,13 +266,14 @@ PROOFS: dict[str, tuple[Proof, ...]] = {
                               f"{CLUSTER}test_a_merged_corruption_fails_loss_parity_on_real_processes"),),
     "baseline_parity_max": (_main("damped_outer"),),
     "quorum_respected": (_main("ignore_quorum"),),
+    "grace_respected": (_main("commit_by_count"),),
     "weights_match_staleness": (_main("stale_as_fresh"), _main("steep_discount")),
     "fetched_before_contributing": (_main("rejoin_without_fetch"),),
     "commits_audited": (_main("drop_last_delta"),),
     "copies_consistent": (_main("held_as_exact"),),
     "deltas_reexecuted": (_main("keep_sent_progress"),),
     "inner_steps_reexecuted": (_main("batch_off_by_one"), _main("batch_of_incarnation")),
-    "guard_decisions": (_main("guard_ignores_steps"),),
+    "guard_decisions": (_main("guard_ignores_steps"), _main("guard_remembers_whole")),
     "restores_faithful": (_main("restore_mixed"), _main("restore_stale_outer"), _main("restore_oldest"),
                           _main("durable_on_failure")),
     "membership_follows_links": (_main("sticky_membership"),),

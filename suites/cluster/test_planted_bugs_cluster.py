@@ -103,8 +103,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 CASES = {  # bugs -> (built-in scenario, its fault kept, that fault (at, for) s, [train] changes,
     #            checks that must fail, checks that must pass)
-    "resend_drift": ("one-way-cut", 0, (5.0, 7.0), {}, ("delta_bases_advance",),
-                     ("progress_merged_once", "tokens_conserved")),
+    # commit_by_count rides along (a round commits before its grace once as many learners are in
+    # as live − closed, a closed learner's Δ counting for a live one: grace_respected)
+    "commit_by_count,resend_drift": ("one-way-cut", 0, (5.0, 7.0), {}, ("delta_bases_advance", "grace_respected"),
+                                     ("progress_merged_once", "tokens_conserved")),
     "trust_payloads": ("sdc", 0, (5.0, 6.0), {}, ("tokens_conserved", "global_loss_regression"), ()),
     # early and short: the first Δ after the reconnect shows the bug, so the run must go on
     # past it (at 5-10 s a CI machine's learners once finished their 320 steps during the cut)
@@ -301,11 +303,13 @@ def test_a_restart_that_dies_is_seen_on_real_processes(bugs, tmp_path, monkeypat
     print(bugs, {k: (by[k]["valid"], by[k]["value"]) for k in ("goodput_min", "recovery_max_s", "no_nan")})
 
 
-@pytest.mark.parametrize("bugs", ["guard_ignores_steps"])
+@pytest.mark.parametrize("bugs", ["guard_ignores_steps", "guard_remembers_whole"])
 def test_a_guard_that_ignores_steps_is_seen_on_real_processes(bugs, tmp_path, monkeypatch):
     """The property base on processes (quadratic, inner lr 0.1, 60 steps, fault-free) with the
     guard judging whole Δ sizes: guard_decisions, redoing each decision from the shards'
-    guard lines with the judge's own rule, names the honest Δs it dropped."""
+    guard lines with the judge's own rule, names the honest Δs it dropped. With the guard
+    remembering whole sizes (its bound about H times too loose, no honest Δ dropped), the
+    shards' `recent_max` is not the judge's."""
     monkeypatch.setenv(BUGS_ENV, bugs)
     result = runner.run_scenario(scenario_from_dict(PROPERTY_BASE), tmp_path, live=False)
     by = {c["name"]: c for c in result.summary["checks"]}

@@ -23,6 +23,8 @@ finds; and the same schedule passes without the bug, so it is the bug that is ca
 | keep_sent_progress   | deltas_reexecuted                                   | decoupled, cuts, kill_syncer |
 | batch_of_incarnation | inner_steps_reexecuted                              | decoupled, kill_unit |
 | batch_off_by_one     | inner_steps_reexecuted                              | decoupled (always on) |
+| commit_by_count      | grace_respected                                     | decoupled (a round with a closed learner's Δ) |
+| guard_remembers_whole | safety: guard_decisions (its remembered sizes)     | decoupled (always on) |
 
 Where a bug also proves an `[expect]` check, the same found schedule is judged by it
 (EXPECT_TOO): it fails with the bug and holds without. uptime_min by the out-of-phase
@@ -75,6 +77,11 @@ def restepped(case) -> None:
     case.check(inner_steps_reexecuted(case.log))
 
 
+def graced(case) -> None:
+    """grace_respected alone."""
+    case.check(audits.grace_respected(case.log))
+
+
 BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure names)
     "merge_twice": (safety, {"mode": "dp"}, ("partition", "reset"), "merged_at_most_once"),
     "stale_as_fresh": (safety, {"quorum": 2}, KINDS, "weights_match_staleness"),
@@ -97,6 +104,8 @@ BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure na
     # 120 steps: a learner killed after its step-50 save restarts and steps again before the end
     "batch_of_incarnation": (restepped, {"steps": 120}, ("kill_unit",), "inner_steps_reexecuted"),
     "batch_off_by_one": (restepped, {}, ("kill_unit",), "inner_steps_reexecuted"),
+    "commit_by_count": (graced, {}, KINDS, "grace_respected"),
+    "guard_remembers_whole": (safety, {}, KINDS, "guard_decisions"),
 }
 # [expect] checks the same found schedule proves (bound: fails with the bug, holds without;
 # measured: uptime 0.08 vs 0.56 (streaming stops while a unit is down, by design; on

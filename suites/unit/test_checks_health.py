@@ -327,7 +327,7 @@ def test_safety_checks_list():
     names = [r.name for r in checks.safety_checks(log)]
     assert names == ["merged_at_most_once", "progress_merged_once", "delta_bases_advance", "versions_monotonic", "no_nan",
                      "durable_rounds_kept", "no_global_downtime", "global_loss_regression", "link_buffers_bounded",
-                     "tokens_conserved", "weights_match_staleness", "quorum_respected", "commits_audited",
+                     "tokens_conserved", "weights_match_staleness", "quorum_respected", "grace_respected", "commits_audited",
                      "copies_consistent", "deltas_reexecuted", "inner_steps_reexecuted", "guard_decisions", "restores_faithful", "committed_rounds_kept",
                      "membership_follows_links", "starved_learners_reanchor", "checkpoint_integrity",
                      "restore_latest_intact"]

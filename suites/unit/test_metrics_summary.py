@@ -134,6 +134,7 @@ def test_real_fault_free_sample():
         "commits_audited": None, "copies_consistent": None, "deltas_reexecuted": None,
         "inner_steps_reexecuted": None,  # (and before the inner_audit lines)
         "weights_match_staleness": True, "quorum_respected": True,
+        "grace_respected": None,  # (no live sets nor commit times on its round_commit lines)
         "guard_decisions": True,  # (no guard in that version: its config has no guard_factor)
         "restores_faithful": True, "committed_rounds_kept": True,  # (no shard restarted)
         "membership_follows_links": None,  # (no live sets on its round_commit lines)
