@@ -63,21 +63,58 @@ def _not_applicable(name: str, log: EventLog) -> Result | None:
 
 
 # --- weights and quorum ----------------------------------------------------------------------------
+def claimed_bases(log: EventLog) -> dict:
+    """(learner, incarnation, fragment, seq) -> the base version its learner sent the Δ from:
+    its `contribute` line's (the learner's word), lowered to the oldest base of every Δ
+    combined into it (`drop reason=combined` lines, the learner's outbox's and the shard's:
+    a sum of Δs is as stale as its oldest part)."""
+    inc: dict[str, int] = {}
+    own: dict[tuple, int] = {}
+    into: dict[tuple, list] = defaultdict(list)
+    for e in log.events:
+        if is_process_up(e):
+            inc[e["src"]] = int(e["incarnation"])
+        elif e["kind"] == "contribute" and e["src"] in inc:
+            own[(e["src"], inc[e["src"]], e["fragment"], e["seq"])] = int(e["base_version"])
+        elif e["kind"] == "drop" and e.get("reason") == "combined" and "by_seq" in e:
+            key = (e["learner"], e["incarnation"], e["fragment"])
+            into[key + (e["by_seq"],)].append(key + (e["seq"],))
+
+    def base(key, depth=0):
+        parts = [own.get(key)] + ([base(k, depth + 1) for k in into.get(key, ())] if depth < 64 else [])
+        parts = [b for b in parts if b is not None]
+        return min(parts) if parts else None
+    return {k: b for k in set(own) | set(into) if (b := base(k)) is not None}
+
+
 def weights_match_staleness(log: EventLog) -> Result:
-    """Every merge's staleness is version − 1 − base_version, and its weight the judge's
-    (spec.weight) of its (c_tokens, c_steps, staleness): the shard's merge lines only."""
+    """Every merge's base is the one its learner sent the Δ from (the oldest of the Δs combined
+    into it: `claimed_bases`, the learners' contribute lines), its staleness version − 1 −
+    that base, and its weight the judge's (spec.weight) of its (c_tokens, c_steps,
+    staleness). A merge with no contribute line behind it is judged on its own base."""
     if na := _not_applicable("weights_match_staleness", log):
         return na
-    d, bad, n = log.config["diloco"], [], 0
+    d, bad, n, unclaimed = log.config["diloco"], [], 0, 0
+    bases = claimed_bases(log)
     for e in log.of("merge"):
         n += 1
+        claimed = bases.get((e["learner"], e["incarnation"], e["fragment"], e["seq"]))
+        if claimed is None:
+            unclaimed += 1
+        elif claimed != e["base_version"]:
+            bad.append({"shard": e["src"], "learner": e["learner"], "seq": e["seq"], "fragment": e["fragment"],
+                        "version": e["version"], "base_version": e["base_version"], "claimed_base": claimed,
+                        "why": f"merged as from version {e['base_version']}; its learner sent it (and what was "
+                               f"combined into it) from {claimed}"})
+            continue
         s = spec.staleness(e["version"], e["base_version"])
         want = spec.weight(e["c_tokens"], e["c_steps"], s, d.get("weighting", "tokens"), d.get("staleness_discount", True))
         if e["staleness"] != s or not math.isclose(e["weight"], want, rel_tol=WEIGHT_RTOL):
             bad.append({"shard": e["src"], "learner": e["learner"], "seq": e["seq"], "fragment": e["fragment"],
                         "version": e["version"], "staleness": e["staleness"], "expected_staleness": s,
                         "weight": e["weight"], "expected": want})
-    return Result("weights_match_staleness", not bad, len(bad), 0, {"violations": bad[:SHOW], "merges": n})
+    return Result("weights_match_staleness", not bad, len(bad), 0,
+                  {"violations": bad[:SHOW], "merges": n, "without_contribute_line": unclaimed})
 
 
 def quorum_k(log: EventLog) -> int:

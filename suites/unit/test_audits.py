@@ -224,3 +224,25 @@ def test_a_delta_is_rebuilt_from_the_steps_it_claims():
     lossy = _config(LogBuilder(), compression="int8")
     r = audits.deltas_reexecuted(lossy.log())
     assert r.valid is True and "not applicable" in r.details["why"]
+
+
+def test_a_combined_delta_is_as_stale_as_its_oldest_part():
+    """learner-0 sends seq 1 from version 0 and seq 2 from version 1; the shard sums them
+    (drop seq 1 `combined` by seq 2) and merges the sum at version 3: its base is 0 (staleness
+    2), whatever the newer part's. A merge line naming base 1 is the shard's mistake (found
+    in a red-team pass: the outbox's combiner keeping the newer Δ's base weighs the sum as
+    fresher, and the check took the shard's base on its word)."""
+    def log(merged_base):
+        b = LogBuilder()
+        b.header["config"]["diloco"].update(weighting="uniform", staleness_discount=False)
+        b.up(0.0, "learner-0").contribute(1.0, "learner-0", 1, 0, 2, base_version=0)
+        b.contribute(2.0, "learner-0", 2, 2, 4, base_version=1)
+        b.shard_drop(2.5, "learner-0", 1, "combined", by_seq=2)
+        b.add(3.0, "syncer-0", "merge", fragment=0, version=3, learner="learner-0", incarnation=0, seq=2,
+              base_version=merged_base, staleness=3 - 1 - merged_base, weight=1.0, c_steps=4, c_tokens=400)
+        return b.log()
+
+    assert audits.claimed_bases(log(0))[("learner-0", 0, 0, 2)] == 0
+    good, bad = audits.weights_match_staleness(log(0)), audits.weights_match_staleness(log(1))
+    assert good.valid is True and good.details["without_contribute_line"] == 0, good.to_dict()
+    assert bad.valid is False and bad.details["violations"][0]["claimed_base"] == 0, bad.to_dict()
