@@ -488,7 +488,9 @@ class LearnerCore(LearnerDP, LearnerClose):
             return state, []
         since, tries = state.asked.get(shard, (0, 0))
         silent = state.step - max(since, state.heard.get(shard, 0))
-        if silent < self.config.starve_cycles * self._period * (2 if tries else 1):
+        # planted `starve_backoff_doubling`: the wait doubles with every unanswered try, not once
+        backoff = 2 ** tries if "starve_backoff_doubling" in self.config.bugs else (2 if tries else 1)
+        if silent < self.config.starve_cycles * self._period * backoff:
             return state, []
         mine = [p for p, owner in enumerate(self.config.owners) if owner == shard]
         state = replace(state, awaiting=state.awaiting | self._to_fetch(mine),

@@ -67,6 +67,11 @@ CATALOGUE: dict[str, Planted] = {
         "deltas_reexecuted", "independent of the core: the merged Δs (the shard's commit_audit) against the sum "
         "of what the claimed inner steps changed (the learner's step tally, kept outside the core's rules)",
         f"{SIM_BUGS}[keep_sent_progress]", f"{PROCS}[keep_sent_progress,restore_mixed]"),
+    "starve_backoff_doubling": Planted(
+        "learner", "a starved learner's wait doubles with every unanswered Hello (2 ** tries), not once: a long "
+        "silence is asked about later and later", "starved_learners_reanchor",
+        "the learner's own recv, send and step lines (never its starved lines)",
+        f"{SIM_FILE}test_a_starved_learner_asks_again_at_the_documented_pace[starve_backoff_doubling]", None),
     "guard_remembers_whole": Planted(
         "syncer", "the guard remembers each accepted Δ's whole size, not its size per inner step: its bound "
         "grows about H-fold and a ×30-×180 corruption passes it", "guard_decisions",
@@ -280,5 +285,5 @@ PROOFS: dict[str, tuple[Proof, ...]] = {
     "checkpoint_integrity": (_main("restore_unverified"),),
     "restore_latest_intact": (_main("restore_unverified"),),
     "committed_rounds_kept": (_main("no_repair"),),
-    "starved_learners_reanchor": (_main("roundopen_heard"),),
+    "starved_learners_reanchor": (_main("roundopen_heard"), _main("starve_backoff_doubling")),
 }

@@ -165,6 +165,7 @@ class LearnerProc(LearnerHost):
                 return
             value = None
             if isinstance(w, Compute):
+                self.opt_undo = self.opt_state  # a stop mid-step gives the step up: its optimizer state too
                 out = w.fn()  # real JAX now; the step's time passes on the unit's own clock
                 self.waiting = w
                 self.wait_own(self.world.step_work(self.unit.index), lambda: self.resume(out))
@@ -201,7 +202,9 @@ class LearnerProc(LearnerHost):
             self.unit.exited()
             return
         self.stopping = True
-        self.cancel_wait()
+        if isinstance(self.waiting, Compute):  # the step computed at its start is given up, its
+            self.opt_state = self.opt_undo     # Adam state with it (a save must not pair θ at step s
+        self.cancel_wait()                     # with the optimizer of step s + 1: inner_steps_reexecuted)
         self.resume()
 
     # --- the LearnerLoopHost ------------------------------------------------------------------

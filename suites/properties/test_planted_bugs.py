@@ -266,6 +266,24 @@ def test_a_learner_that_takes_round_openings_for_answers_never_reanchors(bug):
     assert failure(safety, good) is None
 
 
+@pytest.mark.parametrize("bug", ["", "starve_backoff_doubling"])
+def test_a_starved_learner_asks_again_at_the_documented_pace(bug):
+    """The rule: after an unanswered Hello a starved learner waits twice as long, and no
+    longer (docs/PROTOCOL.md). Aligned rounds and the answer downlink, starve_cycles 1,
+    learner-0's upstream to syncer-0 cut 1-13 s of a 150-step run: every Hello it sends is
+    lost, so it asks again and again. Correct: waits of 1, 2, 2, 2 ... cycles, within the
+    check's bound (2 + 2 cycles of slack); planted `starve_backoff_doubling` (2 ** tries: 1, 2,
+    4, 8 cycles, a backoff that looks like an improvement; found in a red-team pass, where only
+    a built-in scenario's 22-cycle cut showed it): starved_learners_reanchor names the 8."""
+    cut = (Partition(target="link:learner-0~syncer-0", at_s=1.0, duration_s=12.0, direction="upstream"),)
+    case = simulate_case(scenario(cut, align=True, downlink="answer", starve_cycles=1, steps=150),
+                         bugs={bug} - {""})
+    r = audits.starved_learners_reanchor(case.log)
+    tries = [e["tries"] for e in case.log.of("starved") if e["src"] == "learner-0"]
+    assert len(tries) >= 4, tries
+    assert r.valid is (not bug), r.to_dict()
+
+
 def test_recovery_that_discards_its_work_misses_the_known_good_envelope(tmp_path):
     """fetch_discards (every fetch throws the learner's unsent progress away, as the learner
     core did before keep_on_fetch) passes every run-level check: each Δ is merged once,
