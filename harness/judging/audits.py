@@ -44,7 +44,6 @@ from diloco_chaos.harness.judging.history import is_process_up, learner_names
 from diloco_chaos.harness.judging.repairs import committed_rounds_kept
 from diloco_chaos.harness.judging.inner_steps import inner_steps_reexecuted
 from diloco_chaos.harness.judging.restores import restores_faithful
-from diloco_chaos.trainer.syncer_core import CLOSE_HOLD_S
 
 DILOCO = ("decoupled", "streaming", "sync_diloco")
 STEP_RTOL = 1e-3      # a commit's step may differ from the judge's by float32 rounding, far below this
@@ -153,7 +152,7 @@ def grace_respected(log: EventLog) -> Result:
         n += 1
         ins = merged[(e["src"], e["fragment"], e["version"])]
         closed = set(e.get("closed") or ())
-        grace = max(float(e["grace_s"]), CLOSE_HOLD_S if closed & ins else 0.0)
+        grace = max(float(e["grace_s"]), spec.CLOSE_HOLD_S if closed & ins else 0.0)
         if float(e["at"]) >= float(e["quorum_at"]) + grace - GRACE_EPS_S:
             continue
         early += 1

@@ -40,6 +40,7 @@ import math
 import numpy as np
 
 GUARD_WINDOW, GUARD_WARMUP = 16, 4   # docs/PROTOCOL.md "Corrupt contributions": 16 remembered, 4 needed
+CLOSE_HOLD_S = 8.0                   # docs/PROTOCOL.md round table: a round holding a closed learner's Δ waits 8 s
 DIGEST_HEX = 16                      # the digests' length in the log (hex digits of a SHA-256)
 
 
