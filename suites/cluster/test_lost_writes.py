@@ -36,7 +36,8 @@ SLOW_THEN_CRASH = {
 }
 
 
-@pytest.mark.parametrize("bugs", ["", "journal_unsynced"])
+# the bug's run is nightly (CI's time; its simulator proof runs in CI)
+@pytest.mark.parametrize("bugs", ["", pytest.param("journal_unsynced", marks=pytest.mark.nightly)])
 def test_a_slow_disk_then_a_host_crash_on_real_processes(bugs, tmp_path, monkeypatch):
     monkeypatch.setenv(BUGS_ENV, bugs)
     result = runner.run_scenario(scenario_from_dict(SLOW_THEN_CRASH), tmp_path, live=False)

@@ -203,6 +203,7 @@ def test_second(chaos):
 '''
 
 
+@pytest.mark.nightly  # (CI itself writes that index under xdist: .ci/run --chaos-report, -n 2)
 def test_chaos_report_index_under_xdist_lists_every_workers_runs(tmp_path):
     pytest.importorskip("xdist")
     d = _user_dir(tmp_path, XDIST_TESTS)
