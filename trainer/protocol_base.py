@@ -39,7 +39,7 @@ SYNCER_BUGS = frozenset({"merge_twice", "stale_as_fresh", "ignore_quorum", "rela
                          "shared_version", "steep_discount", "drop_last_delta", "guard_ignores_steps", "held_as_exact",
                          "restore_mixed", "sticky_membership", "restore_stale_outer", "durable_on_failure",
                          "restore_unverified", "no_repair", "journal_unsynced", "commit_by_count",
-                         "guard_remembers_whole"})
+                         "guard_remembers_whole", "combine_newer_base"})
 LEARNER_BUGS = frozenset({"rejoin_without_fetch", "rejoin_out_of_phase", "cumulative_delta", "unbounded_outbox",
                           "count_discarded", "resend_drift", "rejoin_reads_in_flight", "roundopen_heard",
                           "keep_sent_progress", "fetch_discards", "batch_of_incarnation",

@@ -339,8 +339,11 @@ class SyncerCore(SyncerDP):
         if prev is not None and self.config.mode == "decoupled" and self.math.combine is not None:
             # the learner contributes p again only after an answer re-anchored it, so the
             # two Δs hold disjoint steps: their sum is its progress, staleness the older's
+            # (planted `combine_newer_base`: the newer's, the sum weighed as fresher than it is)
+            base = new.base_version if "combine_newer_base" in self.config.bugs else min(new.base_version,
+                                                                                          prev.base_version)
             new = replace(new, c_steps=new.c_steps + prev.c_steps, c_tokens=new.c_tokens + prev.c_tokens,
-                          base_version=min(new.base_version, prev.base_version),
+                          base_version=base,
                           payload=self.math.combine(prev.payload, new.payload), combined=prev.combined + (prev.seq,))
         elif prev is not None and prev.base_version == new.base_version:
             # Same base: the newer Δ = Θ_base − θ_m already holds the older one's progress,

@@ -84,6 +84,12 @@ CATALOGUE: dict[str, Planted] = {
         "grace_respected", "independent of the shard's decision: its merge lines against the live and closed "
         "sets and the grace on its round_commit lines", f"{SIM_BUGS}[commit_by_count]",
         f"{PROCS}[commit_by_count,resend_drift]"),
+    "combine_newer_base": Planted(
+        "syncer", "a shard that sums two Δs of one learner waiting in one round keeps the newer one's base "
+        "version: the sum, which holds progress made on the older base, is weighed as fresher than it is",
+        "weights_match_staleness", "independent of the shard's account: each merge's base is its learner's "
+        "contribute line's, lowered to the oldest of the Δs the shard's `combined` drop lines name",
+        f"{SIM_BUGS}[combine_newer_base]", None),
     "batch_of_incarnation": Planted(
         "learner", "a learner draws its batches by its incarnation's own step count: a restart from a "
         "checkpoint trains on its first batches again (the data stream restarts)",

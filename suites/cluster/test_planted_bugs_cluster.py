@@ -189,7 +189,8 @@ REGRADIENT = {  # learner-0's gradients wait at the shard while learner-1 is pau
 }
 
 
-@pytest.mark.parametrize("bugs", ["", pytest.param("merge_twice", marks=pytest.mark.nightly)])
+# data-parallel (the baseline) with and without the bug: nightly (CI: its simulator twin)
+@pytest.mark.parametrize("bugs", [pytest.param("", marks=pytest.mark.nightly), pytest.param("merge_twice", marks=pytest.mark.nightly)])
 def test_a_regradient_is_merged_once_on_real_processes(bugs, tmp_path, monkeypatch):
     monkeypatch.setenv(BUGS_ENV, bugs)
     result = runner.run_scenario(scenario_from_dict(REGRADIENT), tmp_path, live=False)

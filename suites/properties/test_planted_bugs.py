@@ -23,6 +23,7 @@ finds; and the same schedule passes without the bug, so it is the bug that is ca
 | keep_sent_progress   | deltas_reexecuted                                   | decoupled, cuts, kill_syncer |
 | batch_of_incarnation | inner_steps_reexecuted                              | decoupled, kill_unit |
 | batch_off_by_one     | inner_steps_reexecuted                              | decoupled (always on) |
+| combine_newer_base   | safety: weights_match_staleness (the learners' bases) | decoupled, K = 2, a round that waits |
 | commit_by_count      | grace_respected                                     | decoupled (a round with a closed learner's Δ) |
 | guard_remembers_whole | safety: guard_decisions (its remembered sizes)     | decoupled (always on) |
 
@@ -106,6 +107,8 @@ BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure na
     "batch_off_by_one": (restepped, {}, ("kill_unit",), "inner_steps_reexecuted"),
     "commit_by_count": (graced, {}, KINDS, "grace_respected"),
     "guard_remembers_whole": (safety, {}, KINDS, "guard_decisions"),
+    # a shard sums two Δs of one learner in one open round only while the round waits (K = 2 of 3)
+    "combine_newer_base": (safety, {"quorum": 2}, ("partition", "pause_unit"), "weights_match_staleness"),
 }
 # [expect] checks the same found schedule proves (bound: fails with the bug, holds without;
 # measured: uptime 0.08 vs 0.56 (streaming stops while a unit is down, by design; on
