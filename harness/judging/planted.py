@@ -89,7 +89,8 @@ CATALOGUE: dict[str, Planted] = {
         "version: the sum, which holds progress made on the older base, is weighed as fresher than it is",
         "weights_match_staleness", "independent of the shard's account: each merge's base is its learner's "
         "contribute line's, lowered to the oldest of the Δs the shard's `combined` drop lines name",
-        f"{SIM_BUGS}[combine_newer_base]", None),
+        f"{SIM_BUGS}[combine_newer_base]",
+        f"{CLUSTER}test_a_shard_that_combines_with_the_newer_base_is_seen_on_real_processes[combine_newer_base]"),
     "batch_of_incarnation": Planted(
         "learner", "a learner draws its batches by its incarnation's own step count: a restart from a "
         "checkpoint trains on its first batches again (the data stream restarts)",

@@ -326,6 +326,22 @@ def test_a_guard_that_ignores_steps_is_seen_on_real_processes(bugs, tmp_path, mo
         (by["guard_decisions"], str(result.run_dir))
 
 
+# the control (the same run without the bug holds it: 0 of 55 merges) runs in `make nightly`
+@pytest.mark.parametrize("bugs", ["combine_newer_base", pytest.param("", marks=pytest.mark.nightly)])
+def test_a_shard_that_combines_with_the_newer_base_is_seen_on_real_processes(bugs, tmp_path, monkeypatch):
+    """The property base on processes, fault-free, K = 2 of 3: rounds wait for their second
+    Δ, and a learner answered meanwhile contributes its fragment again into the same round,
+    which its shard sums with the first (`combined` drops: 4-9 a run here, idle and beside two
+    busy processes). With the sum keeping the newer Δ's base, weights_match_staleness, which
+    takes each merge's base from its learner's `contribute` lines and the shard's `combined`
+    drops, names the merges weighed as fresher than their oldest progress (2-4 a run)."""
+    monkeypatch.setenv(BUGS_ENV, bugs)
+    s = {**PROPERTY_BASE, "name": "combine", "train": {**PROPERTY_BASE["train"], "quorum": 2, "steps": 120}}
+    result = runner.run_scenario(scenario_from_dict(s), tmp_path, live=False)
+    by = {c["name"]: c for c in result.summary["checks"]}
+    assert by["weights_match_staleness"]["valid"] is (not bugs), (by["weights_match_staleness"], str(result.run_dir))
+
+
 @pytest.mark.parametrize("bugs", ["roundopen_heard"])
 def test_a_learner_that_takes_round_openings_for_answers_never_reanchors_on_real_processes(bugs, tmp_path,
                                                                                         monkeypatch):
