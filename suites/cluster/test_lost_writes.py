@@ -51,7 +51,10 @@ def test_a_slow_disk_then_a_host_crash_on_real_processes(bugs, tmp_path, monkeyp
     assert len(lost) == 1 and lost[0]["unit"] == "syncer-0", lost
     by = {c["name"]: c for c in result.summary["checks"]}
     if not bugs:
-        assert lost[0]["journal_lost"] == 0 and lost[0]["journal_lines_lost"] == 0, lost  # fsynced with each commit
+        # fsynced with each commit: the file survives, and at most its last line, the commit being
+        # written when the host died (between its write and its fsync), is lost; a CI run lost one
+        # there (journal_truncated 1), and every check held: the learners' copies repaired it
+        assert lost[0]["journal_lost"] == 0 and lost[0]["journal_lines_lost"] <= 1, lost
         bad = {n: c for n, c in by.items() if c["valid"] is False}
         assert not bad, bad
         assert by["committed_rounds_kept"]["details"]["restarts"] == 1, by["committed_rounds_kept"]
