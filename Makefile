@@ -47,10 +47,10 @@ test-loaded: setup
 # derandomized: every run draws new schedules; 25x the ci examples, ~40 min on 2 cores),
 # and every test marked `nightly` (two built-in scenarios on Docker, the restore audit's
 # outer-state run, a fault-free planted-bug control on processes, the README's one-minute
-# path from a fresh install; and, out of CI's ~20 min since 2026-11-29: seven planted-bug
-# runs on processes whose bugs CI catches in the simulator (and a data-parallel control),
-# the unit and link faults in containers, 300 back-to-back sharded steps, a journal bug on
-# processes, the report index under xdist: ~18 min more).
+# path from a fresh install; and, out of CI's ~20 min since 2026-11-29: the planted-bug
+# runs on processes of 45-65 s whose bugs CI catches in the simulator (and a data-parallel
+# control), the unit and link faults in containers, 300 back-to-back sharded steps, a
+# journal bug on processes, the report index under xdist: ~24 min more).
 # A failure is kept in .hypothesis/ and replayed first by the next run.
 nightly: setup
 	@HYPOTHESIS_PROFILE=nightly $(PY) -m pytest -q suites/properties $(PYTEST_ARGS)
