@@ -101,7 +101,9 @@ STORAGE = {  # syncer-crash, shortened, with syncer-0's disk full before and dur
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="disk_full mounts a small filesystem: root only")
-@pytest.mark.parametrize("bugs", ["", "durable_on_failure,no_repair,restore_unverified"])
+# the bugs' run (43 s) in `make nightly`: their simulator proofs run in CI (suites/properties)
+@pytest.mark.parametrize("bugs", ["", pytest.param("durable_on_failure,no_repair,restore_unverified",
+                                                   marks=pytest.mark.nightly)])
 def test_disk_full_then_a_crash_on_real_processes(bugs, tmp_path, monkeypatch):
     """The `disk_full` fault through the runner: syncer-0's checkpoint folder a 64 MiB tmpfs
     of its own, filled to its last byte at 4 s, emptied at 8 s; syncer-0 killed at 7 s (on the

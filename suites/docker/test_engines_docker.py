@@ -55,6 +55,9 @@ def _events(client, run_id: str, since: float, until: float) -> list[tuple[str, 
     return out
 
 
+# nightly (43 s): CI's run over two engines is suites/multihost (two engines in network
+# namespaces of their own, units placed across them, faults on both)
+@pytest.mark.nightly
 def test_a_run_over_two_engines(tmp_path, docker_engine, second_engine):
     url_b, client_b = second_engine
     url_a = Containers._engine_name(docker_engine)
