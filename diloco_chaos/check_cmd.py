@@ -134,7 +134,7 @@ def _dropped_targets(dropped: list, s, source: str, errors: list) -> list:
     """A fault table taken out for another field's error still has its target judged (one
     pass shows every error: a bad duration does not hide a target the run does not have)."""
     from diloco_chaos.faults.kinds import FAULT_KINDS
-    from diloco_chaos.faults.overlaps import LinkTarget
+    from diloco_chaos.faults.kinds.base import role_of
     from diloco_chaos.harness.scenarios.scenario import ScenarioError
 
     shape, out = s.shape(), []
@@ -144,16 +144,12 @@ def _dropped_targets(dropped: list, s, source: str, errors: list) -> list:
         path = f"faults[{i}].target"
         if kind not in FAULT_KINDS or not isinstance(target, str) or path in said:
             continue
-        role = FAULT_KINDS[kind].role
-        try:
-            ok = (target in shape.units if role == "learner" else target in shape.syncers if role == "syncer"
-                  else LinkTarget.parse(target).exists(shape.units, shape.syncers))
-        except ValueError:
+        if role_of(target) not in FAULT_KINDS[kind].roles:
             continue  # a malformed target: its own field error says so when the table is read
-        if not ok:
+        if not shape.has_target(target):
             out.append(ScenarioError(source, path, f"unknown target {target!r} in a run with {shape.learners} "
                                                    f"learners and {shape.shards} syncer shard(s)",
-                                     shape.valid_targets(role)))
+                                     shape.valid_targets(FAULT_KINDS[kind].roles)))
     return out
 
 

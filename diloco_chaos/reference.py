@@ -110,7 +110,7 @@ def fault_kinds() -> list[dict]:
     """Every fault kind in FAULT_KINDS order: its target form, length field, parameters
     (fields besides target and at), how it is done on processes and in the simulator, and
     its docstring's first sentence."""
-    from diloco_chaos.faults.kinds import FAULT_KINDS, TARGET_FORMS
+    from diloco_chaos.faults.kinds import FAULT_KINDS
 
     out = []
     for kind, cls in FAULT_KINDS.items():
@@ -123,7 +123,9 @@ def fault_kinds() -> list[dict]:
             params.append({"name": written_name(f.name), "field": f.name, "type": str(f.type),
                            "required": required, "default": None if required else shown_default(f),
                            "note": comments.get(f.name, "")})
-        out.append({"kind": kind, "role": cls.role, "target": TARGET_FORMS[cls.role][1],
+        # `role`: one word where the kind has one role (as `faults --json` has always said), else a list
+        out.append({"kind": kind, "role": cls.roles[0] if len(cls.roles) == 1 else list(cls.roles),
+                    "target": cls.target_forms(),
                     "length": written_name(cls.length_field), "parameters": params,
                     "mechanism": mechanism_on_processes(kind), "simulator": mechanism_in_simulator(kind),
                     "description": first_sentence(cls.__doc__)})

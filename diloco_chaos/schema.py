@@ -108,13 +108,13 @@ def table(cls: type, skip: tuple[str, ...] = (), extra: dict | None = None) -> d
 
 
 def fault_items() -> dict:
-    """One branch per fault kind: its `kind`, a target of its role's form, `at`, its fields."""
+    """One branch per fault kind: its `kind`, a target of its roles' forms, `at`, its fields."""
     from diloco_chaos.faults.kinds import FAULT_KINDS, TARGET_FORMS
 
     branches = []
     for kind, cls in FAULT_KINDS.items():
-        pattern, forms = TARGET_FORMS[cls.role]
-        target = {"type": "string", "pattern": f"^(?:{pattern.pattern})$", "description": forms}
+        pattern = "|".join(TARGET_FORMS[role][0].pattern for role in cls.roles)
+        target = {"type": "string", "pattern": f"^(?:{pattern})$", "description": cls.target_forms()}
         t = table(cls, skip=("target",), extra={"kind": {"const": kind, "description": (cls.__doc__ or "").split(".")[0]},
                                                 "target": target})
         t["allOf"] = [{"required": ["kind", "target"]}, *t.get("allOf", [])]

@@ -14,11 +14,6 @@ if TYPE_CHECKING:
     from diloco_chaos.faults.kinds import Fault
 
 
-def _unit_of(f: Fault) -> str:
-    """The learner or syncer a fault acts on; for links, the spec after 'link:'."""
-    return f.target[5:] if f.role == "link" else f.target
-
-
 @dataclass(frozen=True)
 class LinkTarget:
     """A link fault's target, parsed once: `learner` ("*": every learner) and `shard`
@@ -73,10 +68,11 @@ def conflict(a: Fault, b: Fault) -> str | None:
     """Why `a` and `b` cannot both be active, or None if they can (shape-free part)."""
     if not overlap_in_time(a, b):
         return None
-    if a.role == "link" and b.role == "link":
+    a_link, b_link = a.target.startswith("link:"), b.target.startswith("link:")
+    if a_link and b_link:
         if a.kind == b.kind and links_intersect(a.target, b.target):
             return f"two {a.kind} faults on one link at once (the second would replace the first's toxic)"
         return None
-    if a.role == b.role and _unit_of(a) == _unit_of(b):
+    if not a_link and not b_link and a.target == b.target:  # one unit (a learner's or a shard's name)
         return a.conflicts.get(b.kind) or b.conflicts.get(a.kind)
     return None

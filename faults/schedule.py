@@ -21,6 +21,7 @@ from typing import Iterable, Iterator, Sequence
 from diloco_chaos.faults.fields import check_number
 from diloco_chaos.faults.overlaps import LinkTarget, conflict
 from diloco_chaos.faults.kinds import FAULT_KINDS, Fault, fault_from_dict
+from diloco_chaos.faults.kinds.base import role_of
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,35 @@ class RunShape:
     def syncers(self) -> list[str]:
         return [f"syncer-{j}" for j in range(self.shards)]
 
-    def valid_targets(self, role: str) -> str:
-        """The targets of this run a fault of `role` may name, as a user reads them."""
+    def targets(self, roles: Iterable[str]) -> list[str]:
+        """The targets of this run a fault of `roles` may name, each once, in the order the
+        strategies draw from (faults/strategies.py): the units, the shards, then the link
+        specs ('link:*', each learner's links, and each single link where a learner has more
+        than one: with one shard, 'link:learner-N~syncer-0' names what 'link:learner-N' does)."""
+        out: list[str] = []
+        for role in roles:
+            if role == "learner":
+                out += self.units
+            elif role == "syncer":
+                out += self.syncers
+            else:
+                out += ["link:*"] + [f"link:{u}" for u in self.units]
+                if self.shards > 1:
+                    out += [f"link:{u}~{s}" for u in self.units for s in self.syncers]
+        return out
+
+    def has_target(self, target: str) -> bool:
+        """Whether `target` (of any role's form) names something in this run."""
+        role = role_of(target)
+        if role == "link":
+            return LinkTarget.parse(target).exists(self.units, self.syncers)
+        return role is not None and target in self.targets((role,))
+
+    def valid_targets(self, roles: str | Iterable[str]) -> str:
+        """The targets of this run a fault of `roles` may name, as a user reads them."""
+        return "; ".join(self._valid_targets(role) for role in ((roles,) if isinstance(roles, str) else roles))
+
+    def _valid_targets(self, role: str) -> str:
         if role == "learner":
             return _span("learner", self.learners)
         if role == "syncer":
@@ -75,14 +103,6 @@ class ScheduleError(ValueError):
                          + (f"; valid: {valid}" if valid else ""))
 
 
-def _target_exists(f: Fault, shape: RunShape) -> bool:
-    if f.role == "learner":
-        return f.target in shape.units
-    if f.role == "syncer":
-        return f.target in shape.syncers
-    return LinkTarget.parse(f.target).exists(shape.units, shape.syncers)
-
-
 def _when(f: Fault) -> str:
     end = "the end" if f.end_s is None else f"{f.end_s:g}s"
     return f"{f.at_s:g}s–{end}"
@@ -92,10 +112,10 @@ def validate(faults: Sequence[Fault], shape: RunShape, name=lambda i: f"fault {i
     """Raises ScheduleError for the first impossible fault (in the order given).
     `name(i)` is how messages refer to another fault (a scenario says 'faults[3]')."""
     for i, f in enumerate(faults):
-        if not _target_exists(f, shape):
+        if not shape.has_target(f.target):
             raise ScheduleError(i, f, "target", f"unknown target {f.target!r} in a run with "
                                 f"{shape.learners} learners and {shape.shards} syncer shard(s)",
-                                shape.valid_targets(f.role))
+                                shape.valid_targets(f.roles))
         if f.at_s >= shape.run_s:
             raise ScheduleError(i, f, "at_s", f"{f.at_s:g}s is at or past the end of the run "
                                 f"({shape.run_s:g}s)", f"[0, {shape.run_s:g}) seconds")

@@ -31,15 +31,28 @@ from diloco_chaos.faults.kinds import FAULT_KINDS, Corrupt, Fault, KillSyncer, K
 from diloco_chaos.faults.kinds.partition import MILDEST_FIRST as DIRECTIONS
 from diloco_chaos.faults.schedule import RunShape, Schedule, validate
 
-# Mildest first: Hypothesis shrinks a sampled kind toward the front.
-KINDS = ("wan", "slow_unit", "reset", "truncate", "partition", "pause_unit", "kill_slice", "kill_unit",
-         "kill_syncer", "corrupt_checkpoint")
-# corrupt is drawn only where asked for: the shard's guard has no history right after a
-# shard restart, so a corruption then can get in (docs/PROTOCOL.md "Corrupt contributions")
-ALL_KINDS = KINDS + ("corrupt",)
-# a kind registered in faults/kinds/ and not named above is drawn only where asked for
-# (its own `draw`: by default its fields' defaults, with target, time and length drawn)
-ALL_KINDS += tuple(k for k in FAULT_KINDS if k not in ALL_KINDS)
+
+def kind_order() -> tuple[str, ...]:
+    """Every registered kind, in the order the strategies sample from: the kinds drawn by
+    default (`drawn_by_default`), then those drawn only where a property names them; in each,
+    by `severity`, mildest first (Hypothesis shrinks a sampled kind toward the front), the
+    kinds without one after, in the registry's order (faults/kinds/__init__.py)."""
+    def rank(kind: str) -> tuple:
+        cls = FAULT_KINDS[kind]
+        return not cls.drawn_by_default, cls.severity is None, cls.severity or 0
+
+    return tuple(sorted(FAULT_KINDS, key=rank))  # sorted() is stable: ties keep the registry's order
+
+
+def drawn_kinds() -> tuple[str, ...]:
+    """The kinds a strategy draws where no kinds are given: every registered one that says
+    `drawn_by_default` (a kind added as a module is drawn too, after the ranked ones)."""
+    return tuple(k for k in kind_order() if FAULT_KINDS[k].drawn_by_default)
+
+
+# as they stand once the built-in kinds are registered (the property suites read them)
+KINDS = drawn_kinds()
+ALL_KINDS = kind_order()
 # the weak spots `weak_spots` builds a schedule around (suites/unit/test_fault_space.py)
 WEAK_SPOTS = ("latency_storm", "bandwidth_storm", "partition_storm", "long_cut_with_kill", "long_shard_outage")
 
@@ -68,31 +81,20 @@ def wan_settings(draw, max_latency_ms: int = 200, min_bandwidth_kbps: int = 64) 
             "latency_ms": float(latency), "jitter_ms": float(jitter)}
 
 
-def _targets(kind: str, shape: RunShape) -> list[str]:
-    role = FAULT_KINDS[kind].role
-    if role == "syncer":
-        return shape.syncers
-    if role == "learner":
-        return shape.units
-    links = ["link:*"] + [f"link:{u}" for u in shape.units]
-    if shape.shards > 1:
-        links += [f"link:{u}~{s}" for u in shape.units for s in shape.syncers]
-    return links
-
-
 @st.composite
-def faults(draw, shape: RunShape, kinds: Sequence[str] = KINDS, *, min_at_s: float = 0.0,
+def faults(draw, shape: RunShape, kinds: Sequence[str] | None = None, *, min_at_s: float = 0.0,
            max_at_s: float | None = None, min_duration_s: float = 0.5, max_duration_s: float = 5.0,
            tick_s: float = 0.1, never: bool = False) -> Fault:
-    """One fault of `kinds` in `shape`, starting in [min_at_s, max_at_s] (default: the
+    """One fault of `kinds` (default: `drawn_kinds()`) in `shape`, starting in [min_at_s, max_at_s] (default: the
     run's end), lasting [min_duration_s, max_duration_s]; `never`: a kill_unit may
     never come back. It is valid on its own (not against other faults)."""
-    known = ALL_KINDS + tuple(k for k in FAULT_KINDS if k not in ALL_KINDS)  # one registered since
+    kinds = drawn_kinds() if kinds is None else kinds
+    known = kind_order()
     usable = [k for k in known if k in kinds and FAULT_KINDS[k].fits(shape)]
     if not usable:
         raise ValueError(f"no fault kind of {list(kinds)} fits {shape}; valid: {', '.join(known)}")
     kind = draw(st.sampled_from(usable))
-    target = draw(st.sampled_from(_targets(kind, shape)))
+    target = draw(st.sampled_from(shape.targets(FAULT_KINDS[kind].roles)))
     lo, hi = _ticks(min_at_s, shape.run_s if max_at_s is None else max_at_s, tick_s)
     hi = min(hi, math.ceil(shape.run_s / tick_s) - 1)  # strictly before the end
     at = _seconds(hi - draw(st.integers(0, max(0, hi - lo))), tick_s)  # shrinks toward later
@@ -129,7 +131,7 @@ def _fits(f: Fault, kept: list[Fault], shape: RunShape) -> bool:
 
 
 @st.composite
-def schedules(draw, shape: RunShape, kinds: Sequence[str] = KINDS, *, max_faults: int = 4,
+def schedules(draw, shape: RunShape, kinds: Sequence[str] | None = None, *, max_faults: int = 4,
               max_load: float | None = None, **fault_kw) -> Schedule:
     """A valid schedule of up to `max_faults` faults (see `faults` for the keywords);
     `max_load` caps `fault_load` (a fault that would pass it is left out)."""

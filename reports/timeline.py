@@ -33,7 +33,7 @@ SLICE_STATES = ("all live", "slice lost")
 LINK_STATES = ("disconnected", "slow", "throttled", "reset", "truncated", "partitioned")
 GLOBAL_STATES = ("no commit yet", "advancing", "stalled", "downtime")
 # a link's state under each link fault kind (faults/kinds/ `link_state`): partitioned, reset, ...
-LINK_FAULT_STATE = {k: c.link_state for k, c in FAULT_KINDS.items() if c.role == "link"}
+LINK_FAULT_STATE = {k: c.link_state for k, c in FAULT_KINDS.items() if "link" in c.roles}
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The fault kinds, one module each (faults/kinds/base.py says what a kind holds). The
-built-in ones are imported below in the fault table's order (the scenario reference, the
-report's legend and the strategies' `ALL_KINDS` list them so); any other module here is
-imported after them, in name order, so adding a kind is adding its module."""
+built-in ones are imported below in the fault table's order (the scenario reference and the
+report's legend list them so; the strategies sample by each kind's `severity`); any other
+module here is imported after them, in name order, so adding a kind is adding its module."""
 import importlib
 import pkgutil
 

@@ -6,13 +6,15 @@ in one place, everything the kind means (docs/ARCHITECTURE.md "Adding a fault ki
 - its fields, with units in their names, validated on construction with a `FieldError`
   naming the field and what would be valid (faults/fields.py); times are seconds from
   the run's start;
-- what it targets (`role`: a learner unit, a syncer shard, or a link), how long it lasts
+- what it targets (`roles`: learner units, syncer shards, links, or more than one of
+  them; `role_of(target)` says which a given target names), how long it lasts
   (`length_field`) and, in words, how it is done (`mechanism`, where a host's own table
   does not say);
 - how it is done (`start` / `heal`, through the `Nemesis` the injector hands it: the
   hosts' `Control` and a few shared moves; a link kind made of Toxiproxy toxics only
   declares `toxics()`);
-- how the strategies draw it (`draw`, `fits`), what it costs the fleet
+- how the strategies draw it (`draw`, `fits`; whether they draw it unasked,
+  `drawn_by_default`, and where among the kinds, `severity`), what it costs the fleet
   (`learner_seconds`), which kinds it may not overlap with on one unit (`conflicts`),
   whether its heal starts a new process (`restarts`: the run keeps warm spares for its
   role), whether its target is down while it lasts (`downs_target`), its colour on the report's timeline (`colour`), and its reference line (the
@@ -46,12 +48,32 @@ TARGET_FORMS = {  # what a fault's target must look like, by the role it hits
     "link": (re.compile(rf"link:(\*|learner-{_N}(~syncer-{_N})?)"),
              "link:learner-N, link:learner-N~syncer-M, link:*"),
 }
+ROLES = tuple(TARGET_FORMS)
+
+
+def role_of(target: str) -> str | None:
+    """The role a target names (`learner`, `syncer`, `link`), None if it has no form of one."""
+    return next((role for role, (pattern, _) in TARGET_FORMS.items() if pattern.fullmatch(target)), None)
+
+
 POSITIVE_S = "> 0 seconds"
 # `never` / `end` name None in scenario files (metadata read by harness/scenarios/scenario.py).
 NEVER = {"none_word": "never"}
 STREAMS = ("upstream", "downstream")  # Toxiproxy's streams of a link (upstream = learner → syncer)
 
 FAULT_KINDS: dict[str, type] = {}  # kind -> its class, in the order faults/kinds/__init__.py imports them
+
+
+class _OneRole:
+    """`role`, for readers written when a kind had one: a fault's is the role its target names;
+    a kind's is its only one (a kind of several roles has none: read `roles`)."""
+
+    def __get__(self, fault, kind):
+        if fault is not None:
+            return role_of(fault.target)
+        if len(kind.roles) != 1:
+            raise AttributeError(f"fault kind {kind.kind!r} targets {', '.join(kind.roles)}: read its `roles`")
+        return kind.roles[0]
 
 
 class Nemesis(Protocol):
@@ -82,7 +104,8 @@ class Fault:
     """Common fields: `target` and `at_s` (seconds from the run's start)."""
 
     kind: ClassVar[str] = ""
-    role: ClassVar[str] = "learner"  # which TARGET_FORMS the target must match
+    roles: ClassVar[tuple[str, ...]] = ("learner",)  # the TARGET_FORMS its target may match
+    role = _OneRole()
     length_field: ClassVar[str] = "duration_s"  # the field that says how long it lasts
     # how it is done, in words, where a host's own table does not say (a fault_start's `via`)
     mechanism: ClassVar[str] = ""
@@ -95,6 +118,11 @@ class Fault:
     # while it is active its target neither steps nor answers (killed, paused, preempted):
     # what the property suites' fault model reads to find a job-wide outage
     downs_target: ClassVar[bool] = False
+    # how the strategies sample it (faults/strategies.py): unasked, or only where a property
+    # names it; and its place among the kinds, mildest first (Hypothesis shrinks a sampled
+    # kind toward the front; None: after the ranked ones, in the registry's order)
+    drawn_by_default: ClassVar[bool] = True
+    severity: ClassVar[int | None] = None
     # unit faults: the kinds it may not be active with on the same unit, and why (looked
     # up both ways: a pair is declared by either kind; faults/overlaps.py `conflict`)
     conflicts: ClassVar[dict[str, str]] = {}
@@ -104,19 +132,29 @@ class Fault:
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
+        if isinstance(cls.__dict__.get("role"), str):  # a kind that declares one role, as kinds once did
+            cls.roles = (cls.__dict__["role"],)
+            del cls.role
+        unknown = [r for r in cls.roles if r not in TARGET_FORMS]
+        if unknown or not cls.roles:
+            raise ValueError(f"{cls.__name__}.roles = {cls.roles!r}; valid: one or more of {', '.join(ROLES)}")
         if "kind" in cls.__dict__:
             FAULT_KINDS[cls.kind] = cls
 
     def __post_init__(self) -> None:
-        pattern, forms = TARGET_FORMS[self.role]
-        if not isinstance(self.target, str) or not pattern.fullmatch(self.target):
-            raise FieldError(type(self).__name__, "target",
-                             f"{self.kind} cannot target {self.target!r}", forms)
+        if not isinstance(self.target, str) or role_of(self.target) not in self.roles:
+            raise FieldError(type(self).__name__, "target", f"{self.kind} cannot target {self.target!r}",
+                             self.target_forms())
         check_number(self, "at_s", ">= 0 seconds", lambda v: v >= 0)
         self._check()
 
     def _check(self) -> None:
         check_number(self, "duration_s", POSITIVE_S, lambda v: v > 0)
+
+    @classmethod
+    def target_forms(cls) -> str:
+        """The forms its target may take, as a user reads them (`learner-N`, ...)."""
+        return ", ".join(TARGET_FORMS[role][1] for role in cls.roles)
 
     @property
     def length_s(self) -> float | None:
@@ -165,9 +203,10 @@ class Fault:
         """The learner time it takes away over `span` seconds of it (faults/strategies.py
         `unit_seconds`): a unit fault its unit's, a syncer fault every learner's, a link
         fault every learner it cuts off."""
-        if self.role == "syncer":
+        role = role_of(self.target)
+        if role == "syncer":
             return span * shape.learners
-        if self.role == "link":
+        if role == "link":
             return span * (shape.learners if LinkTarget.parse(self.target).every else 1)
         return span
 

@@ -26,6 +26,10 @@ class Corrupt(Fault):
     bits) or nonfinite (a NaN / inf per tensor)."""
 
     kind: ClassVar[str] = "corrupt"
+    # drawn only where asked for: the shard's guard has no history right after a shard
+    # restart, so a corruption then can get in (docs/PROTOCOL.md "Corrupt contributions")
+    drawn_by_default: ClassVar[bool] = False
+    severity: ClassVar[int] = 11
     conflicts: ClassVar[dict[str, str]] = {
         "corrupt": "the unit's contributions are already corrupted",
         "kill_unit": "a unit that is down sends nothing to corrupt",

@@ -20,7 +20,8 @@ class CorruptCheckpoint(Fault):
     restore_latest_intact)."""
 
     kind: ClassVar[str] = "corrupt_checkpoint"
-    role: ClassVar[str] = "syncer"
+    severity: ClassVar[int] = 10
+    roles: ClassVar[tuple[str, ...]] = ("syncer",)
     length_field: ClassVar[str] = "down_for_s"
     colour: ClassVar[str] = "#543005"
     downs_target: ClassVar[bool] = True

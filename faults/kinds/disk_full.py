@@ -18,7 +18,9 @@ class DiskFull(Fault):
     must go on committing, report nothing of a failed save durable, and save again after."""
 
     kind: ClassVar[str] = "disk_full"
-    role: ClassVar[str] = "syncer"
+    # drawn only where a property names it: the uniform draws stay the ones CI has explored
+    drawn_by_default: ClassVar[bool] = False
+    roles: ClassVar[tuple[str, ...]] = ("syncer",)
     colour: ClassVar[str] = "#8c6d31"
     mechanism: ClassVar[str] = "its checkpoint filesystem filled to the last byte (ENOSPC)"
     conflicts: ClassVar[dict[str, str]] = {"disk_full": "the shard's disk is already full"}

@@ -20,7 +20,9 @@ class DiskSlow(Fault):
     (repair from the learners)."""
 
     kind: ClassVar[str] = "disk_slow"
-    role: ClassVar[str] = "syncer"
+    # drawn only where a property names it: the uniform draws stay the ones CI has explored
+    drawn_by_default: ClassVar[bool] = False
+    roles: ClassVar[tuple[str, ...]] = ("syncer",)
     colour: ClassVar[str] = "#bf812d"
     mechanism: ClassVar[str] = "every write and fsync of its checkpoint disk delayed (a FUSE layer)"
     conflicts: ClassVar[dict[str, str]] = {"disk_slow": "the shard's disk is already slow"}

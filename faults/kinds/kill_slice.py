@@ -13,6 +13,7 @@ class KillSlice(Fault):
     """A unit loses `slices` of its slices for `duration_s`; its batch shrinks meanwhile."""
 
     kind: ClassVar[str] = "kill_slice"
+    severity: ClassVar[int] = 7
     colour: ClassVar[str] = "#fd8d3c"
     conflicts: ClassVar[dict[str, str]] = {"kill_unit": "a unit that is down has no slices to lose"}
     duration_s: float

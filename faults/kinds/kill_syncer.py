@@ -13,7 +13,8 @@ class KillSyncer(Fault):
     """A syncer shard dies (SIGKILL) and restarts from its checkpoint after `down_for_s`."""
 
     kind: ClassVar[str] = "kill_syncer"
-    role: ClassVar[str] = "syncer"
+    severity: ClassVar[int] = 9
+    roles: ClassVar[tuple[str, ...]] = ("syncer",)
     length_field: ClassVar[str] = "down_for_s"
     colour: ClassVar[str] = "#67000d"
     downs_target: ClassVar[bool] = True

@@ -13,6 +13,7 @@ class KillUnit(Fault):
     """A learner unit dies (SIGKILL) and is restarted after `down_for_s`; None = never."""
 
     kind: ClassVar[str] = "kill_unit"
+    severity: ClassVar[int] = 8
     length_field: ClassVar[str] = "down_for_s"
     colour: ClassVar[str] = "#a50f15"
     downs_target: ClassVar[bool] = True

@@ -16,7 +16,9 @@ class LatencySpike(Fault):
     replaces the profile. The worked example of docs/ARCHITECTURE.md "Adding a fault kind"."""
 
     kind: ClassVar[str] = "latency_spike"
-    role: ClassVar[str] = "link"
+    # drawn only where a property names it: the uniform draws stay the ones CI has explored
+    drawn_by_default: ClassVar[bool] = False
+    roles: ClassVar[tuple[str, ...]] = ("link",)
     mechanism: ClassVar[str] = "Toxiproxy latency toxic, added to the base profile"
     link_state: ClassVar[str] = "slow"
     duration_s: float

@@ -20,7 +20,9 @@ class LostWrites(Fault):
     every committed round (committed_rounds_kept): only what it made durable may it count on."""
 
     kind: ClassVar[str] = "lost_writes"
-    role: ClassVar[str] = "syncer"
+    # drawn only where a property names it: the uniform draws stay the ones CI has explored
+    drawn_by_default: ClassVar[bool] = False
+    roles: ClassVar[tuple[str, ...]] = ("syncer",)
     length_field: ClassVar[str] = "down_for_s"
     colour: ClassVar[str] = "#3f007d"
     downs_target: ClassVar[bool] = True

@@ -17,7 +17,8 @@ class Partition(Fault):
     """The link drops all traffic in `direction` for `duration_s` (Toxiproxy `timeout`)."""
 
     kind: ClassVar[str] = "partition"
-    role: ClassVar[str] = "link"
+    severity: ClassVar[int] = 5
+    roles: ClassVar[tuple[str, ...]] = ("link",)
     mechanism: ClassVar[str] = "Toxiproxy timeout toxic (black hole)"
     cuts_link: ClassVar[bool] = True
     link_state: ClassVar[str] = "partitioned"

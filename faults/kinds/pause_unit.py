@@ -12,6 +12,7 @@ class PauseUnit(Fault):
     """A unit hangs, alive but silent (SIGSTOP, then SIGCONT after `duration_s`)."""
 
     kind: ClassVar[str] = "pause_unit"
+    severity: ClassVar[int] = 6
     colour: ClassVar[str] = "#756bb1"
     downs_target: ClassVar[bool] = True
     conflicts: ClassVar[dict[str, str]] = {

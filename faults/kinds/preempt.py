@@ -16,6 +16,8 @@ class Preempt(Fault):
     a unit that heeds the notice keeps it in Θ."""
 
     kind: ClassVar[str] = "preempt"
+    # drawn only where a property names it: the uniform draws stay the ones CI has explored
+    drawn_by_default: ClassVar[bool] = False
     length_field: ClassVar[str] = "down_for_s"
     mechanism: ClassVar[str] = "SIGTERM (the unit closes and leaves); a new process after down_for"
     colour: ClassVar[str] = "#6a3d9a"

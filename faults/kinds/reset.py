@@ -12,7 +12,8 @@ class Reset(Fault):
     """Connections on the link are reset (Toxiproxy `reset_peer`) during `duration_s`."""
 
     kind: ClassVar[str] = "reset"
-    role: ClassVar[str] = "link"
+    severity: ClassVar[int] = 3
+    roles: ClassVar[tuple[str, ...]] = ("link",)
     mechanism: ClassVar[str] = "Toxiproxy reset_peer toxic"
     cuts_link: ClassVar[bool] = True
     link_state: ClassVar[str] = "reset"

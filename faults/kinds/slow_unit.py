@@ -14,6 +14,7 @@ class SlowUnit(Fault):
     (1 − speed) of the period (duty-cycled SIGSTOP/SIGCONT)."""
 
     kind: ClassVar[str] = "slow_unit"
+    severity: ClassVar[int] = 2
     colour: ClassVar[str] = "#d9a01e"
     conflicts: ClassVar[dict[str, str]] = {
         "slow_unit": "the unit is already slowed",

@@ -14,7 +14,8 @@ class Truncate(Fault):
     `limit_data`) during `duration_s`: a message is cut mid-stream."""
 
     kind: ClassVar[str] = "truncate"
-    role: ClassVar[str] = "link"
+    severity: ClassVar[int] = 4
+    roles: ClassVar[tuple[str, ...]] = ("link",)
     mechanism: ClassVar[str] = "Toxiproxy limit_data toxic"
     cuts_link: ClassVar[bool] = True
     link_state: ClassVar[str] = "truncated"

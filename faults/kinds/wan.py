@@ -15,7 +15,8 @@ class Wan(Fault):
     toxics; latency is one-way, on both streams."""
 
     kind: ClassVar[str] = "wan"
-    role: ClassVar[str] = "link"
+    severity: ClassVar[int] = 1
+    roles: ClassVar[tuple[str, ...]] = ("link",)
     mechanism: ClassVar[str] = "Toxiproxy bandwidth/latency toxics"
     link_state: ClassVar[str] = "slow"  # "throttled" when it limits the bandwidth (reports/timeline.py)
     colour: ClassVar[str] = "#f16913"

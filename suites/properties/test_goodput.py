@@ -27,7 +27,7 @@ from sim_props import decoupled_beats_dp, goodput_bound, outages
 def test_every_kind_that_takes_a_shard_down_is_a_job_wide_outage():
     from diloco_chaos.faults.kinds import FAULT_KINDS
 
-    downs = [cls for cls in FAULT_KINDS.values() if cls.role == "syncer" and cls.downs_target]
+    downs = [cls for cls in FAULT_KINDS.values() if "syncer" in cls.roles and cls.downs_target]
     assert {c.kind for c in downs} >= {"kill_syncer", "corrupt_checkpoint"}
     for cls in downs:
         fault = cls(target="syncer-0", at_s=0.6, **{cls.length_field: 5.0})

@@ -114,3 +114,77 @@ def test_the_unchanged_injector_runs_it_in_the_simulator(brownout):
     rate = lambda es: len(es) / (es[-1]["t"] - es[0]["t"])  # noqa: E731
     assert rate(during) < 0.7 * rate(before), (rate(during), rate(before))
     assert dataclasses.asdict(s.faults[0])["speed"] == 0.5
+
+
+@pytest.fixture
+def host_crash():
+    """A kind of two roles, as a user would write one: the host under a learner or a shard
+    dies (SIGKILL) for `down_for_s`; one class, whichever unit it names."""
+
+    @dataclass(frozen=True)
+    class HostCrash(Fault):
+        """A learner's or a shard's host dies for `down_for_s`."""
+
+        kind: ClassVar[str] = "host_crash"
+        roles: ClassVar[tuple[str, ...]] = ("learner", "syncer")
+        length_field: ClassVar[str] = "down_for_s"
+        conflicts: ClassVar[dict[str, str]] = {"kill_unit": "the unit is already down",
+                                               "kill_syncer": "the shard is already down"}
+        down_for_s: float
+
+        def _check(self) -> None:
+            check_number(self, "down_for_s", "> 0 seconds", lambda v: v > 0)
+
+    yield HostCrash
+    del FAULT_KINDS["host_crash"]
+
+
+def test_a_kind_of_two_roles_targets_both_and_is_drawn_by_default(host_crash):
+    from diloco_chaos.faults.fields import FieldError
+    from diloco_chaos.faults.kinds import KillSyncer
+    from diloco_chaos.faults.schedule import ScheduleError, validate
+    from diloco_chaos.faults.strategies import drawn_kinds
+
+    on_learner, on_shard = host_crash("learner-1", 1.0, down_for_s=1.0), host_crash("syncer-1", 1.0, down_for_s=1.0)
+    assert (on_learner.role, on_shard.role) == ("learner", "syncer")
+    with pytest.raises(FieldError, match="learner-N, syncer-N"):
+        host_crash("link:*", 1.0, down_for_s=1.0)
+    with pytest.raises(ScheduleError, match="valid: learner-0..learner-2; syncer-0..syncer-1"):
+        validate([host_crash("syncer-2", 1.0, down_for_s=1.0)], SHAPE)
+    assert conflict(on_learner, KillUnit("learner-1", 1.5, down_for_s=1.0)) == "the unit is already down"
+    assert conflict(on_shard, KillSyncer("syncer-1", 1.5, down_for_s=1.0)) == "the shard is already down"
+    assert conflict(on_shard, KillUnit("learner-1", 1.5, down_for_s=1.0)) is None
+    assert fault_load([on_learner], SHAPE) == pytest.approx(1 / (3 * 6.5))
+    assert fault_load([on_shard], SHAPE) == pytest.approx(3 / (3 * 6.5))
+    assert drawn_kinds()[-1] == "host_crash"  # registered since, unranked: drawn, after the ranked kinds
+    drawn = []
+
+    @settings(max_examples=200, database=None, derandomize=True)
+    @given(faults(SHAPE))
+    def draw(g):
+        drawn.append(g)
+
+    draw()
+    assert {g.role for g in drawn if g.kind == "host_crash"} == {"learner", "syncer"}
+
+
+def test_a_kind_that_declares_one_role_as_kinds_once_did():
+    @dataclass(frozen=True)
+    class OldStyle(Fault):
+        """A shard fault written before kinds had `roles`."""
+
+        role: ClassVar[str] = "syncer"
+        duration_s: float
+
+    assert OldStyle.roles == ("syncer",) and OldStyle.role == "syncer"
+    assert OldStyle("syncer-0", 1.0, duration_s=2.0).role == "syncer"
+
+
+def test_the_strategies_sample_the_built_in_kinds_in_their_order():
+    """Hypothesis's choices are indices into this order: a change here changes every draw of
+    every property suite (and what they shrink toward), so it moves only on purpose."""
+    from diloco_chaos.faults.strategies import ALL_KINDS, KINDS
+
+    assert KINDS == ("wan", "slow_unit", "reset", "truncate", "partition", "pause_unit", "kill_slice",
+                     "kill_unit", "kill_syncer", "corrupt_checkpoint")
+    assert ALL_KINDS == KINDS + ("corrupt", "latency_spike", "disk_full", "disk_slow", "lost_writes", "preempt")

@@ -30,7 +30,7 @@ ONE_OF_EACH = [
 ]
 _TARGET_OF_ROLE = {"learner": "learner-1", "syncer": "syncer-0", "link": "link:learner-1"}
 # a kind added since (docs/ARCHITECTURE.md "Adding a fault kind"): its defaults make its example
-ONE_OF_EACH += [cls(_TARGET_OF_ROLE[cls.role], 1.0, **{cls.length_field: 2.0})
+ONE_OF_EACH += [cls(_TARGET_OF_ROLE[cls.roles[0]], 1.0, **{cls.length_field: 2.0})
                 for kind, cls in FAULT_KINDS.items() if kind not in {f.kind for f in ONE_OF_EACH}]
 UNITS = [f"learner-{i}" for i in range(4)]
 
