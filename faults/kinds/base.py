@@ -15,7 +15,7 @@ in one place, everything the kind means (docs/ARCHITECTURE.md "Adding a fault ki
   declares `toxics()`);
 - how the strategies draw it (`draw`, `fits`; whether they draw it unasked,
   `drawn_by_default`, and where among the kinds, `severity`), what it costs the fleet
-  (`learner_seconds`), which kinds it may not overlap with on one unit (`conflicts`),
+  (`learner_seconds`; at the paper's scale, `fleet_ddl` / `fleet_dp`), which kinds it may not overlap with on one unit (`conflicts`),
   whether its heal starts a new process (`restarts`: the run keeps warm spares for its
   role), whether its target is down while it lasts (`downs_target`), its colour on the report's timeline (`colour`), and its reference line (the
   class docstring's first sentence).
@@ -97,6 +97,25 @@ class Nemesis(Protocol):
     def strip(self, link: str, prefix: str) -> None: ...        # every toxic named prefix* off the link
     def shape_link(self, link: str, prefix: str, **profile) -> None: ...  # a WAN profile's toxics
     def base_profile(self, link: str) -> None: ...              # the scenario's [wan] profile back
+
+
+class FleetLedger(Protocol):
+    """What a kind's fleet price may use (harness/fleet/scenario.py provides one per policy):
+    the rules' figures, in seconds of the job, and the charges each policy's accounting knows,
+    each over [a, b). Decoupled DiLoCo's ledger is charged once per learner unit the fault
+    reaches (`charge`, `lost`, `slices_away`); data-parallel's once per fault (`stall`, `slowed`)."""
+
+    job_s: float      # the job's length: spans end there at the latest
+    boot_s: float     # a replacement's boot to its first step (a warm spare's, else a cold start's)
+    rejoin_s: float   # Decoupled DiLoCo: a restarted unit's first step to its first merged contribution
+    detect_s: float   # data-parallel: a death to its notice
+    horizon_s: float  # Decoupled DiLoCo: how long a cut unit's kept progress stays within max_staleness
+
+    def charge(self, bucket: str, a: float, b: float) -> None: ...  # the unit `dead`, `recovery` or `paused`
+    def lost(self, a: float, b: float, target: str) -> None: ...  # its steps reach no merge (behind `target`)
+    def slices_away(self, a: float, b: float, slices: int) -> None: ...  # chip time away, not learner time
+    def stall(self, a: float, b: float, restart: bool = False) -> None: ...  # every replica waits (and rolls back)
+    def slowed(self, a: float, b: float, speed: float) -> None: ...  # every replica held to one's speed
 
 
 @dataclass(frozen=True)
@@ -209,6 +228,24 @@ class Fault:
         if role == "link":
             return span * (shape.learners if LinkTarget.parse(self.target).every else 1)
         return span
+
+
+    # --- what the fleet model prices it at (harness/fleet/scenario.py) ------------------------
+    def fleet_ddl(self, fleet: FleetLedger, at: float, end: float) -> None:
+        """Its charges to one learner unit it reaches under Decoupled DiLoCo, active over [at,
+        end) of the job. Default: a cut link (`cuts_link`) longer than the staleness horizon
+        loses the unit's progress behind it (a shorter one's kept progress is merged when the
+        link returns); else nothing: no learner waits for a shard, and a thin link's progress
+        waits in the outbox."""
+        if self.cuts_link and end - at > fleet.horizon_s:
+            fleet.lost(at, end, self.target)
+
+    def fleet_dp(self, fleet: FleetLedger, at: float, end: float) -> None:
+        """Its charges to data-parallel without elasticity, where it reaches a learner: one
+        replica's stop stops all. Default: a cut link stalls every replica while it lasts (the
+        all-reduce cannot complete); else nothing."""
+        if self.cuts_link:
+            fleet.stall(at, end)
 
 
 def fault_from_dict(d: Mapping[str, Any]) -> Fault:

@@ -59,3 +59,10 @@ class Corrupt(Fault):
 
         return cls(target, at, duration_s=length, mode=draw(st.sampled_from(DRAWN_MODES)),
                    factor=draw(st.sampled_from(SDC_FACTORS)))
+
+    def fleet_ddl(self, fleet, at, end) -> None:
+        """The shards' guard drops its contributions: its steps reach no merge meanwhile."""
+        fleet.lost(at, end, self.target)
+
+    def fleet_dp(self, fleet, at, end) -> None:
+        """Not priced: corrupt gradients cost quality, not time."""

@@ -41,3 +41,10 @@ class KillSlice(Fault):
 
     def learner_seconds(self, span, shape) -> float:
         return span * self.slices / shape.slices
+
+    def fleet_ddl(self, fleet, at, end) -> None:
+        """The unit runs on its other slices: chip time away, no learner time."""
+        fleet.slices_away(at, end, self.slices)
+
+    def fleet_dp(self, fleet, at, end) -> None:
+        """Not priced."""

@@ -1,6 +1,7 @@
 """kill_unit: a learner unit dies and comes back after `down_for_s` (or never)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -46,3 +47,14 @@ class KillUnit(Fault):
 
         gone = never and draw(st.booleans())
         return cls(target, at, down_for_s=None if gone else length)
+
+    def fleet_ddl(self, fleet, at, end) -> None:
+        """Down for `down_for_s`, then a replacement boots; `rejoin_s` more to its first merge."""
+        back = fleet.job_s if self.down_for_s is None else min(fleet.job_s, at + self.down_for_s + fleet.boot_s)
+        fleet.charge("dead", at, back)
+        fleet.charge("recovery", back, min(fleet.job_s, back + fleet.rejoin_s))
+
+    def fleet_dp(self, fleet, at, end) -> None:
+        """Every member restarts when the dead one's replacement is up, from its checkpoint."""
+        down = math.inf if self.down_for_s is None else self.down_for_s
+        fleet.stall(at, min(fleet.job_s, at + fleet.detect_s + down + fleet.boot_s), restart=True)

@@ -28,3 +28,9 @@ class PauseUnit(Fault):
     def heal(self, nemesis, n, final) -> None:
         nemesis.control.resume(self.target)
         nemesis.emit("unit_up", self.target, reason="resumed")
+
+    def fleet_ddl(self, fleet, at, end) -> None:
+        fleet.charge("paused", at, end)
+
+    def fleet_dp(self, fleet, at, end) -> None:
+        fleet.stall(at, end)  # the all-reduce waits on the hung replica

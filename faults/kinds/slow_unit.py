@@ -45,3 +45,9 @@ class SlowUnit(Fault):
 
     def learner_seconds(self, span, shape) -> float:
         return span * (1 - self.speed)
+
+    def fleet_ddl(self, fleet, at, end) -> None:
+        """Fewer tokens, no idle time: nothing."""
+
+    def fleet_dp(self, fleet, at, end) -> None:
+        fleet.slowed(at, end, self.speed)  # the others wait on it

@@ -46,6 +46,8 @@ slow unit holds the others to its speed. A thin link and corrupt gradients are n
 priced for DP (its step time on a thin link is `bench wan`'s subject; corrupt gradients
 cost quality, not time).
 
+Each kind prices itself (faults/kinds/: `fleet_ddl`, `fleet_dp`, charging the ledgers
+below; a kind without a price of its own costs what its link cut does, else nothing).
 This module reads a scenario by duck typing (`cluster.learners/shards/slices/spares`,
 `schedule().faults`), so the fleet model still imports nothing of the cluster code.
 """
@@ -111,28 +113,40 @@ def staleness_horizon_s(scenario, pace: Pace) -> float:
     return d.max_staleness * d.sync_every * pace.step_s / (m - 1)
 
 
+class _DdlLedger:
+    """Decoupled DiLoCo's ledger (faults/kinds/base.py `FleetLedger`): a kind's `fleet_ddl`
+    charges it for one learner unit at a time, `unit`."""
+
+    def __init__(self, c, pace: Pace, horizon_s: float):
+        self.job_s, self.rejoin_s, self.detect_s, self.horizon_s = pace.job_s, pace.rejoin_s, pace.detect_s, horizon_s
+        self.boot_s = pace.boot_s if c.spares else pace.cold_boot_s
+        self.shards, self.slices, self.unit = c.shards, c.slices, 0
+        self.spans = {m: {b: [] for b in ("dead", "recovery", "paused")} for m in range(c.learners)}
+        self.cuts = {m: [] for m in range(c.learners)}  # (start, end, share of fragments)
+        self.slice_away = 0.0
+
+    def charge(self, bucket: str, a: float, b: float) -> None:
+        self.spans[self.unit][bucket].append((a, b))
+
+    def lost(self, a: float, b: float, target: str) -> None:
+        self.cuts[self.unit].append((a, b, _share(target, self.shards)))
+
+    def slices_away(self, a: float, b: float, slices: int) -> None:
+        self.slice_away += (b - a) * min(slices, self.slices) / self.slices
+
+
 def predict_ddl(scenario, pace: Pace) -> dict:
     """Decoupled DiLoCo on the scenario's drawn faults: goodput and badput (shares of M x job_s)."""
     c, T = scenario.cluster, pace.job_s
     horizon = staleness_horizon_s(scenario, pace)
     names = [f"learner-{i}" for i in range(c.learners)]
-    boot = pace.boot_s if c.spares else pace.cold_boot_s
-    spans = {m: {b: [] for b in ("dead", "recovery", "paused")} for m in range(c.learners)}
-    cuts = {m: [] for m in range(c.learners)}  # (start, end, share of fragments)
-    slice_away = 0.0
+    ledger = _DdlLedger(c, pace, horizon)
     for f in scenario.schedule().faults:
         at = min(f.at_s, T)
         for m in _learner_index(f.target, names):
-            if f.kind == "kill_unit":
-                back = T if f.down_for_s is None else min(T, at + f.down_for_s + boot)
-                spans[m]["dead"].append((at, back))
-                spans[m]["recovery"].append((back, min(T, back + pace.rejoin_s)))
-            elif f.kind == "pause_unit":
-                spans[m]["paused"].append((at, _end(f, T)))
-            elif f.kind == "corrupt" or (getattr(f, "cuts_link", False) and _end(f, T) - at > horizon):
-                cuts[m].append((at, _end(f, T), _share(f.target, c.shards)))
-            elif f.kind == "kill_slice":
-                slice_away += (_end(f, T) - at) * min(f.slices, c.slices) / c.slices
+            ledger.unit = m
+            f.fleet_ddl(ledger, at, _end(f, T))
+    spans, cuts = ledger.spans, ledger.cuts
     total = {b: 0.0 for b in BUCKETS}
     for m in range(c.learners):
         taken: list = []
@@ -147,28 +161,39 @@ def predict_ddl(scenario, pace: Pace) -> dict:
     allocated = c.learners * T
     badput = {b: v / allocated for b, v in total.items()}
     return {"goodput": 1.0 - sum(badput.values()), "badput": badput,
-            "slice_away_share": slice_away / allocated, "staleness_horizon_s": None if math.isinf(horizon) else horizon}
+            "slice_away_share": ledger.slice_away / allocated,
+            "staleness_horizon_s": None if math.isinf(horizon) else horizon}
+
+
+class _DpLedger:
+    """Data-parallel's ledger (faults/kinds/base.py `FleetLedger`): a kind's `fleet_dp`
+    charges it once per fault that reaches a learner."""
+
+    def __init__(self, c, pace: Pace):
+        self.job_s, self.rejoin_s, self.detect_s, self.horizon_s = pace.job_s, pace.rejoin_s, pace.detect_s, math.inf
+        # every member restarts at once: warm only if the spare pool can take every identity,
+        # else the job waits for a cold start
+        self.boot_s = pace.boot_s if c.spares and c.learners <= getattr(c, "spare_pool", 1) else pace.cold_boot_s
+        self.stalls, self.restarts, self.slows = [], [], []
+
+    def stall(self, a: float, b: float, restart: bool = False) -> None:
+        self.stalls.append((a, b))
+        if restart:
+            self.restarts.append(a)
+
+    def slowed(self, a: float, b: float, speed: float) -> None:
+        self.slows.append((a, b, speed))
 
 
 def predict_dp(scenario, pace: Pace) -> dict:
     """Data-parallel (no elasticity) on the same draw: one replica's fault stops all M."""
     c, T = scenario.cluster, pace.job_s
     names = [f"learner-{i}" for i in range(c.learners)]
-    # every member restarts at once: warm only if the spare pool can take every identity,
-    # else the job waits for a cold start
-    boot = pace.boot_s if c.spares and c.learners <= getattr(c, "spare_pool", 1) else pace.cold_boot_s
-    stalls, restarts = [], []
+    ledger = _DpLedger(c, pace)
     for f in scenario.schedule().faults:
-        at = min(f.at_s, T)
-        if not _learner_index(f.target, names):
-            continue
-        if f.kind == "kill_unit":  # every member restarts when the dead one's replacement is up
-            down = math.inf if f.down_for_s is None else f.down_for_s
-            stalls.append((at, min(T, at + pace.detect_s + down + boot)))
-            restarts.append(at)
-        elif f.kind == "pause_unit" or getattr(f, "cuts_link", False):
-            stalls.append((at, _end(f, T)))
-    stopped = norm(stalls)
+        if _learner_index(f.target, names):
+            f.fleet_dp(ledger, min(f.at_s, T), _end(f, T))
+    stopped, restarts = norm(ledger.stalls), ledger.restarts
     # the rollback (the fleet model's rule): a restart loses what ran since the last
     # checkpoint, one every checkpoint_every_s of running; a wait loses nothing
     rolled, up_from = 0.0, 0.0
@@ -178,9 +203,7 @@ def predict_dp(scenario, pace: Pace) -> dict:
             rolled += up - math.floor(up / pace.checkpoint_every_s) * pace.checkpoint_every_s
         up_from = b
     # a slow replica holds the others to its speed: they wait (1 - speed) of its span
-    slow = sum(measure(minus([(min(f.at_s, T), _end(f, T))], stopped)) * (1 - f.speed)
-               for f in scenario.schedule().faults
-               if f.kind == "slow_unit" and _learner_index(f.target, names))
+    slow = sum(measure(minus([(a, b)], stopped)) * (1 - speed) for a, b, speed in ledger.slows)
     allocated = c.learners * T
     running = T - measure(stopped)
     badput = {"dead": measure(stopped) * c.learners / allocated, "rolled_back": rolled * c.learners / allocated,
