@@ -37,7 +37,10 @@ sent_step). Rules:
   flight τ steps; dp / elastic_dp block from `grads_ready` until every GradMean is in.
 - bounded staleness (decoupled; docs/PROTOCOL.md "Bounded staleness"): p is contributed
   only once the shard has answered its last contribution of p (any update of p taken
-  since: the answer to it, a fetch, a re-anchor after a stale drop). A turn that comes
+  since: the answer to it, a fetch, a re-anchor after a stale drop). Progress kept across
+  a take is thrown away (`discard why=stale`) once the take's version is more than
+  max_staleness past the copy its oldest step was made on (`anchor_version`): a starved
+  link's answer 150 versions on would otherwise send it as a fresh Δ. A turn that comes
   while p is unanswered is skipped (`drop reason=unanswered`); its steps go on with the
   next Δ, which the answer's overwrite cuts short (counters restart). So every piece of
   local progress is in at most one Δ: each Δ covers the steps from the take of its base
@@ -125,7 +128,7 @@ class LearnerCore(LearnerDP, LearnerClose):
         n = len(self.config.owners)
         return LearnerState(params=params, base=tuple(list(self.math.get_fragment(params, p)) for p in range(n)),
                             base_version=(0,) * n, c_steps=(0,) * n, c_tokens=(0,) * n, anchor_step=(0,) * n,
-                            sent_from=(None,) * n)
+                            anchor_version=(0,) * n, sent_from=(None,) * n)
 
     @staticmethod
     def params(state: LearnerState):
@@ -311,7 +314,14 @@ class LearnerCore(LearnerDP, LearnerClose):
         restart = unmoved and version - state.base_version[p] <= self.config.keep_gap + RESTART_GAP
         stale_cut = p in state.cut and version > state.base_version[p] and not restart
         kept = fetch and not stale_cut and self._keeps_on_fetch(state, p, version, restart)
-        overwrite = (fetch and not kept) or stale_cut
+        # progress whose oldest step was made on a copy more than max_staleness versions behind
+        # this Θ[p]: kept, it would go out as a fresh Δ of `version` (a starved link's answer
+        # 150 versions on: staleness laundered), and sent with its true base the shard drops it
+        # (planted `keep_stale_progress`: the rule left out, as before 2026-11-30)
+        too_stale = (self.config.keep_local and self.config.max_staleness > 0 and state.c_steps[p] > 0
+                     and version - state.anchor_version[p] > self.config.max_staleness
+                     and "keep_stale_progress" not in self.config.bugs)
+        overwrite = (fetch and not kept) or stale_cut or too_stale
         if self.config.keep_local and not overwrite:
             # the progress made since p was last contributed (or last taken) is in no Δ yet:
             # it moves onto the new Θ[p] instead of being overwritten
@@ -336,7 +346,8 @@ class LearnerCore(LearnerDP, LearnerClose):
                         base=_put(state.base, p, glob), base_version=_put(state.base_version, p, version),
                         awaiting=state.awaiting - {p})
         if overwrite or not self.config.keep_local:  # kept progress still counts from the last send
-            state = replace(state, anchor_step=_put(state.anchor_step, p, state.step))
+            state = replace(state, anchor_step=_put(state.anchor_step, p, state.step),
+                            anchor_version=_put(state.anchor_version, p, version))
         if fetch:
             state = replace(state, skipped=state.skipped - {p})
         logs = sent
@@ -348,7 +359,7 @@ class LearnerCore(LearnerDP, LearnerClose):
             if state.c_tokens[p]:  # the token-fate ledger's "superseded" (harness/judging/ledger.py)
                 logs = logs + [Log("discard", {"fragment": p, "step": state.step, "steps": state.c_steps[p],
                                                "tokens": state.c_tokens[p], "version": version,
-                                               "why": "fetch" if fetch else "overwritten"})]
+                                               "why": "stale" if too_stale else "fetch" if fetch else "overwritten"})]
             state = replace(state, skipped=state.skipped - {p})
             state = replace(state, c_steps=_put(state.c_steps, p, 0), c_tokens=_put(state.c_tokens, p, 0))
         if fetch and not state.awaiting and not state.phased and self.config.incarnation >= 1:
@@ -477,7 +488,8 @@ class LearnerCore(LearnerDP, LearnerClose):
         if (self.config.keep_local or "resend_drift" in self.config.bugs) and "cumulative_delta" not in self.config.bugs:
             # what follows this send is the next Δ's (the bugs measure every Δ from base[p];
             # resend_drift still says the next Δ starts here)
-            state = replace(state, anchor_step=_put(state.anchor_step, p, state.step))
+            state = replace(state, anchor_step=_put(state.anchor_step, p, state.step),
+                            anchor_version=_put(state.anchor_version, p, state.base_version[p]))
         return state, logs
 
     def _starved(self, state: LearnerState, shard: str):

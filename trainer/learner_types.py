@@ -24,6 +24,9 @@ class LearnerConfig:
     keep_local: bool = False    # DiLoCo modes: an update keeps the local progress not yet contributed
     keep_on_fetch: bool = False  # keep_local: so does a fetch, when its version is ≤ keep_gap ahead
     keep_gap: int = 0           # versions (0: any)
+    # keep_local: progress whose oldest step was made on a copy more than this many versions
+    # behind the Θ[p] taken is thrown away, not kept (the shard would drop it as stale; 0: no bound)
+    max_staleness: int = 0
     align: bool = False         # decoupled: join a round a RoundOpen announces (docs/PROTOCOL.md "Aligned rounds")
     bugs: frozenset = frozenset()
 
@@ -37,6 +40,8 @@ class LearnerConfig:
             raise ValueError(f"LearnerConfig.owners must name a shard per fragment, got {self.owners}")
         if self.mode == "sync_diloco" and len(self.owners) != 1:
             raise ValueError(f"LearnerConfig: sync_diloco syncs the whole model, P must be 1, got {len(self.owners)}")
+        if self.max_staleness < 0:
+            raise ValueError(f"LearnerConfig.max_staleness must be ≥ 0, got {self.max_staleness}")
         if self.starve_cycles < 0:
             raise ValueError(f"LearnerConfig.starve_cycles must be ≥ 0, got {self.starve_cycles}")
         if self.tau < 0 or not 0 <= self.alpha < 1:  # α = 1 would never take Θ
@@ -104,6 +109,8 @@ class LearnerState:
     deferred: frozenset = frozenset()               # streaming: due while awaiting a fetch, sent after it
     phased: bool = False                            # a restarted streaming unit's phase is set
     anchor_step: tuple = ()                         # per p: the step at which base[p] was taken
+    anchor_version: tuple = ()                      # per p: the copy's version at anchor_step (what the
+                                                    # oldest step not yet contributed was made on)
     skipped: frozenset = frozenset()                # decoupled: p's turn came while p was unanswered
     cut: frozenset = frozenset()                    # decoupled: p's link broke; its fetch keeps nothing
     heard: dict = field(default_factory=dict)       # shard -> step of the last message from it

@@ -43,7 +43,7 @@ SYNCER_BUGS = frozenset({"merge_twice", "stale_as_fresh", "ignore_quorum", "rela
 LEARNER_BUGS = frozenset({"rejoin_without_fetch", "rejoin_out_of_phase", "cumulative_delta", "unbounded_outbox",
                           "count_discarded", "resend_drift", "rejoin_reads_in_flight", "roundopen_heard",
                           "keep_sent_progress", "fetch_discards", "batch_of_incarnation",
-                          "batch_off_by_one", "starve_backoff_doubling"})
+                          "batch_off_by_one", "starve_backoff_doubling", "keep_stale_progress"})
 BUGS = SYNCER_BUGS | LEARNER_BUGS
 
 

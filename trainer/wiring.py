@@ -186,7 +186,8 @@ def learner_config(cfg: RunConfig, topology: dict, learner: str, incarnation: in
                          owners=[own[p] for p in range(cfg.n_fragments)],
                          mode=d.mode, tau=d.overlap, alpha=d.mixing, starve_cycles=d.starve_cycles,
                          keep_local=d.keep_local and d.mode in DILOCO_MODES, keep_on_fetch=d.keep_on_fetch,
-                         keep_gap=KEEP_GAP, align=d.align and d.mode == "decoupled", bugs=bugs)
+                         keep_gap=KEEP_GAP, max_staleness=d.max_staleness,
+                         align=d.align and d.mode == "decoupled", bugs=bugs)
 
 
 def syncer_config(cfg: RunConfig, topology: dict, shard: str, bugs: frozenset = frozenset()) -> SyncerConfig:

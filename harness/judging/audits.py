@@ -2,6 +2,9 @@
 own arithmetic (harness/judging/spec.py), never the trainer's.
 
 - weights_match_staleness  every merge's staleness (version − 1 − base) and weight, recomputed
+- progress_staleness_bounded every inner step a merged Δ holds was made on a copy of Θ[p] at
+                           most 2·max_staleness versions older than the merge (the learner's
+                           copy and step lines, not the Δ's claimed base)
 - quorum_respected         every decoupled round merged ≥ K contributions
 - grace_respected          a round that committed before its grace ended merged every learner the
                            shard counted live and not closed
@@ -69,21 +72,59 @@ def claimed_bases(log: EventLog) -> dict:
     a sum of Δs is as stale as its oldest part)."""
     inc: dict[str, int] = {}
     own: dict[tuple, int] = {}
-    into: dict[tuple, list] = defaultdict(list)
     for e in log.events:
         if is_process_up(e):
             inc[e["src"]] = int(e["incarnation"])
         elif e["kind"] == "contribute" and e["src"] in inc:
             own[(e["src"], inc[e["src"]], e["fragment"], e["seq"])] = int(e["base_version"])
-        elif e["kind"] == "drop" and e.get("reason") == "combined" and "by_seq" in e:
+    return _oldest_of_combined(log, own)
+
+
+def _oldest_of_combined(log: EventLog, own: dict) -> dict:
+    """`own` (a version per Δ key) lowered, for each Δ, to the least over the Δs combined into
+    it (`drop reason=combined` lines, the learner's outbox's and the shard's)."""
+    into: dict[tuple, list] = defaultdict(list)
+    for e in log.of("drop"):
+        if e.get("reason") == "combined" and "by_seq" in e:
             key = (e["learner"], e["incarnation"], e["fragment"])
             into[key + (e["by_seq"],)].append(key + (e["seq"],))
 
-    def base(key, depth=0):
-        parts = [own.get(key)] + ([base(k, depth + 1) for k in into.get(key, ())] if depth < 64 else [])
+    def least(key, depth=0):
+        parts = [own.get(key)] + ([least(k, depth + 1) for k in into.get(key, ())] if depth < 64 else [])
         parts = [b for b in parts if b is not None]
         return min(parts) if parts else None
-    return {k: b for k in set(own) | set(into) if (b := base(k)) is not None}
+    return {k: b for k in set(own) | set(into) if (b := least(k)) is not None}
+
+
+def made_on(log: EventLog) -> dict:
+    """(learner, incarnation, fragment, seq) -> the oldest version of the learner's copy of Θ[p]
+    that any inner step the Δ claims was made on (None where a claimed step came before the
+    life's first copy of p: a restored θ, not judged). From the learner's `copy` lines (each
+    take of Θ[p], whose digest copies_consistent holds to the shard's) and `step` lines, in
+    the order the learner wrote them: a copy taken after step k's line is what steps k + 1, …
+    were made on. Not the `contribute` line's base: a Δ can claim a newer base than its
+    oldest steps were made on (progress kept across takes), and that is what this measures."""
+    own: dict[tuple, int | None] = {}
+    for learner in learner_names(log):
+        inc, step, copies = 0, 0, defaultdict(list)  # copies[p]: [(first step made on it, version)]
+        for e in log.events:
+            if e["src"] != learner:
+                continue
+            kind = e["kind"]
+            if is_process_up(e):
+                inc, step, copies = int(e["incarnation"]), int(e.get("step") or 0), defaultdict(list)
+            elif kind == "step":
+                step = int(e["step"])
+            elif kind == "copy":
+                copies[int(e["fragment"])].append((step + 1, int(e["version"])))
+            elif kind == "contribute" and int(e["to_step"]) > int(e["from_step"]):
+                p, first, last = int(e["fragment"]), int(e["from_step"]) + 1, int(e["to_step"])
+                held = [v for s, v in copies[p] if s <= first]
+                versions = [v for s, v in copies[p] if first < s <= last] + held[-1:]
+                own[(learner, inc, p, e["seq"])] = min(versions) if held else None
+    unknown = {k for k, v in own.items() if v is None}
+    lowered = _oldest_of_combined(log, {k: v for k, v in own.items() if v is not None})
+    return {**lowered, **{k: None for k in unknown}}
 
 
 def weights_match_staleness(log: EventLog) -> Result:
@@ -114,6 +155,42 @@ def weights_match_staleness(log: EventLog) -> Result:
                         "weight": e["weight"], "expected": want})
     return Result("weights_match_staleness", not bad, len(bad), 0,
                   {"violations": bad[:SHOW], "merges": n, "without_contribute_line": unclaimed})
+
+
+def progress_staleness_bounded(log: EventLog) -> Result:
+    """Every inner step a merged Δ holds was made on a copy of Θ[p] at most 2·max_staleness
+    versions before the version the merge built on (`made_on`: the learner's copy and step
+    lines, not its contribute line's base). The shard drops a Δ whose claimed base is more
+    than max_staleness behind; a learner keeps progress across a take only while the copy
+    its oldest step was made on is at most max_staleness behind the version taken (docs/
+    PROTOCOL.md "Bounded staleness"): together, 2·max_staleness. Progress made on a copy
+    150 versions old and sent as a fresh Δ (staleness laundered through a re-anchor) fails."""
+    name = "progress_staleness_bounded"
+    if na := _not_applicable(name, log):
+        return na
+    bound = 2 * int(log.config["diloco"].get("max_staleness") or 0)
+    if not bound:
+        return Result(name, True, 0, 0, {"why": "max_staleness 0: no bound to hold"})
+    made, bad, n, unjudged = made_on(log), [], 0, 0
+    for e in log.of("merge"):
+        v = made.get((e["learner"], e["incarnation"], e["fragment"], e["seq"]))
+        if v is None:
+            unjudged += 1
+            continue
+        n += 1
+        if e["version"] - 1 - v > bound:
+            bad.append({"shard": e["src"], "learner": e["learner"], "seq": e["seq"], "fragment": e["fragment"],
+                        "version": e["version"], "claimed_base": e["base_version"], "made_on": v,
+                        "why": f"merged into version {e['version'] - 1} with steps made on a copy of version "
+                               f"{v}: {e['version'] - 1 - v} versions stale, bound {bound}"})
+    if not n and (unjudged or log.of("merge")):
+        return Result(name, None, None, bound, {"why": "no merged Δ's steps have copy lines to judge them by",
+                                                "unjudged": unjudged})
+    return Result(name, not bad, len(bad), bound, {"violations": bad[:SHOW], "merges": n, "unjudged": unjudged,
+                                                   "worst": max((e["version"] - 1 - made[(e["learner"], e["incarnation"], e["fragment"], e["seq"])]
+                                                                 for e in log.of("merge")
+                                                                 if made.get((e["learner"], e["incarnation"], e["fragment"], e["seq"])) is not None),
+                                                                default=0)})
 
 
 def quorum_k(log: EventLog) -> int:
@@ -596,6 +673,6 @@ def deltas_reexecuted(log: EventLog) -> Result:
 
 def audit_checks(log: EventLog) -> list[Result]:
     return [weights_match_staleness(log), quorum_respected(log), grace_respected(log), commits_audited(log),
-            copies_consistent(log),
+            copies_consistent(log), progress_staleness_bounded(log),
             deltas_reexecuted(log), inner_steps_reexecuted(log), guard_decisions(log), restores_faithful(log),
             committed_rounds_kept(log), membership_follows_links(log), starved_learners_reanchor(log)]

@@ -71,7 +71,9 @@ CATALOGUE: dict[str, Planted] = {
         "learner", "a starved learner's wait doubles with every unanswered Hello (2 ** tries), not once: a long "
         "silence is asked about later and later", "starved_learners_reanchor",
         "the learner's own recv, send and step lines (never its starved lines)",
-        f"{SIM_FILE}test_a_starved_learner_asks_again_at_the_documented_pace[starve_backoff_doubling]", None),
+        f"{SIM_FILE}test_a_starved_learner_asks_again_at_the_documented_pace[starve_backoff_doubling]",
+        "suites/cluster/test_planted_learner_bugs_cluster.py::"
+        "test_a_starved_learner_asks_again_at_the_documented_pace_on_real_processes[starve_backoff_doubling]"),
     "guard_remembers_whole": Planted(
         "syncer", "the guard remembers each accepted Δ's whole size, not its size per inner step: its bound "
         "grows about H-fold and a ×30-×180 corruption passes it", "guard_decisions",
@@ -91,6 +93,14 @@ CATALOGUE: dict[str, Planted] = {
         "contribute line's, lowered to the oldest of the Δs the shard's `combined` drop lines name",
         f"{SIM_BUGS}[combine_newer_base]",
         f"{CLUSTER}test_a_shard_that_combines_with_the_newer_base_is_seen_on_real_processes[combine_newer_base]"),
+    "keep_stale_progress": Planted(
+        "learner", "a take keeps the progress not yet contributed however far the new Θ[p] is past the copy "
+        "its oldest step was made on: a learner paused or starved past max_staleness sends steps made on a "
+        "copy tens of versions old as a fresh Δ of the version it resumes on (staleness laundered)",
+        "progress_staleness_bounded", "not the Δ's claimed base: the version each claimed inner step was made on, "
+        "from the learner's copy lines (whose digests copies_consistent holds to the shard's) and step lines",
+        f"{SIM_BUGS}[keep_stale_progress]",
+        f"{CLUSTER}test_progress_kept_past_the_staleness_bound_is_seen_on_real_processes[keep_stale_progress]"),
     "batch_of_incarnation": Planted(
         "learner", "a learner draws its batches by its incarnation's own step count: a restart from a "
         "checkpoint trains on its first batches again (the data stream restarts)",
@@ -98,7 +108,8 @@ CATALOGUE: dict[str, Planted] = {
         "sampled step (its inner_audit line: θ and the Adam state before, the result after) by the global step "
         "and redoes the step in its own arithmetic",
         f"{SIM_BUGS}[batch_of_incarnation]",
-        None),
+        "suites/cluster/test_planted_learner_bugs_cluster.py::"
+        "test_a_restarted_learner_that_restarts_its_data_stream_is_seen_on_real_processes[batch_of_incarnation]"),
     "batch_off_by_one": Planted(
         "learner", "every inner step draws the next step's batch (1-based steps taken for 0-based)",
         "inner_steps_reexecuted", "independent of the unit's choice of batch (as batch_of_incarnation)",
@@ -283,6 +294,7 @@ PROOFS: dict[str, tuple[Proof, ...]] = {
     "fetched_before_contributing": (_main("rejoin_without_fetch"),),
     "commits_audited": (_main("drop_last_delta"),),
     "copies_consistent": (_main("held_as_exact"),),
+    "progress_staleness_bounded": (_main("keep_stale_progress"),),
     "deltas_reexecuted": (_main("keep_sent_progress"),),
     "inner_steps_reexecuted": (_main("batch_off_by_one"), _main("batch_of_incarnation")),
     "guard_decisions": (_main("guard_ignores_steps"), _main("guard_remembers_whole")),

@@ -345,6 +345,29 @@ def test_a_shard_that_combines_with_the_newer_base_is_seen_on_real_processes(bug
     assert by["weights_match_staleness"]["valid"] is (not bugs), (by["weights_match_staleness"], str(result.run_dir))
 
 
+# the control (without the bug the same run holds it) runs in `make nightly`
+@pytest.mark.parametrize("bugs", ["keep_stale_progress", pytest.param("", marks=pytest.mark.nightly)])
+def test_progress_kept_past_the_staleness_bound_is_seen_on_real_processes(bugs, tmp_path, monkeypatch):
+    """The property base on processes, max_staleness 4, learner-2 paused 2 s mid-run while the
+    other two go on committing (tens of versions). Correct, the steps it made before the pause
+    on a copy now far behind are thrown when it resumes and takes the new Θ[p] (`discard
+    why=stale`). With the bug they move onto that Θ[p] and go out as a fresh Δ (staleness 0-1
+    by its claimed base): progress_staleness_bounded, which reads the version each claimed step
+    was made on from the learner's copy and step lines, names those merges."""
+    monkeypatch.setenv(BUGS_ENV, bugs)
+    s = {**PROPERTY_BASE, "name": "stale-progress",
+         "train": {**PROPERTY_BASE["train"], "max_staleness": 4, "steps": 400},
+         "faults": [{"kind": "pause_unit", "target": "learner-2", "at": "2s", "duration": "2s"}]}
+    result = runner.run_scenario(scenario_from_dict(s), tmp_path, live=False)
+    assert result.summary["faults_applied"] == 1, result.summary
+    by = {c["name"]: c for c in result.summary["checks"]}
+    log = eventlog.read(result.run_dir)
+    stale = [e for e in log.of("discard", src="learner-2") if e.get("why") == "stale"]
+    assert by["progress_staleness_bounded"]["valid"] is (not bugs), (by["progress_staleness_bounded"],
+                                                                     str(result.run_dir))
+    assert bool(stale) is (not bugs), stale  # the rule fired (correct) or was left out (the bug)
+
+
 @pytest.mark.parametrize("bugs", [pytest.param("roundopen_heard", marks=pytest.mark.nightly)])  # CI: its sim twin
 def test_a_learner_that_takes_round_openings_for_answers_never_reanchors_on_real_processes(bugs, tmp_path,
                                                                                         monkeypatch):

@@ -26,6 +26,7 @@ finds; and the same schedule passes without the bug, so it is the bug that is ca
 | combine_newer_base   | safety: weights_match_staleness (the learners' bases) | decoupled, K = 2, a round that waits |
 | commit_by_count      | grace_respected                                     | decoupled (a round with a closed learner's Δ) |
 | guard_remembers_whole | safety: guard_decisions (its remembered sizes)     | decoupled (always on) |
+| keep_stale_progress  | safety: progress_staleness_bounded                  | decoupled, max_staleness 4, a pause |
 
 Where a bug also proves an `[expect]` check, the same found schedule is judged by it
 (EXPECT_TOO): it fails with the bug and holds without. uptime_min by the out-of-phase
@@ -109,6 +110,9 @@ BUGS = {  # bug -> (property, [train] settings, fault kinds, what the failure na
     "guard_remembers_whole": (safety, {}, KINDS, "guard_decisions"),
     # a shard sums two Δs of one learner in one open round only while the round waits (K = 2 of 3)
     "combine_newer_base": (safety, {"quorum": 2}, ("partition", "pause_unit"), "weights_match_staleness"),
+    # a learner paused past max_staleness (4 here: the base's 60 steps make ~30 versions) keeps
+    # the steps it made before the pause and sends them as a fresh Δ of the version it resumes on
+    "keep_stale_progress": (safety, {"max_staleness": 4}, ("pause_unit", "slow_unit"), "progress_staleness_bounded"),
 }
 # [expect] checks the same found schedule proves (bound: fails with the bug, holds without;
 # measured: uptime 0.08 vs 0.56 (streaming stops while a unit is down, by design; on

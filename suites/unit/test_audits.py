@@ -246,3 +246,32 @@ def test_a_combined_delta_is_as_stale_as_its_oldest_part():
     good, bad = audits.weights_match_staleness(log(0)), audits.weights_match_staleness(log(1))
     assert good.valid is True and good.details["without_contribute_line"] == 0, good.to_dict()
     assert bad.valid is False and bad.details["violations"][0]["claimed_base"] == 0, bad.to_dict()
+
+
+def test_progress_made_on_an_old_copy_is_as_stale_as_that_copy():
+    """max_staleness 2 (bound 2 × 2 = 4). learner-0 holds Θ[0] at version 1, steps 1-3, and
+    takes version 7 after step 3 (a starved link's answer); it steps 4-5 and sends steps 0 → 5
+    claiming base 7. Merged at version 8 (into 7): steps 1-3 were made on version 1, 6 versions
+    before: stale beyond 4, whatever the claimed base says (staleness 0). A learner that threw
+    steps 1-3 away (its Δ claims 3 → 5 only) holds the bound; so does a take of version 4
+    (3 versions: within the bound)."""
+    def log(from_step=0, taken=7):
+        b = _config(LogBuilder(), max_staleness=2)
+        b.up(0.0, "learner-0").add(0.1, "learner-0", "copy", fragment=0, version=1, digest="a", via="whole")
+        for s in (1, 2, 3):
+            b.step(float(s), "learner-0", s)
+        b.add(3.5, "learner-0", "copy", fragment=0, version=taken, digest="b", via="whole")
+        b.step(4.0, "learner-0", 4).step(5.0, "learner-0", 5)
+        b.contribute(5.5, "learner-0", 1, from_step, 5, base_version=taken)
+        b.add(6.0, "syncer-0", "merge", fragment=0, version=taken + 1, learner="learner-0", incarnation=0, seq=1,
+              base_version=taken, staleness=0, weight=1.0, c_steps=5 - from_step, c_tokens=100)
+        return b.log()
+
+    assert audits.made_on(log())[("learner-0", 0, 0, 1)] == 1
+    bad = audits.progress_staleness_bounded(log())
+    assert bad.valid is False and bad.details["violations"][0]["made_on"] == 1, bad.to_dict()
+    assert bad.details["violations"][0]["claimed_base"] == 7 and bad.bound == 4
+    thrown = audits.progress_staleness_bounded(log(from_step=3))
+    assert thrown.valid is True and thrown.details["worst"] == 0, thrown.to_dict()
+    near = audits.progress_staleness_bounded(log(taken=4))
+    assert near.valid is True and near.details["worst"] == 3, near.to_dict()

@@ -328,7 +328,7 @@ def test_safety_checks_list():
     assert names == ["merged_at_most_once", "progress_merged_once", "delta_bases_advance", "versions_monotonic", "no_nan",
                      "durable_rounds_kept", "no_global_downtime", "global_loss_regression", "link_buffers_bounded",
                      "tokens_conserved", "weights_match_staleness", "quorum_respected", "grace_respected", "commits_audited",
-                     "copies_consistent", "deltas_reexecuted", "inner_steps_reexecuted", "guard_decisions", "restores_faithful", "committed_rounds_kept",
+                     "copies_consistent", "progress_staleness_bounded", "deltas_reexecuted", "inner_steps_reexecuted", "guard_decisions", "restores_faithful", "committed_rounds_kept",
                      "membership_follows_links", "starved_learners_reanchor", "checkpoint_integrity",
                      "restore_latest_intact"]
     assert [r.name for r in checks.safety_checks(log, max_staleness=4)][-1] == "staleness_bounded"

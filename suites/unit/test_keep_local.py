@@ -176,6 +176,33 @@ def test_a_fetch_keeps_the_progress_within_the_staleness_bound(keep, version, ke
     assert d == (-4.0 if kept else -2.0) and logs[0]["from_step"] == (2 if kept else 4)
 
 
+@pytest.mark.parametrize("bugs,version,kept", [((), 17, True), ((), 18, False),
+                                              (("keep_stale_progress",), 18, True)])
+def test_an_answer_far_past_the_progress_base_throws_it_as_stale(bugs, version, kept):
+    """max_staleness 16. The Δ sent at step 2 from version 1; steps 3-4 are made on that copy.
+    The answer comes at `version` (a starved link's, after other learners' rounds): at 17 (16
+    past the copy) steps 3-4 move onto it (θ = 10 + (4 − 2) = 12); at 18 they are 17 versions
+    stale and are thrown (`discard why=stale`, θ = 10), where keeping them would send them as
+    a fresh Δ of version 18. Planted `keep_stale_progress` keeps them."""
+    core = LearnerCore(LearnerConfig("A", 0, ("s0",), keep_local=True, max_staleness=16, bugs=frozenset(bugs)),
+                       learner_math(2, 1))
+    s, _ = core.start(core.init([arr(0.0)]), 0.0)
+    s, _ = core.receive(s, 0.0, "s0", FragmentUpdate(0, 1, True, [arr(0.0)]))
+    for x in (1.0, 2.0, 3.0, 4.0):
+        s, _, _ = _step(core, s, x)        # Δ from version 1 at step 2; step 4 due, unanswered
+    s, acts = core.receive(s, 0.0, "s0", FragmentUpdate(0, version, False, [arr(10.0)]))
+    discards = [a.fields for a in acts if isinstance(a, Log) and a.kind == "discard"]
+    assert float(s.params[0][0]) == (12.0 if kept else 10.0)
+    assert discards == ([] if kept else [{"fragment": 0, "step": 4, "steps": 2, "tokens": 20, "version": version,
+                                          "why": "stale"}])
+    assert s.anchor_version[0] == (1 if kept else version)
+    s, _, _ = _step(core, s, float(s.params[0][0]) + 1)
+    s, d, logs = _step(core, s, float(s.params[0][0]) + 1)   # step 6: due
+    # kept: Δ = 10 − 14 = −4, steps 3-6 claimed from version `version`; thrown: −2, steps 5-6
+    assert d == (-4.0 if kept else -2.0)
+    assert logs[0]["from_step"] == (2 if kept else 4) and logs[0]["base_version"] == version
+
+
 def test_share_by_merged_counts_the_learners_a_round_merged():
     """K = 1, 4 live, a round of two (grace window long enough): Δ = 4 and 0, token-weighted
     mean 2. share_by "quorum": Θ ← 0 − 1 · (1/4) · 2 = −0.5; "merged": × 2/4 → −1."""

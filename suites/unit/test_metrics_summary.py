@@ -139,5 +139,6 @@ def test_real_fault_free_sample():
         "restores_faithful": True, "committed_rounds_kept": True,  # (no shard restarted)
         "membership_follows_links": None,  # (no live sets on its round_commit lines)
         "starved_learners_reanchor": True,
+        "progress_staleness_bounded": True,  # (no max_staleness in that version's config: no bound)
         "checkpoint_integrity": True, "restore_latest_intact": True}  # (no checkpoint damaged, no shard killed)
     assert m.badput_s["stale"] == 0
