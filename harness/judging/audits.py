@@ -595,19 +595,32 @@ def _claims(log: EventLog) -> tuple[dict, set, int]:
                 elif e["kind"] == "corrupt":
                     corrupt.add((learner, inc, e["seq"]))
     # a combine (a learner's outbox, or a shard holding two unmerged Δs of one learner) sends
-    # or merges old + new under the new seq (trainer/wiring.py logged_combiner, combine)
+    # or merges old + new under the new seq (trainer/wiring.py logged_combiner, combine); one Δ
+    # can take several: the outbox's (seq 136 into 138) and then the shard's (133 into 138)
     for e in log.of("drop"):
         if e.get("reason") == "combined" and "by_seq" in e:
-            combined[(e["learner"], e["incarnation"], e["by_seq"])] = (e["learner"], e["incarnation"], e["seq"])
+            combined.setdefault((e["learner"], e["incarnation"], e["by_seq"]), []).append(
+                (e["learner"], e["incarnation"], e["seq"]))
+    whole: dict = {}
+
+    def total(key, depth=0):
+        """key's own claim plus every claim combined into it, nested combines too."""
+        if key in whole or depth > 64:
+            return whole.get(key)
+        a, sa, ta = claims[key]
+        for old in combined.get(key, ()):
+            if old in claims and (part := total(old, depth + 1)) is not None:
+                b, sb, tb = part
+                a, sa, ta = (None if a is None or b is None else a + b, sa + sb,
+                             None if ta is None or tb is None else ta + tb)
+            if old in corrupt or any(k in corrupt for k in combined.get(old, ())):
+                corrupt.add(key)
+        whole[key] = (a, sa, ta)
+        return whole[key]
     for key in sorted(combined, key=lambda k: k[2]):
-        old = combined[key]
-        if key in claims and old in claims:
-            (a, sa, ta), (b, sb, tb) = claims[key], claims[old]
-            claims[key] = (None if a is None or b is None else a + b, sa + sb,
-                           None if ta is None or tb is None else ta + tb)
-        if old in corrupt:
-            corrupt.add(key)
-    return claims, corrupt, n
+        if key in claims:
+            total(key)
+    return {**claims, **whole}, corrupt, n
 
 
 def deltas_reexecuted(log: EventLog) -> Result:

@@ -226,6 +226,37 @@ def test_a_delta_is_rebuilt_from_the_steps_it_claims():
     assert r.valid is True and "not applicable" in r.details["why"]
 
 
+def test_a_delta_that_took_two_combines_is_judged_against_all_three_claims():
+    """A process run's shape (found on processes, a correct learner failed the check): seq 1
+    (steps 0 → 2, Δ (−0.3, 0.1)) waits at the shard; seq 2 (2 → 3, (−0.1, 0.2)) waits in the
+    learner's outbox and is summed into seq 3 (3 → 4, (0.05, 0.05)) there; the shard then sums
+    seq 1 into seq 3 and merges (−0.35, 0.35) over 4 steps, 400 tokens. The judge counted one
+    combine per merged seq and said "made over 3 steps, with 300 tokens"."""
+    b = _config(LogBuilder())
+    b.up(0.0, "learner-0")
+    b.step(1.0, "learner-0", 1)
+    b.add(2.0, "learner-0", "contribute", fragment=0, seq=1, base_version=0, from_step=0, to_step=2, steps=2,
+          tokens=200, progress=_b64((-0.3, 0.1)))
+    b.step(2.0, "learner-0", 2)
+    b.add(2.5, "learner-0", "contribute", fragment=0, seq=2, base_version=0, from_step=2, to_step=3, steps=1,
+          tokens=100, progress=_b64((-0.1, 0.2)))
+    b.step(2.5, "learner-0", 3)
+    b.add(2.7, "learner-0", "contribute", fragment=0, seq=3, base_version=0, from_step=3, to_step=4, steps=1,
+          tokens=100, progress=_b64((0.05, 0.05)))
+    b.add(2.71, "learner-0", "drop", what="contribution", fragment=0, learner="learner-0", incarnation=0, seq=2,
+          reason="combined", by_seq=3, where="outbox")
+    b.step(2.7, "learner-0", 4)
+    b.add(2.8, "syncer-0", "drop", what="contribution", fragment=0, learner="learner-0", incarnation=0, seq=1,
+          reason="combined", by_seq=3)
+    _merge(b, 3.0, "learner-0", 3, 1, 0, 1.0, c_tokens=400, c_steps=4)
+    log = _commit(b, 3.0, [1, 2], [1, 2], [[-0.35, 0.35]], [1.0], digest=False).log()
+    r = audits.deltas_reexecuted(log)
+    assert r.valid is True, r.to_dict()
+    wrong = _commit(_merge(b, 3.0, "learner-0", 3, 1, 0, 1.0, c_tokens=400, c_steps=4), 3.0, [1, 2], [1, 2],
+                    [[-0.4, 0.15]], [1.0], digest=False).log()  # seq 2's part left out
+    assert audits.deltas_reexecuted(wrong).valid is False
+
+
 def test_a_combined_delta_is_as_stale_as_its_oldest_part():
     """learner-0 sends seq 1 from version 0 and seq 2 from version 1; the shard sums them
     (drop seq 1 `combined` by seq 2) and merges the sum at version 3: its base is 0 (staleness
