@@ -144,13 +144,22 @@ def _dropped_targets(dropped: list, s, source: str, errors: list) -> list:
         path = f"faults[{i}].target"
         if kind not in FAULT_KINDS or not isinstance(target, str) or path in said:
             continue
-        if role_of(target) not in FAULT_KINDS[kind].roles:
-            continue  # a malformed target: its own field error says so when the table is read
-        if not shape.has_target(target):
+        if role_of(target) not in FAULT_KINDS[kind].roles:  # what the kind itself would say of it
+            out.append(ScenarioError(source, path, f"{kind} cannot target {target!r}",
+                                     FAULT_KINDS[kind].target_forms()))
+            continue
+        if _cluster_read(errors) and not shape.has_target(target):
             out.append(ScenarioError(source, path, f"unknown target {target!r} in a run with {shape.learners} "
                                                    f"learners and {shape.shards} syncer shard(s)",
                                      shape.valid_targets(FAULT_KINDS[kind].roles)))
     return out
+
+
+def _cluster_read(errors: list) -> bool:
+    """Whether the [cluster] table was read as written: with one of its keys wrong, the
+    run's size is the default's, and a target judged against it would be a second error of
+    that one cause (learners = 0 does not make learner-7 "unknown in a run with 4 learners")."""
+    return not any(e.path == "cluster" or e.path.startswith("cluster.") for e in errors)
 
 
 class _Work:
@@ -174,6 +183,9 @@ class _Work:
                 _same_key(path, self.removed) or any(path.startswith(f + ".") for f in self.filled)):
             return self.stand_in(path)  # one cause, one error: the table's own
         e.path = path
+        if re.fullmatch(r"faults\[\d+\]\.target", path) and e.problem.startswith("unknown target") \
+                and not _cluster_read(errors):
+            return self.take_out(e.path)  # judged against a cluster it does not have (_cluster_read)
         if not any((x.path, x.problem) == (e.path, e.problem) for x in errors):
             errors.append(e)
         if e.problem.startswith("missing (required)"):

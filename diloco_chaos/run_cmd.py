@@ -1,6 +1,7 @@
 """`diloco-chaos run | scenarios | replay | demo`."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import hashlib
@@ -15,10 +16,23 @@ DEFAULT_SCENARIO = "chaos"
 
 
 def register_run(sub, help_: str) -> None:
-    p = sub.add_parser("run", help=help_, description="Run a fault scenario on real processes (tier cluster).")
+    from diloco_chaos.cli import EXIT_CODES
+
+    p = sub.add_parser("run", help=help_, description=RUN_DESCRIPTION, epilog=EXIT_CODES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", help="a TOML file, or a built-in name (see `diloco-chaos scenarios`)")
     _run_options(p)
     p.set_defaults(func=cmd_run)
+
+
+RUN_DESCRIPTION = """Run a fault scenario, its checks and its report.
+
+Two tiers, as in the README's quick start:
+  --tier sim      the simulator: no Go, Chromium or Docker; the first run to try
+                  (`diloco-chaos run unit-loss --tier sim`)
+  --tier cluster  the full path, and the default when --tier is not given: learners
+                  and syncer shards as real processes behind Toxiproxy (`diloco-chaos
+                  setup` or `make setup` installs it)"""
 
 
 def register_demo(sub, help_: str) -> None:
@@ -45,7 +59,8 @@ def _run_options(p, compare: bool = True) -> None:
     p.add_argument("--reference", choices=["auto", "none"], default="auto",
                    help="loss parity against the fault-free run of the same scenario (auto: run it once, then reuse)")
     p.add_argument("--tier", choices=["cluster", "sim"], default="cluster",
-                   help="cluster: real processes and Toxiproxy (default); sim: the deterministic simulator")
+                   help="sim: the simulator (no Go, Chromium or Docker); cluster (the default): the full path, "
+                        "real processes behind Toxiproxy")
     p.add_argument("--backend", choices=["local", "docker"], default=None,
                    help="override the scenario's cluster.backend (docs/DOCKER.md)")
     p.add_argument("--no-live", "--quiet", dest="no_live", action="store_true",

@@ -152,3 +152,30 @@ def test_a_fault_with_a_bad_field_still_has_its_target_judged(tmp_path, capsys):
     assert f"{path}:10:1: faults[0].down_for:" in out
     assert f"{path}:8:1: faults[0].target: unknown target 'learner-9' in a run with 4 learners" in out
     assert "2 errors in 1 file" in out
+
+
+def test_a_malformed_target_is_named_beside_its_faults_other_error(tmp_path, capsys):
+    """A target that is no learner-N (`lerner-1`) in a fault whose duration is also wrong:
+    both errors in the first pass, not the target's after the duration is fixed."""
+    path = tmp_path / "typo.toml"
+    path.write_text('name = "x"\nseed = 1\n[train]\nsteps = 10\nduration = "60s"\n'
+                    '[[faults]]\nkind = "kill_unit"\ntarget = "lerner-1"\nat = "2s"\ndown_for = "soon"\n')
+    assert main(["check", str(path)]) == 2
+    out = capsys.readouterr().out
+    assert f"{path}:10:1: faults[0].down_for:" in out
+    assert f"{path}:8:1: faults[0].target: kill_unit cannot target 'lerner-1'; valid: learner-N" in out
+    assert "2 errors in 1 file" in out
+
+
+def test_a_wrong_cluster_size_is_one_error_not_a_target_judged_against_the_default(tmp_path, capsys):
+    """learners = 0 is the error; learner-7 is not "unknown in a run with 4 learners" (the
+    default the reader fell back on), which the file never said."""
+    path = tmp_path / "size.toml"
+    path.write_text('name = "x"\nseed = 1\n[cluster]\nlearners = 0\n[train]\nsteps = 10\nduration = "60s"\n'
+                    '[[faults]]\nkind = "kill_unit"\ntarget = "learner-7"\nat = "2s"\ndown_for = "5s"\n'
+                    '[[faults]]\nkind = "pause_unit"\ntarget = "learner-8"\nat = "2s"\nduration = "x"\n')
+    assert main(["check", str(path)]) == 2
+    out = capsys.readouterr().out
+    assert f"{path}:4:1: cluster.learners: 0 is out of range" in out
+    assert "learner-7" not in out and "learner-8" not in out and "4 learners" not in out, out
+    assert "2 errors in 1 file" in out, out  # learners, and the second fault's duration

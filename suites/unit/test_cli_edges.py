@@ -14,7 +14,11 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("argv", [["faults", "--json"], ["faults"], ["scenarios"], ["planted"]])
+RUN = str(__import__("pathlib").Path(__file__).parent / "data" / "report_run")
+
+
+@pytest.mark.parametrize("argv", [["faults", "--json"], ["faults"], ["scenarios"], ["planted"],
+                                  ["compare", RUN, RUN], ["compare", RUN, RUN, "--json"], ["check", "unit-loss"]])
 def test_a_closed_pipe_ends_a_printing_command_quietly(argv):
     proc = subprocess.Popen([sys.executable, "-m", "diloco_chaos", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
@@ -108,3 +112,20 @@ def test_a_missing_table_is_one_error_not_one_per_key_it_would_hold(tmp_path, ca
     out = capsys.readouterr().out
     assert "train: missing (required)" in out and "train.steps" not in out and "train.duration" not in out
     assert "1 error in 1 file" in out
+
+
+def test_run_help_lists_the_exit_codes_and_names_the_default_tier_as_the_quick_start_does(capsys):
+    """`run --help` says what 0, 1 and 2 mean, and which tier runs without --tier in the
+    README's words ("the simulator", "the full path" ... "real processes behind Toxiproxy")."""
+    from diloco_chaos.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    readme = " ".join((__import__("pathlib").Path(__file__).parents[2] / "README.md").read_text().split())
+    assert "exit codes: 0 PASS" in out and "1 FAIL" in out and "2 bad input" in out, out
+    assert "--tier cluster the full path, and the default when --tier is not given" in out, out
+    assert "--tier sim the simulator" in out, out
+    for words in ("the simulator: no Go, Chromium or Docker", "The full path runs learners and syncer shards as "
+                  "real processes behind Toxiproxy"):
+        assert words in readme, words
