@@ -216,10 +216,12 @@ def _with_preset(s, name: str):
 
 
 def cmd_scenarios(args) -> int:
-    from diloco_chaos.harness.scenarios.scenario import list_scenarios
+    from diloco_chaos.harness.scenarios.scenario import RENAMED, list_scenarios
 
     for name, line in list_scenarios():
         print(f"{name:16s} {line}")
+    for old, new in RENAMED.items():
+        print(f"{old:16s} the old name of {new} (still runs it)")
     return 0
 
 

@@ -103,10 +103,14 @@ def index_row(e: IndexEntry, out_dir: Path) -> dict:
     sc = h.get("scenario") or {}
     checks = s.get("checks") or []
     failed = [c["name"] for c in checks if c.get("valid") is False]
+    status = check_rows.STATUS.get(s.get("valid")) if s else "unknown"
+    reference = e.run_dir.parent.name == runs.REFERENCE_DIR
+    if reference and status != "fail":  # a yardstick, not a run under test: its parity has nothing to be judged against
+        status = "reference"
     return {
         "name": sc.get("name") or e.run_dir.name, "label": e.label, "outcome": e.outcome,
         "href": os.path.relpath(e.page, out_dir) if e.page.exists() else None,
-        "status": check_rows.STATUS.get(s.get("valid")) if s else "unknown", "failed": failed,
+        "status": status, "reference": reference, "failed": failed,
         "seed": h.get("seed", "–"), "mode": s.get("mode") or ((h.get("config") or {}).get("diloco") or {}).get("mode", "–"),
         "faults": len(h.get("schedule") or []),
         "goodput": check_rows.fmt(s.get("goodput"), "pct"), "goodput_v": s.get("goodput") or 0.0,
@@ -122,8 +126,10 @@ def render_index(pages: list, out_dir: Path, *, title: str = "diloco-chaos suite
     `pages`: IndexEntry, a page path or a run directory each."""
     out_dir = Path(out_dir)
     rows = [index_row(_entry(p), out_dir) for p in pages]
-    counts = {k: sum(r["status"] == k for r in rows) for k in ("fail", "unknown", "pass")}
-    tests = {k: sum(r["outcome"] == k for r in rows) for k in ("passed", "failed", "skipped")}
+    counts = {k: sum(r["status"] == k for r in rows) for k in ("fail", "unknown", "pass", "reference")}
+    # a test counts once, however many runs it made (its run, the reference, data-parallel)
+    outcomes = {r["label"] or id(r): r["outcome"] for r in rows if r["outcome"]}
+    tests = {k: sum(o == k for o in outcomes.values()) for k in ("passed", "failed", "skipped")}
     html = _env().get_template("index.html.j2").render(
         title=title, rows=rows, counts=counts, tests=tests, css=Markup((TEMPLATES / "report.css").read_text()))
     return _write(out_dir / "index.html", html)

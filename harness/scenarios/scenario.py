@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 import tomllib
 import typing
 from dataclasses import MISSING, dataclass, field
@@ -309,11 +310,23 @@ def plugins_beside(path: Path) -> None:
         search_first(Path(path).parent)
 
 
+# Built-in scenarios under an old name: old -> new. The old name still runs the scenario,
+# with a note saying it is the old name (once per process, on stderr).
+RENAMED = {"baseline": "fault-free"}  # "baseline" is a stored known-good run (docs/GLOSSARY.md)
+_said_renamed: set[str] = set()
+
+
 def locate(path_or_name) -> tuple[Path, str]:
     """(the file to read, how errors name it): a bare name (no '/', no '.toml') is a
-    built-in scenario, which must exist."""
+    built-in scenario, which must exist (an old name in RENAMED finds the new one)."""
     text_name = str(path_or_name)
     if isinstance(path_or_name, str) and "/" not in text_name and not text_name.endswith(".toml"):
+        if text_name in RENAMED:
+            old, text_name = text_name, RENAMED[text_name]
+            if old not in _said_renamed:
+                _said_renamed.add(old)
+                print(f"note: {old!r} is the old name of the built-in scenario {text_name!r}; it runs "
+                      f"{text_name!r}, whose runs are named so", file=sys.stderr)
         path, source = SCENARIOS_DIR / f"{text_name}.toml", f"scenarios/{text_name}.toml"
         if not path.is_file():
             names = [n for n, _ in list_scenarios()]

@@ -148,7 +148,7 @@ def test_page_is_self_contained_with_every_section(run):
     assert not re.search(r"""<(script|link|img|iframe|object|embed)[^>]+(src|href|data)\s*=""", markup)
     for sid, _ in page.SECTIONS:
         assert f'<section id="{sid}">' in html
-    assert "DID NOT HOLD" in html  # the stored summary: no_global_downtime failed
+    assert '<span class="verdict">FAIL</span>' in html  # the stored summary: no_global_downtime failed
     assert re.search(r'<tr class="fail" data-check="no_global_downtime">', html)
     for c in _summary(run)["checks"]:
         assert f'data-check="{c["name"]}"' in html
@@ -167,10 +167,11 @@ def test_banner_follows_the_check_results(run):
         c["valid"] = True
     s["valid"] = True
     (run / "summary.json").write_text(json.dumps(s))
-    assert ">HELD<" in render_run(run).read_text()
+    assert '<span class="verdict">PASS</span>' in render_run(run).read_text()
     s["checks"][0]["valid"], s["valid"] = None, None
     (run / "summary.json").write_text(json.dumps(s))
-    assert ">UNDECIDED<" in render_run(run).read_text()
+    html = render_run(run).read_text()
+    assert '<span class="verdict">UNKNOWN</span>' in html and "1 UNKNOWN (could not be judged; not a pass)" in html
 
     assert "stop-note" not in render_run(run).read_text()
     s["stop_kills"] = [{"unit": "learner-1", "incarnation": 0, "grace_s": 8.0}]  # SIGKILLed after its grace
@@ -226,6 +227,28 @@ def test_index_links_every_run(run, tmp_path):
     hrefs = re.findall(r'<a href="([^"]+)">', html)
     assert len(hrefs) == 2 and all((out.parent / h).resolve() in [p.resolve() for p in pages] for h in hrefs)
     assert html.count('<span class="chip fail">') == 2 and "65.7%" in html
+
+
+def test_index_counts_a_test_once_and_its_reference_run_apart(run, tmp_path):
+    """One test made a run and its fault-free reference (CI's --chaos-report index): "tests: 1
+    passed", not 2; the reference is a REFERENCE row, not an UNKNOWN run (its loss parity has
+    nothing to be judged against), and the banner counts the run under test only."""
+    from diloco_chaos.reports import IndexEntry
+
+    ref = tmp_path / "_reference" / "unit-faults-abc"
+    shutil.copytree(FIXTURE, ref)
+    s = _summary(ref)
+    for c in s["checks"]:
+        c["valid"] = None if c["name"] == "loss_parity_max" else True
+    s["valid"] = None
+    (ref / "summary.json").write_text(json.dumps(s))
+    test = "suites/test_mine.py::test_unit_loss"
+    entries = [IndexEntry(render_run(run), run, label=test, outcome="passed"),
+               IndexEntry(render_run(ref), ref, label=test, outcome="passed")]
+    html = " ".join(render_index(entries, tmp_path / "index").read_text().split())
+    assert "tests: 1 passed, 0 failed" in html, html
+    assert '<span class="verdict">1 run</span>' in html and "0 PASS, 1 FAIL, 0 UNKNOWN · 1 fault-free reference run" in html
+    assert html.count('<span class="chip reference">REFERENCE</span>') == 1 and '<span class="chip unknown">' not in html
 
 
 def test_report_command_renders_a_stored_run(run, tmp_path, capsys):

@@ -16,7 +16,7 @@ from diloco_chaos.harness.scenarios.scenario_toml import scenario_to_toml
 from diloco_chaos.harness.units import parse_bandwidth_kbps, parse_duration
 
 BUILT_INS = [name for name, _ in list_scenarios()]
-REQUIRED = {"baseline", "unit-loss", "rolling-kills", "heterogeneous", "wan-brownout", "partition",
+REQUIRED = {"fault-free", "unit-loss", "rolling-kills", "heterogeneous", "wan-brownout", "partition",
             "syncer-crash", "chaos"}
 
 
@@ -159,9 +159,23 @@ def test_failure_process_avoids_explicit_faults_and_defaults_to_the_scenario_see
     assert s.schedule().faults[0] == KillUnit("learner-0", 1.0, None)
 
 
+def test_the_old_name_baseline_runs_fault_free_and_says_so(capsys, monkeypatch):
+    """`baseline` was the fault-free built-in's name until "baseline" came to mean a stored
+    known-good run: the old name still loads it, with a note (once) that it is the old name."""
+    from diloco_chaos.harness.scenarios import scenario as scenario_mod
+
+    monkeypatch.setattr(scenario_mod, "_said_renamed", set())
+    s = load_scenario("baseline")
+    assert s == load_scenario("fault-free") and s.name == "fault-free" and not s.faults
+    load_scenario("baseline")
+    err = capsys.readouterr().err
+    assert err.count("'baseline' is the old name of the built-in scenario 'fault-free'") == 1, err
+    assert "baseline" not in BUILT_INS
+
+
 def test_bare_name_and_path_errors():
     with pytest.raises(ScenarioError, match=r"^scenarios/unit-los.toml: no built-in scenario 'unit-los' "
-                                            r"\(did you mean 'unit-loss'\?\); valid: baseline"):
+                                            r"\(did you mean 'unit-loss'\?\); valid: chaos, fault-free"):
         load_scenario("unit-los")
     with pytest.raises(ScenarioError, match="nowhere/x.toml: cannot read the file"):
         load_scenario("nowhere/x.toml")
