@@ -179,3 +179,46 @@ def test_a_wrong_cluster_size_is_one_error_not_a_target_judged_against_the_defau
     assert f"{path}:4:1: cluster.learners: 0 is out of range" in out
     assert "learner-7" not in out and "learner-8" not in out and "4 learners" not in out, out
     assert "2 errors in 1 file" in out, out  # learners, and the second fault's duration
+
+
+def test_the_broken_plugin_errors_docs_tasks_md_shows_are_what_check_prints(tmp_path, monkeypatch, capsys):
+    """docs/TASKS.md "Checked before any process starts": each sample line is what `check`
+    prints for the broken plug-in the page describes (init's stub as `my_pkg.tasks`)."""
+    import sys
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "TASKS.md").read_text()
+    block = doc[doc.index("## Checked before any process starts"):]
+    documented = block[block.index("```\n") + 4:block.index("\n```", block.index("```\n"))].splitlines()
+    assert main(["init", str(tmp_path / "proj")]) == 0
+    stub = (tmp_path / "proj" / "my_task.py").read_text()
+    (tmp_path / "my-scenario.toml").write_text((tmp_path / "proj" / "scenario.toml").read_text().replace(
+        'task = "my_task:make_task"', 'task = "my_pkg.tasks:make_task"'))
+    (tmp_path / "my_pkg").mkdir()
+    (tmp_path / "my_pkg" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    broken = {  # what the page says each sample line is from
+        "rows": stub.replace("return self._rows(TRAIN, learner, step)", "return self._rows(TRAIN, learner, step)[:8]"),
+        "missing": None,
+        "asarray": stub.replace("jnp.square(x @ w - y)", "jnp.square(np.asarray(x @ w) - y)"),
+    }
+    printed = []
+    for name, text in broken.items():
+        for m in [m for m in sys.modules if m == "my_pkg" or m.startswith("my_pkg.")]:
+            del sys.modules[m]
+        if text is None:
+            (tmp_path / "my_pkg").rename(tmp_path / "not_my_pkg")
+        else:
+            assert text != stub, name
+            (tmp_path / "my_pkg" / "tasks.py").write_text(text)
+        capsys.readouterr()
+        assert main(["check", "my-scenario.toml"]) == 2, name
+        if text is None:
+            (tmp_path / "not_my_pkg").rename(tmp_path / "my_pkg")
+        out = capsys.readouterr().out.splitlines()
+        assert out[-1] == "1 error in 1 file", out
+        printed.append(out[0])
+    for m in [m for m in sys.modules if m == "my_pkg" or m.startswith("my_pkg.")]:
+        del sys.modules[m]
+    assert printed == documented
