@@ -98,11 +98,16 @@ class Fragmenter:
         """Fragment p as float32 numpy arrays (copies), in `leaf_paths(p)` order."""
         return [np.array(_lookup(params, path), dtype=np.float32) for path in self._paths[p]]
 
+    def leaves(self, params: dict, p: int) -> list[Any]:
+        """Fragment p's leaves as `params` holds them (no copy: JAX arrays stay on their
+        devices), in `leaf_paths(p)` order."""
+        return [_lookup(params, path) for path in self._paths[p]]
+
     def rebase(self, params: dict, p: int, new: Iterable[Any], ref: Iterable[Any]) -> dict:
         """Fragment p moved onto `new` keeping its drift from `ref`: leaf ← new + (leaf − ref),
         computed where the leaves live, so the host does not wait for a step in flight
         (keeping local progress, docs/PROTOCOL.md)."""
-        leaves = [_lookup(params, path) for path in self._paths[p]]
+        leaves = self.leaves(params, p)
         # one jitted call per fragment: eager ops, one per leaf and operation, cost more
         # host time than the inner step they sit between
         moved = _rebase_leaves([np.asarray(n, np.float32) for n in new], leaves,

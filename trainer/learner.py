@@ -80,7 +80,7 @@ class Learner(LearnerHost):
         bugs = self.bugs = frozenset(b for b in args.bugs.split(",") if b)
         lmath = learner_math(self.cfg, self.frag)
         core = LearnerCore(learner_config(self.cfg, topo, self.name, self.incarnation, bugs), lmath)
-        tally = step_tally(self.cfg, lmath)  # what its inner steps did (trainer/tally.py)
+        tally = step_tally(self.cfg, self.frag)  # what its inner steps did (trainer/tally.py)
         self.driver = LearnerDriver(core, core.init(params), self,
                                     Corrupter(self.cfg.seed, self.index, self.incarnation),  # the `corrupt` fault
                                     self.cfg.diloco.slices, tally)
@@ -272,7 +272,7 @@ def shared(cfg):
 def warm_up(run_dir) -> None:
     """A spare's preparation: `shared`, and one of each program the unit runs compiled
     (an inner step on every slice, or dp's gradient and update; the eval; the fragment
-    operations a fetch and a contribution use)."""
+    operations a fetch and a contribution use; the step tally's gather)."""
     _, cfg = shell.load_run(run_dir)
     task, evals, params, inner = shared(cfg)
     frag = fragmenter_for(cfg, params)
@@ -286,7 +286,9 @@ def warm_up(run_dir) -> None:
         grads, _ = inner.grad(params, batch)
         jax.block_until_ready(inner.apply_grads(params, opt, jax.tree.map(np.asarray, grads)))
     else:
-        jax.block_until_ready(inner.step(params, opt, batch))
+        stepped, _, _ = inner.step(params, opt, batch)
+        step_tally(cfg, frag).record(1, stepped, stepped)  # its gather, compiled for θ on every slice
+        jax.block_until_ready(stepped)
     inner.evaluate(params, evals)
     # orbax's first save and restore in a process build its handlers and threads: done
     # here on a checkpoint of the unit's shape, a restart's restore finds them ready

@@ -150,7 +150,7 @@ class LearnerProc(LearnerHost):
         core = LearnerCore(learner_config(w.cfg, w.topology, unit.name, self.incarnation, w.learner_bugs), m.lmath)
         self.driver = LearnerDriver(core, core.init(params), self,
                                     Corrupter(w.cfg.seed, unit.index, self.incarnation),  # the `corrupt` fault
-                                    w.cfg.diloco.slices, step_tally(w.cfg, m.lmath))
+                                    w.cfg.diloco.slices, step_tally(w.cfg, m.frag))
         self.phase, self.loop = "running", learner_loop(self)
         self.resume()
 
