@@ -106,15 +106,17 @@ def made_on(log: EventLog) -> dict:
     oldest steps were made on (progress kept across takes), and that is what this measures."""
     own: dict[tuple, int | None] = {}
     for learner in learner_names(log):
-        inc, step, copies = 0, 0, defaultdict(list)  # copies[p]: [(first step made on it, version)]
+        # steps in the core's count (from 0 in each incarnation, as contribute lines give them);
+        # a life's step lines count on from the step its restore named (its unit_up `step`)
+        inc, step, since, copies = 0, 0, 0, defaultdict(list)  # copies[p]: [(first step made on it, version)]
         for e in log.events:
             if e["src"] != learner:
                 continue
             kind = e["kind"]
             if is_process_up(e):
-                inc, step, copies = int(e["incarnation"]), int(e.get("step") or 0), defaultdict(list)
+                inc, step, since, copies = int(e["incarnation"]), 0, int(e.get("step") or 0), defaultdict(list)
             elif kind == "step":
-                step = int(e["step"])
+                step = int(e["step"]) - since
             elif kind == "copy":
                 copies[int(e["fragment"])].append((step + 1, int(e["version"])))
             elif kind == "contribute" and int(e["to_step"]) > int(e["from_step"]):

@@ -306,3 +306,16 @@ def test_progress_made_on_an_old_copy_is_as_stale_as_that_copy():
     assert thrown.valid is True and thrown.details["worst"] == 0, thrown.to_dict()
     near = audits.progress_staleness_bounded(log(taken=4))
     assert near.valid is True and near.details["worst"] == 3, near.to_dict()
+
+    # a restarted life: its step lines count on from the restored step 50, its contribute
+    # lines from 0 (the core's count): steps 1-2 of incarnation 1 were made on version 9
+    b = _config(LogBuilder(), max_staleness=2)
+    b.up(0.0, "learner-0").add(0.1, "learner-0", "copy", fragment=0, version=1, digest="a", via="whole")
+    b.step(1.0, "learner-0", 1)
+    b.up(5.0, "learner-0", inc=1, step=50).add(5.1, "learner-0", "copy", fragment=0, version=9, digest="c", via="whole")
+    b.step(6.0, "learner-0", 51).step(7.0, "learner-0", 52)
+    b.contribute(7.5, "learner-0", 1, 0, 2, base_version=9)
+    b.add(8.0, "syncer-0", "merge", fragment=0, version=10, learner="learner-0", incarnation=1, seq=1,
+          base_version=9, staleness=0, weight=1.0, c_steps=2, c_tokens=200)
+    assert audits.made_on(b.log())[("learner-0", 1, 0, 1)] == 9
+    assert audits.progress_staleness_bounded(b.log()).details["worst"] == 0
