@@ -50,8 +50,9 @@ test-loaded: setup
 # path from a fresh install; and, out of CI's ~20 min since 2026-11-29: the planted-bug
 # runs on processes of 45-65 s whose bugs CI catches in the simulator (and a data-parallel
 # control), the storage bugs' process run, the unit and link faults in containers, the
-# run over two engines on loopback (CI's is suites/multihost), 300 back-to-back sharded
-# steps, a journal bug on processes, the report index under xdist: ~25 min more).
+# run over two engines on loopback (CI's is suites/multihost), disk_full and a warm spare in
+# containers, sparse kill-and-restart on processes, 300 back-to-back sharded steps, a
+# journal bug on processes, the report index under xdist: ~27 min more).
 # A failure is kept in .hypothesis/ and replayed first by the next run.
 nightly: setup
 	@HYPOTHESIS_PROFILE=nightly $(PY) -m pytest -q suites/properties $(PYTEST_ARGS)

@@ -18,6 +18,8 @@ from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
 pytestmark = [pytest.mark.docker, pytest.mark.cluster, pytest.mark.slow]
 
 
+# nightly (33 s): CI's warm-spare run is on processes (suites/cluster/test_spares.py)
+@pytest.mark.nightly
 def test_a_restart_takes_the_spare_container(tmp_path, docker_engine):
     s = scenario_from_dict({
         "name": "docker-spares", "seed": 2,
