@@ -8,7 +8,8 @@ p the learner core counts the tokens since p was last cut, and a cut is one of:
   corrupt, empty, future_base, zero_weight, old_seq), **lost** (the link dropped it, or the
   shard died holding it, or a crash lost the round that merged it), or **in flight** at
   the end (pending in a round, or never answered);
-- a `discard` line (a fetch re-anchored p, throwing its local progress away): **superseded**.
+- a `discard` line (a take threw p's local progress away: a fetch, an overwrite, or progress
+  too stale to keep): **superseded**, by its `why`.
 What no cut took when the incarnation ended is **lost** with the dead unit, or **in
 flight** (unsent) when its `done` line says it stopped cleanly.
 
