@@ -148,7 +148,7 @@ def _finish(item: pytest.Item) -> None:
 
         out = rec.out_dir / _slug(item.nodeid) / f"{i}-{run_dir.name}.html"
         try:
-            page = render_run(run_dir, out, test=test)
+            page = render_run(run_dir, out, test=test, shared_js=rec.out_dir)  # one Vega bundle for all
         except Exception as e:  # a page that cannot be drawn must not fail the test that made the run
             item.user_properties.append((prefix + "report_error", repr(e)))
             continue

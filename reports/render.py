@@ -10,6 +10,7 @@ offline and from a CI artifact. Templates (reports/templates/) only lay out valu
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -42,10 +43,13 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def render_run(run_dir: Path, out: Path | None = None, *, test: dict | None = None) -> Path:
+def render_run(run_dir: Path, out: Path | None = None, *, test: dict | None = None,
+               shared_js: Path | None = None) -> Path:
     """Renders run_dir's page to `out` (default run_dir/report.html) and returns its path.
     `test`: the pytest test that made the run ({nodeid, outcome, command, falsifying,
-    reproduce, error}), shown above the checks."""
+    reproduce, error}), shown above the checks. `shared_js`: a folder above `out` where
+    many pages are written (a --chaos-report folder): the Vega bundle (0.9 MB) is written
+    there once and each page loads it by a relative path, instead of inlining it."""
     run_dir = Path(run_dir)
     out = Path(out) if out is not None else run_dir / "report.html"
     run = runs.load(run_dir)
@@ -53,9 +57,22 @@ def render_run(run_dir: Path, out: Path | None = None, *, test: dict | None = No
     page.relative_links(ctx, out.parent)
     html = _env().get_template("run.html.j2").render(
         **ctx, specs_json=_inline_json(_clean(ctx.pop("specs"))),
-        vega_js=Markup(assets.vega_js()), js=Markup((TEMPLATES / "report.js").read_text()),
+        vega_script=_vega_script(out, shared_js), js=Markup((TEMPLATES / "report.js").read_text()),
         css=Markup((TEMPLATES / "report.css").read_text()))
     return _write(out, html)
+
+
+def _vega_script(page: Path, shared_js: Path | None) -> Markup:
+    """The page's Vega bundle: inlined (a page that opens on its own), or a <script src> to
+    the one copy in `shared_js` (written there once, named by its content)."""
+    js = assets.vega_js()
+    if shared_js is None:
+        return Markup(f"<script>{js}</script>")
+    name = f"vega-embed-{hashlib.sha256(js.encode()).hexdigest()[:12]}.js"
+    if not (Path(shared_js) / name).exists():
+        _write(Path(shared_js) / name, js)
+    rel = Path(os.path.relpath(Path(shared_js) / name, page.parent)).as_posix()
+    return Markup(f'<script src="{rel}"></script>')
 
 
 def _clean(obj):

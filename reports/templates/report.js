@@ -3,6 +3,14 @@
 (function () {
   "use strict";
   const specs = JSON.parse(document.getElementById("specs").textContent);
+  if (typeof vegaEmbed === "undefined") {  // a page of a report folder, opened without the folder's vega-embed-*.js
+    document.querySelectorAll(".chart").forEach(function (el) {
+      el.innerHTML = '<p class="error">the charts need the vega-embed-*.js file of the folder this page was written ' +
+                     'into (open the page there, or `diloco-chaos report RUN_DIR` writes a page that holds it)</p>';
+    });
+    document.body.dataset.ready = "1";
+    return;
+  }
   const views = {};
   const opts = { renderer: "svg", actions: { export: true, source: false, compiled: false, editor: false },
                  tooltip: { theme: "light" } };

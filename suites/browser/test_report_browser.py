@@ -183,3 +183,22 @@ def test_the_loss_chart_starts_clipped_and_shows_the_whole_range_on_demand(visit
     box.check()
     v.page.wait_for_function(f"({y_axis})() !== {json.dumps(before)}")
     assert v.complaints() == []
+
+
+def test_pages_of_a_report_folder_share_one_vega_bundle_and_say_so_without_it(visit, run_page, tmp_path):
+    """A --chaos-report folder: each page loads the folder's one vega-embed-*.js (0.9 MB once,
+    not in every page) and draws every chart with no request outside the folder; a page
+    copied out without it says what it needs instead of failing with a script error."""
+    folder = tmp_path / "report"
+    pages = [render_run(run_page.parent, folder / f"test_{i}" / "0-run.html", shared_js=folder) for i in (1, 2)]
+    bundle = list(folder.glob("vega-embed-*.js"))
+    assert len(bundle) == 1 and all(p.stat().st_size < bundle[0].stat().st_size for p in pages)
+    v = visit(pages[1])
+    assert v.complaints() == [] and v.foreign_requests() == [bundle[0].resolve().as_uri()]
+    assert v.page.locator(".chart[data-rendered='1']").count() == v.page.locator(".chart").count() > 0
+    lone = tmp_path / "copied" / "0-run.html"
+    lone.parent.mkdir()
+    lone.write_text(pages[0].read_text())
+    v = visit(lone)
+    assert v.page.locator(".chart .error").count() == v.page.locator(".chart").count() > 0
+    assert "vega-embed-*.js" in v.page.inner_text(".chart .error >> nth=0")

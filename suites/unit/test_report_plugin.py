@@ -67,6 +67,19 @@ def test_index_and_a_page_per_recorded_run(session):
     assert index.count(">failed<") == 2 and index.count(">passed<") == 2
 
 
+def test_the_folders_pages_share_one_vega_bundle(session):
+    """The Vega bundle (0.9 MB) is written once beside the pages, each loading it by a
+    relative path: a page is its own data and code only (1.2 MB -> 0.3 MB for unit-loss)."""
+    _, out, _ = session
+    bundle = list(out.glob("vega-embed-*.js"))
+    pages = list(out.glob("*/*.html"))
+    assert len(bundle) == 1 and len(pages) == 4
+    for page in pages:
+        html = page.read_text()
+        assert f'<script src="../{bundle[0].name}"></script>' in html and "vegaEmbed=" not in html
+        assert page.stat().st_size < bundle[0].stat().st_size
+
+
 def test_failing_property_page_shows_the_shrunk_example_and_replay(session):
     _, out, _ = session
     page, = (out / "test_made_runs.py_test_property").glob("*.html")
