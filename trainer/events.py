@@ -77,7 +77,8 @@ EVENT_KINDS: dict[str, tuple[str, str]] = {  # kind -> (who writes it, what it s
                               "to_step), tokens"),
     "join": ("learner", "a learner joins a round another learner's shard opened (`diloco.align`)"),
     "closing": ("learner", "a learner that ended or was stopped sends the progress no Δ holds yet"),
-    "discard": ("learner", "progress a fetch threw away"),
+    "discard": ("learner", "progress a take threw away: fragment, step, steps, tokens, version, why (fetch, "
+                           "overwritten, stale)"),
     "reanchor": ("learner", "compressed broadcasts: Θ[p] whole at the version held became the learner's copy "
                  "(the shard records it so): fragment, version, max_abs_diff"),
     "corrupt": ("learner", "a contribution the `corrupt` fault corrupted"),

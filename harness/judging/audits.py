@@ -173,26 +173,24 @@ def progress_staleness_bounded(log: EventLog) -> Result:
     bound = 2 * int(log.config["diloco"].get("max_staleness") or 0)
     if not bound:
         return Result(name, True, 0, 0, {"why": "max_staleness 0: no bound to hold"})
-    made, bad, n, unjudged = made_on(log), [], 0, 0
+    made, bad, n, unjudged, worst = made_on(log), [], 0, 0, 0
     for e in log.of("merge"):
         v = made.get((e["learner"], e["incarnation"], e["fragment"], e["seq"]))
         if v is None:
             unjudged += 1
             continue
-        n += 1
-        if e["version"] - 1 - v > bound:
+        n, stale = n + 1, e["version"] - 1 - v
+        worst = max(worst, stale)
+        if stale > bound:
             bad.append({"shard": e["src"], "learner": e["learner"], "seq": e["seq"], "fragment": e["fragment"],
                         "version": e["version"], "claimed_base": e["base_version"], "made_on": v,
                         "why": f"merged into version {e['version'] - 1} with steps made on a copy of version "
-                               f"{v}: {e['version'] - 1 - v} versions stale, bound {bound}"})
-    if not n and (unjudged or log.of("merge")):
+                               f"{v}: {stale} versions stale, bound {bound}"})
+    if unjudged and not n:
         return Result(name, None, None, bound, {"why": "no merged Δ's steps have copy lines to judge them by",
                                                 "unjudged": unjudged})
     return Result(name, not bad, len(bad), bound, {"violations": bad[:SHOW], "merges": n, "unjudged": unjudged,
-                                                   "worst": max((e["version"] - 1 - made[(e["learner"], e["incarnation"], e["fragment"], e["seq"])]
-                                                                 for e in log.of("merge")
-                                                                 if made.get((e["learner"], e["incarnation"], e["fragment"], e["seq"])) is not None),
-                                                                default=0)})
+                                                   "worst": worst})
 
 
 def quorum_k(log: EventLog) -> int:
