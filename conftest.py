@@ -21,6 +21,10 @@ from hypothesis import HealthCheck, settings
 from diloco_chaos.trainer.shell import use_compile_cache
 
 use_compile_cache()  # the suites' simulations and the units they start load earlier compiles
+# each test makes its own fault-free reference runs (a test that patches the trainer in
+# this process would otherwise judge against another test's): suites/unit/test_reference_store.py
+# turns the user's cache of them back on where it tests it
+os.environ.setdefault("DILOCO_CHAOS_REFERENCE_CACHE", "off")
 
 pytest_plugins = ["diloco_chaos.pytest_plugin"]  # the `chaos` fixture, `pytest --chaos-report DIR`
 

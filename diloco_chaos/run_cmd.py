@@ -4,12 +4,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import hashlib
 import json
 import sys
 from pathlib import Path
 
-from diloco_chaos import ci_output
+from diloco_chaos import ci_output, reference_store
 from diloco_chaos.harness.errors import UserError
 
 DEFAULT_SCENARIO = "chaos"
@@ -381,17 +380,23 @@ def _reference(s, out: Path, live: bool, tier: str = "cluster", beside: bool = F
     if not s.faults and s.failure_process is None:
         return None
     clean = dataclasses.replace(s, faults=(), failure_process=None)
-    key = hashlib.sha256(json.dumps(clean.to_dict(), sort_keys=True).encode()).hexdigest()[:10]
-    ref_dir = out / "_reference" / f"{s.name}-{key}{'-sim' if tier == 'sim' else ''}"
+    name = f"{s.name}-{reference_store.reference_key(clean, tier)}{'-sim' if tier == 'sim' else ''}"
+    ref_dir = out / "_reference" / name
     if (ref_dir / "summary.json").exists():
         print(f"reference (fault-free) run: reusing {ref_dir}")
+        return ref_dir
+    cached = reference_store.fetch(name, ref_dir)
+    if cached is not None:
+        print(f"reference (fault-free) run: reusing {ref_dir} (kept in {cached.parent}; "
+              f"{reference_store.CACHE_ENV}=off makes a new one)")
         return ref_dir
     print(f"reference (fault-free) run: {ref_dir}")
     ref_dir.mkdir(parents=True, exist_ok=True)
     if tier == "sim" and beside:  # beside the faulted run, in a process of its own (below)
-        return _SimReference(clean, out, ref_dir)
+        return _SimReference(clean, out, ref_dir, name)
     run_scenario(clean, out, run_dir=ref_dir, live=live)
     render(ref_dir)
+    reference_store.keep(name, ref_dir)
     return ref_dir
 
 
@@ -411,10 +416,10 @@ class _SimReference:
     `run_sim` calls it for the reference's folder when it needs it; it never outlives the
     command (a failure or Ctrl-C here stops it)."""
 
-    def __init__(self, clean, out: Path, ref_dir: Path):
+    def __init__(self, clean, out: Path, ref_dir: Path, name: str):
         import multiprocessing
 
-        self.ref_dir = ref_dir
+        self.ref_dir, self.name = ref_dir, name
         self.proc = multiprocessing.get_context("spawn").Process(
             target=_sim_reference_job, args=(clean.to_dict(), str(out), str(ref_dir)), daemon=True)
         self.proc.start()
@@ -427,6 +432,7 @@ class _SimReference:
         if self.proc.exitcode != 0 or not (self.ref_dir / "summary.json").exists():
             raise UserError(f"the fault-free reference run failed (exit {self.proc.exitcode}); its folder: "
                             f"{self.ref_dir}; run without it: --reference none")
+        reference_store.keep(self.name, self.ref_dir)
         return self.ref_dir
 
     def close(self) -> None:
