@@ -349,6 +349,8 @@ METRICS_NOTES = {  # Metrics fields whose meaning its source does not say on the
     "recovery": "each restart: boot, rejoin, its path, in seconds and fragment cycles",
     "recovery_max_s": "the longest recovery", "final_loss": "the run's final held-out loss",
     "reference_loss": "the fault-free reference's final loss", "loss_parity": "final_loss / reference_loss − 1",
+    "reference_rise": "the fault-free reference's own worst rise of its global loss (nats), "
+                      "allowed on top of global_loss_regression's bound",
     "loss_floor": "the task's loss floor", "floor_gap": "final_loss − loss_floor",
     "links": "bytes per learner↔shard link, both ways, with mean and peak rates",
     "bytes_total": "bytes on every link", "mean_Bps": "bytes per second over the run",

@@ -225,7 +225,8 @@ def safety_checks(log: EventLog, metrics: Metrics | None = None, *, max_stalenes
            no_nan(log),
            durable_rounds_kept(log), no_global_downtime(log, downtime_bound_s),
            global_loss_regression(log, RISE_MAX if rise_max is None else rise_max,
-                                  END_MAX if end_max is None else end_max),
+                                  END_MAX if end_max is None else end_max,
+                                  allowance=(metrics.reference_rise or 0.0) if metrics is not None else 0.0),
            link_buffers_bounded(log), tokens_conserved(log), *audit_checks(log), *storage_checks(log)]
     if max_staleness is not None:
         out.append(staleness_bounded(log, max_staleness))

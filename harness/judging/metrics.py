@@ -44,6 +44,7 @@ from diloco_chaos.harness.judging.history import (UnitHistory, first_step_start,
                                                  learner_names, step_lag, window)
 from diloco_chaos.harness.judging.losses import batch_losses, excess_loss_ratio, final_loss, loss_floor, mean_ci, parity_ci
 from diloco_chaos.harness.judging.ledger import ledger
+from diloco_chaos.harness.judging.model_checks import global_loss_regression
 from diloco_chaos.harness.judging.pace import pace
 from diloco_chaos.harness.judging.participation import participation
 from diloco_chaos.harness.judging.recovery import first_merges, recoveries
@@ -279,6 +280,10 @@ class Metrics:
     # its `recv` line at the shard, in seconds (median, p90, max, n). A shard that falls behind
     # its learners (CPU-bound) shows here before it shows in the loss (docs/BENCHMARKS.md)
     uplink_lag_s: dict | None = None
+    # the fault-free reference's own worst judged rise of its global loss (the value of its
+    # global_loss_regression): how much the training rises without faults, which this
+    # run's global_loss_regression allows on top of its bound (None: no reference)
+    reference_rise: float | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -341,6 +346,7 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
 
     loss, loss_from = final_loss(log)
     ref = final_loss(reference)[0] if reference is not None else None
+    ref_rise = global_loss_regression(reference).value if reference is not None else None
     floor = loss_floor(log.header)
 
     links, total_bytes, peak = _bandwidth(log, set(names), t0, t1)
@@ -375,7 +381,7 @@ def compute(log: EventLog, reference: EventLog | None = None) -> Metrics:
         staleness_mean=(sum(k * v for k, v in stale.items()) / sum(stale.values())) if stale else None,
         steps=len(steps), tokens=tokens, merges=len(merges), commits=len(commits), dropped=dict(dropped),
         restarts=sum(1 for h in hs.values() for inc in h.incs if inc.n >= 1), step_lag=lag,
-        participation=participation(log), ledger=ledger(log), uplink_lag_s=uplink_lag(log),
+        participation=participation(log), ledger=ledger(log), uplink_lag_s=uplink_lag(log), reference_rise=ref_rise,
         pace=paced["pace"], pace_start_s=paced["start_s"],
         goodput_paced=(sec["productive"] + sum(sec[k] for k in PACED_BADPUT) * (1 - 1 / paced["pace"])) / alloc
         if alloc else 0.0)

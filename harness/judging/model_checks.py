@@ -235,9 +235,11 @@ def same_batches(log: EventLog, curve: list[tuple[float, float, bool]]) -> list[
 
 
 def global_loss_regression(log: EventLog, rise_max: float = RISE_MAX, end_max: float = END_MAX,
-                           warmup: float = WARMUP) -> Result:
+                           warmup: float = WARMUP, allowance: float = 0.0) -> Result:
     """The global model's held-out loss never rises more than `rise_max` nats above its best
-    so far once the warm-up is over, and the final model ends within `end_max` nats of the
+    so far once the warm-up is over (more than `rise_max` + `allowance`: the worst rise its
+    fault-free reference run had on its own, `Metrics.reference_rise`, a rise the training
+    makes without faults), and the final model ends within `end_max` nats of the
     best. Points: `global_curve`; the best so far is over every earlier point, warm-up
     included; rises are judged at points at or after t_start + warmup × (t_end − t_start),
     and always at the final one. A non-finite loss is an infinite rise. value = the worst
@@ -257,6 +259,7 @@ def global_loss_regression(log: EventLog, rise_max: float = RISE_MAX, end_max: f
         return Result("global_loss_regression", None, None, rise_max,
                       {"why": f"{len(curve)} global eval point(s), 3 needed", "points": len(curve)})
     judged_from = t0 + warmup * (t1 - t0)
+    allowed = rise_max + max(allowance, 0.0)
     best, worst, at, bad = math.inf, -math.inf, None, []
     for i, (t, loss, fin) in enumerate(curve):
         if i and any(curve[i - 1][0] < r <= t for r in rollbacks):
@@ -265,15 +268,15 @@ def global_loss_regression(log: EventLog, rise_max: float = RISE_MAX, end_max: f
             rise = loss - best
             if rise > worst:
                 worst, at = rise, {"at_s": t - t0, "loss": loss, "best_so_far": best, "rise": rise, "final": fin}
-            if rise > rise_max:
+            if rise > allowed:
                 bad.append({"at_s": t - t0, "loss": loss, "best_so_far": best, "rise": rise, "final": fin})
         best = min(best, loss)
     final = curve[-1][1]
     excess = final - best
     if excess > end_max:
         bad.append({"end": True, "final": final, "best": best, "end_excess": excess, "end_max": end_max})
-    return Result("global_loss_regression", not bad, max(worst, 0.0), rise_max, {
-        "violations": bad[:SHOW], "worst": at, "final": final, "final_from": "final" if curve[-1][2] else "snapshot",
+    return Result("global_loss_regression", not bad, max(worst, 0.0), allowed, {
+        "violations": bad[:SHOW], "rise_max": rise_max, "reference_rise": allowance, "worst": at, "final": final, "final_from": "final" if curve[-1][2] else "snapshot",
         "best": best, "end_excess": excess, "end_max": end_max, "warmup_until_s": judged_from - t0,
         "points": len(curve), "curve": [[round(t - t0, 3), loss] for t, loss, _ in curve]})
 

@@ -108,6 +108,30 @@ def test_global_loss_regression_warmup_end_and_bounds():
     assert (nofinal.valid, nofinal.details["final_from"]) == (True, "snapshot")
 
 
+def test_a_rise_the_fault_free_reference_had_is_allowed_on_top_of_the_bound():
+    """The built-in partition scenario in the simulator: its fault-free reference run's own
+    global loss rose 0.36 nats (1.79 at 7 s to 2.15 at 29 s: the training, before any
+    fault), and the faulted run 0.39; judged alone the faulted run failed. With the
+    reference's rise allowed on top of the bound the same rise passes; a fault that adds
+    more than the bound to it still fails. The reference's rise comes from its own log
+    (`Metrics.reference_rise`: this check's value on it)."""
+    reference = _curve([4.9, 1.79, 2.15, 1.9, 1.75])
+    rise = checks.global_loss_regression(reference.log()).value
+    assert rise == pytest.approx(0.36)
+    faulted = _curve([4.9, 1.79, 2.18, 1.9, 1.75]).log()
+    alone = checks.global_loss_regression(faulted)
+    assert (alone.valid, alone.value, alone.bound) == (False, pytest.approx(0.39), 0.25)
+    judged = checks.global_loss_regression(faulted, allowance=rise)
+    assert (judged.valid, judged.value, judged.bound) == (True, pytest.approx(0.39), pytest.approx(0.61))
+    assert (judged.details["rise_max"], judged.details["reference_rise"]) == (0.25, pytest.approx(0.36))
+    worse = checks.global_loss_regression(_curve([4.9, 1.79, 2.45, 1.9, 1.75]).log(), allowance=rise)
+    assert (worse.valid, worse.value) == (False, pytest.approx(0.66))
+    # safety_checks takes the allowance from the run's metrics (compute(log, reference))
+    m = type("M", (), {"reference_rise": rise})()
+    found = {r.name: r for r in checks.safety_checks(faulted, m)}["global_loss_regression"]
+    assert (found.valid, found.bound) == (True, pytest.approx(0.61))
+
+
 def test_global_loss_regression_unknown_with_few_points():
     b = LogBuilder(learners=1).global_eval(5, 2.0).global_eval(11, 1.9, snapshot=False)
     r = checks.global_loss_regression(b.log())
