@@ -51,16 +51,16 @@ def _seeds(text: str | None, first: int, least: int = 3) -> list[int]:
 
 def cmd_record(args) -> int:
     from diloco_chaos.harness.judging import envelopes
-    from diloco_chaos.run_cmd import _load, _runner
+    from diloco_chaos.scenario_args import load, runner
 
     from diloco_chaos.harness.scenarios.scenario import locate
 
-    s = _load(args.scenario, None)
+    s = load(args.scenario, None)
     store = envelopes.store_for(locate(args.scenario)[0])
     before = envelopes.stored(s, args.tier, store=store) if args.add else None
     if args.add and before is None:
         raise UserError(f"--add: no envelope stored for {envelopes.key(s, args.tier)} to add to; record one first")
-    seeds, run = _seeds(args.seeds, s.seed, 1 if args.add else 3), _runner(args.tier)
+    seeds, run = _seeds(args.seeds, s.seed, 1 if args.add else 3), runner(args.tier)
     runs = list(before["runs"]) if before else []
     with tempfile.TemporaryDirectory(prefix="envelope-") as out:
         for seed in seeds:
@@ -78,11 +78,11 @@ def cmd_record(args) -> int:
 
 def cmd_show(args) -> int:
     from diloco_chaos.harness.judging import envelopes
-    from diloco_chaos.run_cmd import _load
+    from diloco_chaos.scenario_args import load
 
     from diloco_chaos.harness.scenarios.scenario import locate
 
-    s = _load(args.scenario, None)
+    s = load(args.scenario, None)
     entry = envelopes.stored(s, args.tier, store=envelopes.store_for(locate(args.scenario)[0]))
     if entry is None:
         print(f"no envelope for {envelopes.key(s, args.tier)} (record one: diloco-chaos baseline record "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from diloco_chaos.gate import fmt_value
+from diloco_chaos.harness.judging.gate import fmt_value
 from diloco_chaos.harness.judging.report_text import check_rows
 
 VERDICT = {0: "PASS", 1: "FAIL"}

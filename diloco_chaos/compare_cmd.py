@@ -5,7 +5,7 @@ points, losses to 4 significant digits, seconds to 2 decimals; rows zero on both
 are left out), the checks whose state flipped (PASS, FAIL, UNKNOWN), and whether the
 final-loss change is within the eval's noise (the loss-parity interval, where a summary
 carries one). `--fail-on SPEC` judges B against A as its baseline and exits 1 when a rule
-fails (diloco_chaos/gate.py).
+fails (harness/judging/gate.py).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from diloco_chaos import gate
+from diloco_chaos.harness.judging import gate
 
 FAIL_ON_HELP = ("judge B against A as its baseline; exit 1 when a rule fails. SPEC: FIGURE:±LIMIT[,...], e.g. "
                 "goodput:-3pts,parity:+1%%,final_loss:+2%%,recovery:+5s. The sign is the way that fails (-3pts: "

@@ -22,7 +22,7 @@ Options (group "chaos"):
                               directory; `chaos.assert_held` then also fails when a
                               --chaos-fail-on rule fails (a scenario with no stored run fails:
                               a gate that cannot judge is not a pass)
-  --chaos-fail-on SPEC        the gate's rules (default goodput:-3pts; diloco_chaos/gate.py):
+  --chaos-fail-on SPEC        the gate's rules (default goodput:-3pts; harness/judging/gate.py):
                               e.g. goodput:-3pts,final_loss:+2%,recovery:+5s
 `chaos.assert_held(result, baseline=PATH, fail_on=SPEC)` gates one run explicitly, and
 `chaos.gate(result, ...)` returns the gate's rows without failing.
@@ -58,7 +58,7 @@ _RUNS = pytest.StashKey[list]()  # one row per chaos.run of the session, for the
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    from diloco_chaos.gate import DEFAULT_FAIL_ON
+    from diloco_chaos.harness.judging.gate import DEFAULT_FAIL_ON
 
     g = parser.getgroup("chaos")
     g.addoption("--chaos-tier", dest="chaos_tier", choices=TIERS, default=None,
@@ -73,7 +73,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from diloco_chaos.gate import parse_fail_on
+    from diloco_chaos.harness.judging.gate import parse_fail_on
     from diloco_chaos.harness.errors import UserError
 
     config.addinivalue_line("markers", MARKER)
@@ -191,10 +191,10 @@ class Chaos:
 
     def gate(self, result: ChaosResult, *, baseline: Path | str | None = None, fail_on: str | None = None
              ) -> list[dict]:
-        """The baseline gate's rows (diloco_chaos/gate.py `evaluate`) for `result`: [] when
+        """The baseline gate's rows (harness/judging/gate.py `evaluate`) for `result`: [] when
         no baseline was asked for (argument, marker or --chaos-baseline). Fails the test
         when the SPEC is bad or the baseline run is not there."""
-        from diloco_chaos import gate
+        from diloco_chaos.harness.judging import gate
         from diloco_chaos.harness.errors import UserError
 
         path = self.baseline_for(result, baseline)
@@ -222,8 +222,8 @@ class Chaos:
         With a baseline (`baseline=PATH`, the test's `chaos(baseline=)` marker or
         `--chaos-baseline DIR`) it also fails, with the gate's lines, when the run fell
         behind the stored run by more than a `fail_on` rule allows (`fail_on=SPEC`, the
-        marker's, `--chaos-fail-on`, else goodput:-3pts; diloco_chaos/gate.py)."""
-        from diloco_chaos.gate import gate_held
+        marker's, `--chaos-fail-on`, else goodput:-3pts; harness/judging/gate.py)."""
+        from diloco_chaos.harness.judging.gate import gate_held
         from diloco_chaos.harness.judging.judge import held, unknown_checks
         from diloco_chaos.harness.judging.report_text import check_lines
 

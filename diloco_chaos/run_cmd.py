@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from diloco_chaos import ci_output, reference_store
+from diloco_chaos.scenario_args import load, runner
 from diloco_chaos.harness.errors import UserError
 
 DEFAULT_SCENARIO = "chaos"
@@ -195,17 +196,6 @@ def register_replay(sub, help_: str) -> None:
     p.set_defaults(func=cmd_replay)
 
 
-def _load(name_or_path: str, seed: int | None):
-    from diloco_chaos.harness.scenarios.scenario import ScenarioError, load_scenario, locate, plugins_beside
-
-    try:
-        plugins_beside(locate(name_or_path)[0])
-        s = load_scenario(name_or_path)
-        return s if seed is None else dataclasses.replace(s, seed=seed)
-    except (ScenarioError, ValueError, FileNotFoundError) as e:
-        raise UserError(str(e)) from None
-
-
 def _with_preset(s, name: str):
     from diloco_chaos.trainer.presets import PRESETS
 
@@ -225,7 +215,7 @@ def cmd_scenarios(args) -> int:
 
 
 def cmd_run(args) -> int:
-    s = _load(args.scenario, args.seed)
+    s = load(args.scenario, args.seed)
     if args.preset:
         s = _with_preset(s, args.preset)
     if args.backend:
@@ -265,7 +255,7 @@ def _baseline_option(args):
         if spec:
             raise UserError("--fail-on needs --baseline RUN (a run directory or summary.json to compare against)")
         return baseline, None
-    from diloco_chaos import gate
+    from diloco_chaos.harness.judging import gate
 
     spec = spec or gate.DEFAULT_FAIL_ON
     gate.parse_fail_on(spec)
@@ -362,20 +352,10 @@ def _replay_calibrated(args, s) -> int:
     return exit_code(result.summary, args.allow_unknown)
 
 
-def _runner(tier: str):
-    if tier == "sim":
-        from diloco_chaos.harness.sim.run import run_sim
-
-        return run_sim
-    from diloco_chaos.harness.backends.runner import run_scenario
-
-    return run_scenario
-
-
 def _reference(s, out: Path, live: bool, tier: str = "cluster", beside: bool = False):
     """The fault-free run of `s` (same config, seed and tier), made once and reused: its
     folder, or (sim tier, `beside`) a `_SimReference` running it while the caller runs `s`."""
-    run_scenario = _runner(tier)
+    run_scenario = runner(tier)
 
     if not s.faults and s.failure_process is None:
         return None
@@ -443,7 +423,7 @@ class _SimReference:
 
 def _compare_last(s, out: Path, run_dir: Path) -> None:
     """This run beside the scenario's previous one in `out` (figures with deltas, checks)."""
-    from diloco_chaos import gate
+    from diloco_chaos.harness.judging import gate
     from diloco_chaos.compare_cmd import render as render_compare
     from diloco_chaos.runs_cmd import previous_run
 
@@ -464,7 +444,7 @@ def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluste
     s, note = judged_expect(s, reference)
     if record and reference == "none" and (s.faults or s.failure_process is not None):
         raise UserError("--record-baseline records the fault-free reference run: leave --reference auto")
-    run_scenario = _runner(tier)
+    run_scenario = runner(tier)
     ref = _reference(s, out, live, tier, beside=True) if reference == "auto" else None
     run_dir = stamped_dir(out, label or s.name)
     print(f"running {s.name} (seed {s.seed}, {len(s.schedule().faults)} faults, tier {tier}) in {run_dir}")
@@ -505,9 +485,9 @@ def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluste
 
 
 def with_gate(summary: dict, baseline: dict, spec: str, run_dir: Path) -> dict:
-    """The summary with `gate`: each --fail-on rule against the baseline run (diloco_chaos/gate.py);
+    """The summary with `gate`: each --fail-on rule against the baseline run (harness/judging/gate.py);
     a rule that fails makes the run not valid (exit 1). summary.json rewritten."""
-    from diloco_chaos import gate
+    from diloco_chaos.harness.judging import gate
 
     rows = gate.run_gate(summary, baseline, spec)
     summary["gate"] = rows

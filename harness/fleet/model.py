@@ -272,7 +272,7 @@ def parse_counts(text: str, where: str, minimum: int = 1) -> list[int]:
     return sorted(out)
 
 
-# ---------------------------------------------------------------- command line
+# ---------------------------------------------------------------- the parameters' meaning
 PARAM_DOC = {  # FleetParams field -> physical meaning (CLI help, page, docs)
     "mtbi_s": "mean time between interruptions of one chip (Poisson)",
     "job_s": "simulated wall time of the job",
@@ -284,41 +284,6 @@ PARAM_DOC = {  # FleetParams field -> physical meaning (CLI help, page, docs)
     "repair_s": "until a failed slice (or a spare standing in for it) can rejoin",
     "quorum": "K: learners the syncer needs to commit an outer round (capped at M)",
 }
-PARAM_FLAGS = {"--job": "job_s", "--detect": "detect_s", "--restart": "restart_s",
-               "--checkpoint-every": "checkpoint_every_s", "--reconfig": "reconfig_s", "--repair": "repair_s"}
-
-
-def register(sub, help_: str):
-    d = FleetParams()
-    p = sub.add_parser("fleet", help=help_, description=__doc__.split("\n\n")[0])
-    p.add_argument("--chips", default=DEFAULT_CHIPS, help=f"comma list of fleet sizes (default {DEFAULT_CHIPS})")
-    p.add_argument("--learners", default=DEFAULT_LEARNERS,
-                   help=f"comma list of M for Decoupled DiLoCo (default {DEFAULT_LEARNERS})")
-    p.add_argument("--mtbi", default="1y", help="mean time between interruptions per chip, or 'never' (default 1y)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the failure draws (default 0)")
-    p.add_argument("--out", default="runs/fleet", help="folder for fleet.json and fleet.html (default runs/fleet)")
-    for flag, field in (("--slice-chips", "slice_chips"), ("--quorum", "quorum")):
-        p.add_argument(flag, type=int, default=getattr(d, field), help=f"{PARAM_DOC[field]} (default {getattr(d, field)})")
-    for flag, field in PARAM_FLAGS.items():
-        p.add_argument(flag, default=format_duration(getattr(d, field)),
-                       help=f"{PARAM_DOC[field]} (default {format_duration(getattr(d, field))})")
-    p.set_defaults(func=main)
-    return p
-
-
-def params_from_args(args) -> FleetParams:
-    kw = {field: parse_duration(getattr(args, flag[2:].replace("-", "_")), flag)
-          for flag, field in PARAM_FLAGS.items()}
-    kw["mtbi_s"] = parse_duration(args.mtbi, "--mtbi", allow_inf=True)
-    try:
-        return FleetParams(slice_chips=args.slice_chips, quorum=args.quorum, **kw)
-    except ValueError as e:  # the message starts with the field; name the flag too
-        flags = {**{f: k for k, f in PARAM_FLAGS.items()}, "mtbi_s": "--mtbi",
-                 "slice_chips": "--slice-chips", "quorum": "--quorum"}
-        flag = next((v for k, v in flags.items() if str(e).startswith(k)), "fleet")
-        raise UserError(f"{flag}: {e}") from None
-
-
 def run(chips: list[int], learners: list[int], p: FleetParams, seed: int) -> dict:
     """simulate(), with the input checks that need more than one argument."""
     if seed < 0:
@@ -359,23 +324,6 @@ def write(res: dict, out: Path) -> tuple[Path, Path]:
     js.write_text(json.dumps(res, indent=1) + "\n")
     page.write_text(render(res))
     return js, page
-
-
-def main(args) -> int:
-    chips = parse_counts(args.chips, "--chips")
-    learners = parse_counts(args.learners, "--learners")
-    p = params_from_args(args)
-    t0 = time.perf_counter()
-    res = run(chips, learners, p, args.seed)
-    seconds = time.perf_counter() - t0
-    print(f"goodput (productive / allocated chip-time), MTBI {format_duration(p.mtbi_s)} per chip, "
-          f"{format_duration(p.job_s)} job, seed {args.seed}")
-    print(format_table(res))
-    print("\nuptime (share of wall time the global model advances)")
-    print(format_table(res, "uptime"))
-    js, page = write(res, Path(args.out))
-    print(f"\nsimulated in {seconds:.2f} s\nwrote {js}\nwrote {page}")
-    return 0
 
 
 def bench(out_dir: Path) -> dict:

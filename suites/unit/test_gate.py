@@ -1,4 +1,4 @@
-"""The baseline gate (diloco_chaos/gate.py): parsing --fail-on SPECs (units, signs, every
+"""The baseline gate (harness/judging/gate.py): parsing --fail-on SPECs (units, signs, every
 bad part at once), judging a run against a stored one (a missing figure is not a pass),
 reading summaries, and compare()'s flipped checks and noise band."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from diloco_chaos import gate
+from diloco_chaos.harness.judging import gate
 from diloco_chaos.harness.errors import UserError
 from pathlib import Path
 
