@@ -2,7 +2,8 @@
 
 `pages()` returns every page (file name -> Markdown); `python -m diloco_chaos.reference`
 writes them into docs/reference/, and `--check` only compares (exit 1, naming each stale
-page). suites/unit/test_reference_docs.py holds the committed pages equal to `pages()`,
+page): a checkout-only tool (an install has no docs/; `--out` names another folder).
+suites/unit/test_reference_docs.py holds the committed pages equal to `pages()`,
 so a fault kind, a check, a scenario key or an option added in the code without its page
 regenerated fails the tests.
 
@@ -18,6 +19,7 @@ import dataclasses
 import inspect
 import re
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from typing import Any
 # beside the writer that refuses any other kind
 from diloco_chaos.trainer.events import EVENT_KINDS
 
-REFERENCE_DIR = Path(__file__).resolve().parent.parent / "docs" / "reference"
+REFERENCE_DIR = Path(resources.files("diloco_chaos")).resolve().parent / "docs" / "reference"  # in a checkout
 REGENERATE = "python -m diloco_chaos.reference"
 
 

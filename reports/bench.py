@@ -1,7 +1,7 @@
 """`diloco-chaos bench report`: page weight and time to render a run page.
 
-Pages: the fixture run shipped with the tests (suites/unit/data/report_run) and the
-newest run under runs/ (the demo's, if one ran). For each: bytes of the page, seconds
+Pages: the fixture run the tests keep (suites/unit/data/report_run; in a checkout only: an
+install has no suites/) and the newest run under ./runs/ (the demo's, if one ran). For each: bytes of the page, seconds
 to write it (render_run: read the log, compute the page data, build the specs; median
 of 3 after one warm-up), and seconds from opening it in headless Chromium to every
 chart drawn (median of 3 fresh tabs; none without a browser). Goals: ≤ 5 MB, < 2 s.
@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import statistics
 import time
+from importlib import resources
 from pathlib import Path
 
 from diloco_chaos.reports import browser, render_run
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURE = REPO / "suites" / "unit" / "data" / "report_run"
+# (an editable install: the checkout beside the package's folder)
+FIXTURE = Path(resources.files("diloco_chaos")).resolve().parent / "suites" / "unit" / "data" / "report_run"
 GOAL_BYTES, GOAL_S = 5_000_000, 2.0
 
 
@@ -52,8 +53,8 @@ def _browser_s(pages: list[Path]) -> dict[Path, float] | str:
 def report(out_dir: Path) -> dict:
     work = out_dir / "report"
     work.mkdir(parents=True, exist_ok=True)
-    runs = {"fixture": FIXTURE}
-    newest = _newest_run(REPO / "runs")
+    runs = {"fixture": FIXTURE} if (FIXTURE / "events.jsonl").is_file() else {}
+    newest = _newest_run(Path("runs"))
     if newest is not None:
         runs[newest.name] = newest
     pages, rows = {}, {}

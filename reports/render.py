@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import jinja2
@@ -21,7 +22,7 @@ from markupsafe import Markup
 
 from diloco_chaos.reports import assets, check_rows, page, runs
 
-TEMPLATES = Path(__file__).parent / "templates"
+TEMPLATES = Path(resources.files(__package__)) / "templates"
 
 
 @functools.lru_cache(maxsize=1)

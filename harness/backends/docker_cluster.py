@@ -120,8 +120,8 @@ class Containers:
         self.shipped = Shipped(cluster.run_dir)
         if self.image == "host":
             self._mounts = host_mounts()
-        else:
-            self._mounts = [(str(REPO), True)]
+        else:  # the image installed the package (docker/Dockerfile): nothing of the checkout mounted
+            self._mounts = []
             self._image_ref = self.image
         for url, client in self._clients.items():  # imported (or shipped) once per engine
             if is_remote(url):  # another host: the runtime carries the code, nothing is mounted
@@ -306,7 +306,8 @@ class Containers:
         run_id = cluster.topology["run_id"]
         return self._clients[url].containers.run(
             self.images[url], cmd, detach=True, name=f"dc-{run_id}-{name}-{incarnation}",
-            environment=env, network_mode="host", working_dir=str(REPO), init=False, stdin_open=True,
+            environment=env, network_mode="host", init=False, stdin_open=True,
+            working_dir=str(REPO) if self.image == "host" else str(cluster.run_dir),
             mounts=[Mount(target=p, source=p, type="bind", read_only=ro) for p, ro in self._mounts],
             labels=self._labels(cluster, name, incarnation), stop_signal="SIGTERM", **self._limits())
 

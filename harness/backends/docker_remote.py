@@ -6,8 +6,8 @@ directory and the host's Python (harness/backends/docker_engine.py). Any other e
 reaches it:
 
   the code        the runtime (harness/backends/docker_runtime.py): a small image and a
-                  read-only volume holding Python, the dependencies and the repository's
-                  packages, shipped once per engine through its API, named by content
+                  read-only volume holding Python, the dependencies and the package in its
+                  installed layout, shipped once per engine through its API, named by content
   the run dir     one volume per unit, `dc-<run_id>-<unit>`, mounted at RUN_DIR: run.json
                   is put there before the container starts; the unit's checkpoints stay
                   there, so its next incarnation on the same engine restores them (a unit

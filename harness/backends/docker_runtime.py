@@ -29,8 +29,9 @@ filesystem: 700 MB copied per container start. So the runtime is split:
              site-packages stays empty; into it goes the part of the virtualenv's
              site-packages that units use (so .pth files and importlib.metadata work as
              in a plain install, no virtualenv needed).
-    repo/    empty: the mount point of the second volume, `diloco-chaos-code-<sha16>`,
-             the project's packages (REPO_PACKAGES) without __pycache__ (a .pyc there
+    code/    empty: the mount point of the second volume, `diloco-chaos-code-<sha16>`,
+             the package `diloco_chaos` in its installed (wheel) layout, its subpackages
+             under it (runtime_files.py `code_files`), without __pycache__ (a .pyc there
              changes with every run; PYTHONDONTWRITEBYTECODE since the volumes are
              read-only). Its own volume, named by its own files: an edit of the code
              ships a few MB, not the 700 MB of Python and JAX again.
@@ -81,15 +82,15 @@ _lock = threading.Lock()
 @dataclass
 class Runtime:
     """What a container needs to run the units from the runtime: `image` and the
-    `mounts()`, then `python -m trainer.learner ...` in `workdir` with `env`."""
+    `mounts()`, then `python -m diloco_chaos.trainer.learner ...` in `workdir` with `env`."""
 
     image: str
     volume: str  # Python and the packages, at ROOT
-    code: str = ""  # the project's packages, at ROOT/repo (its own volume: an edit ships only it)
+    code: str = ""  # the package diloco_chaos, at ROOT/code (its own volume: an edit ships only it)
     python: str = f"{ROOT}/python/bin/{PY}"
-    workdir: str = f"{ROOT}/repo"
+    workdir: str = f"{ROOT}/code"
     env: dict = field(default_factory=lambda: {
-        "PYTHONPATH": f"{ROOT}/repo",
+        "PYTHONPATH": f"{ROOT}/code",  # the package's own volume: where it is installed here
         "PYTHONDONTWRITEBYTECODE": "1",  # the volume is read-only
         "PYTHONUTF8": "1",  # no locale data in the image
         "LD_LIBRARY_PATH": f"{ROOT}/python/lib",  # python3.11's RUNPATH is the host's prefix
@@ -104,7 +105,7 @@ class Runtime:
         from docker.types import Mount
 
         return [Mount(target=ROOT, source=self.volume, type="volume", read_only=True),
-                *([Mount(target=f"{ROOT}/repo", source=self.code, type="volume", read_only=True)] if self.code else [])]
+                *([Mount(target=f"{ROOT}/code", source=self.code, type="volume", read_only=True)] if self.code else [])]
 
 
 def runtime(client, extra: Iterable[str] = ()) -> Runtime:

@@ -22,11 +22,12 @@ import socket
 import subprocess
 import tempfile
 import threading
+from importlib import resources
 from pathlib import Path
 
 from diloco_chaos.harness.errors import UserError
 
-SOURCE = Path(__file__).with_name("ckptfs")  # main.go, go.mod, go.sum
+SOURCE = Path(resources.files(__package__)) / "ckptfs"  # main.go, go.mod, go.sum
 READY_S = 60.0  # a mount's "ready" line, at most (Go's start is fast; a loaded machine is not)
 JOURNAL = "journal"  # the layer over <run>/journal, where every shard's journal lives
 

@@ -1,12 +1,12 @@
 """What the runtime (harness/backends/docker_runtime.py) carries, read from this host: the
 files of its two volumes (`volume_files`: Python and the packages units import;
-`code_files`: the project's packages), the tar they travel in (`tar_stream`, generated as
+`code_files`: the package `diloco_chaos` in its installed layout), the tar they travel in (`tar_stream`, generated as
 it is sent), and the image's root filesystem (`image_tar`: the dynamic loader and the
 system libraries that `ldd` lists for the Python binary and every shipped `.so` file).
 
-Which site-packages. Decided by evidence, `probe()`: a fresh interpreter imports
-trainer.learner, trainer.syncer, trainer.spare, trainer.checkpoint, trainer.plugins and
-examples.flax_mlp (when Flax is installed), saves and restores an orbax checkpoint and
+Which site-packages. Decided by evidence, `probe()`: a fresh interpreter (in a neutral
+folder: the installed package) imports diloco_chaos.trainer's learner, syncer, spare,
+checkpoint and plugins and diloco_chaos.examples.flax_mlp (when Flax is installed), saves and restores an orbax checkpoint and
 runs a jitted JAX op, then lists the distributions whose files it loaded from
 site-packages. UNIT_DISTRIBUTIONS is that list (suites/docker/test_runtime_docker.py
 checks it still covers the probe); `runtime(client, extra=...)` ships more, e.g. for a
@@ -33,10 +33,9 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
-
-from diloco_chaos.harness.backends.docker_engine import REPO
 
 ROOT = "/opt/diloco-chaos"  # where the runtime is mounted in a container
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -48,8 +47,7 @@ UNIT_DISTRIBUTIONS = (
     "simplejson", "tensorstore", "treescope", "typing-extensions", "uvloop")
 NEVER_SHIP = {"pytest", "playwright", "vl-convert-python", "altair", "hypothesis", "pip", "setuptools",
               "docker", "diloco-chaos"}
-REPO_PACKAGES = ("trainer", "faults", "harness", "reports", "diloco_chaos", "examples")
-REPO_SKIP = {"__pycache__", ".git", ".venv", "runs", ".cache", ".tools", "node_modules"}
+PACKAGE_SKIP = {"__pycache__"}
 STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip"}  # (but their .py files)
 
 
@@ -117,16 +115,35 @@ def volume_files(extra: Iterable[str] = ()) -> list[tuple[str, Path, os.stat_res
         files.append((f"{lib}/site-packages/__pycache__", site / "__pycache__", (site / "__pycache__").lstat()))
     for e in site_entries:
         files += _walk(site / e, f"{lib}/site-packages/{e}", lambda rel: False)
-    files.append(("repo", REPO, REPO.lstat()))  # (empty: the code volume's mount point)
+    files.append(("code", base, base.lstat()))  # (empty: the code volume's mount point)
     return files
 
 
+def package_dirs() -> list[tuple[str, Path]]:
+    """(name in a wheel, folder) of the installed package `diloco_chaos` and of each
+    subpackage whose folder is not inside it: none from a wheel; from an editable install,
+    the checkout's top-level folders that pyproject.toml's package-dir maps under it (the
+    one list of them)."""
+    import importlib.resources
+    import tomllib
+
+    top = Path(str(importlib.resources.files("diloco_chaos")))
+    dirs = [("diloco_chaos", top)]
+    pyproject = top.parent / "pyproject.toml"
+    if (top / "__init__.py").is_file() and pyproject.is_file():  # an editable install of a checkout
+        mapped = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-dir"]
+        for name in sorted(mapped):
+            if name.startswith("diloco_chaos.") and name.count(".") == 1:
+                dirs.append((name.replace(".", "/"), Path(str(importlib.resources.files(name)))))
+    return dirs
+
+
 def code_files() -> list[tuple[str, Path, os.stat_result]]:
-    """(name in the code volume, host path, lstat) of the project's packages."""
+    """(name in the code volume, host path, lstat) of the package in its installed layout:
+    `diloco_chaos/`, its subpackages under it (`diloco_chaos/trainer/`, ...)."""
     files = []
-    for pkg in REPO_PACKAGES:
-        if (REPO / pkg).is_dir():
-            files += _walk(REPO / pkg, pkg, lambda rel: rel.rsplit("/", 1)[-1] in REPO_SKIP)
+    for name, folder in package_dirs():
+        files += _walk(folder, name, lambda rel: rel.rsplit("/", 1)[-1] in PACKAGE_SKIP)
     return files
 
 
@@ -250,11 +267,12 @@ assert float(jax.jit(lambda x: x * 2)(jnp.ones(3)).sum()) == 6.0
 site = sysconfig.get_paths()["purelib"].rstrip("/") + "/"
 tops = {f[len(site):].split("/")[0].removesuffix(".py") for m in list(sys.modules.values())
         if (f := getattr(m, "__file__", None) or "").startswith(site)}
-tops = {t for t in tops if not t.startswith("__editable__")}  # the project: PYTHONPATH in containers
+tops = {t for t in tops if not t.startswith("__editable__")}  # the project: its own volume in containers
 owners = importlib.metadata.packages_distributions()
 print("\n".join(sorted({d for t in tops for d in owners.get(t, ["?" + t])})))
 """
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         cwd=str(REPO), timeout=timeout_s, check=True).stdout
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    with tempfile.TemporaryDirectory() as cwd:  # the installed package, not a checkout's folders
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                             cwd=cwd, timeout=timeout_s, check=True).stdout
     return sorted({norm(line) for line in out.split()})

@@ -26,11 +26,12 @@ import dataclasses
 import hashlib
 import json
 import time
+from importlib import resources
 from pathlib import Path
 
 from diloco_chaos.harness.judging.check_base import Result
 
-STORE = Path(__file__).parents[1] / "scenarios" / "baselines.json"
+STORE = Path(resources.files("diloco_chaos.harness")) / "scenarios" / "baselines.json"
 BOUND = 0.05
 
 

@@ -24,13 +24,14 @@ import dataclasses
 import json
 import os
 import time
+from importlib import resources
 from pathlib import Path
 
 from diloco_chaos.harness.judging.baseline import keyed, read_store
 from diloco_chaos.harness.judging.check_base import Result
 from diloco_chaos.trainer.plugins import SEARCH_ENV
 
-STORE = Path(__file__).parents[1] / "scenarios" / "envelopes.json"
+STORE = Path(resources.files("diloco_chaos.harness")) / "scenarios" / "envelopes.json"
 MIN_RUNS = 3
 
 

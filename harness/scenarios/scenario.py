@@ -29,6 +29,7 @@ import sys
 import tomllib
 import typing
 from dataclasses import MISSING, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from diloco_chaos.harness.units import _Bad, _convert, _describe, _shown, _what
 from diloco_chaos.trainer.config import InnerOptConfig, RunConfig, is_plugin
 from diloco_chaos.trainer.presets import with_preset
 
-SCENARIOS_DIR = Path(__file__).resolve().parent / "builtin"  # scenarios/ in a checkout links here
+SCENARIOS_DIR = Path(resources.files(__package__)).resolve() / "builtin"  # scenarios/ in a checkout links here
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
 

@@ -72,7 +72,7 @@ def _read(client, rt, path: str) -> bytes | None:
 
 def test_a_container_with_only_the_runtime_runs_jax_and_the_units_modules(docker_engine, made):
     rt, first_s = made
-    code = ("import jax, optax, orbax.checkpoint, trainer.learner, trainer.syncer; "
+    code = ("import jax, optax, orbax.checkpoint, diloco_chaos.trainer.learner, diloco_chaos.trainer.syncer; "
             "print(jax.jit(lambda x: x * 2)(jax.numpy.ones(3)).sum())")
     c = docker_engine.containers.create(rt.image, [rt.python, "-c", code], mounts=rt.mounts(),
                                         environment={**rt.env, "JAX_PLATFORMS": "cpu"},
@@ -82,7 +82,7 @@ def test_a_container_with_only_the_runtime_runs_jax_and_the_units_modules(docker
         assert [m["Type"] for m in mounts] == ["volume", "volume"], mounts
         assert not [m for m in mounts if m["Type"] == "bind"]
         assert {(m["Name"], m["Destination"], m["RW"]) for m in mounts} == \
-            {(rt.volume, ROOT, False), (rt.code, f"{ROOT}/repo", False)}
+            {(rt.volume, ROOT, False), (rt.code, f"{ROOT}/code", False)}
         t0 = time.monotonic()
         c.start()
         status = c.wait(timeout=300)["StatusCode"]
@@ -117,7 +117,7 @@ def test_an_edit_of_the_code_ships_only_the_code_volume(docker_engine, made, mon
     """Other code (here: fewer packages) is a new code volume; Python and JAX stay."""
     rt, _ = made
     image_id = docker_engine.images.get(rt.image).id
-    monkeypatch.setattr(runtime_files, "REPO_PACKAGES", ("trainer",))
+    monkeypatch.setattr(runtime_files, "package_dirs", lambda: runtime_files.package_dirs()[:2])
     t0 = time.monotonic()
     other = runtime(docker_engine)
     took = time.monotonic() - t0

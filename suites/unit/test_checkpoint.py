@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import jax
@@ -19,8 +18,6 @@ from diloco_chaos.trainer import tasks
 from diloco_chaos.trainer.checkpoint import Checkpointer
 from diloco_chaos.trainer.config import InnerOptConfig, ModelConfig, RunConfig, TaskConfig
 from diloco_chaos.trainer.inner import make_inner, opt_state_to_tree
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def syncer_tree(round_: int) -> dict:
@@ -198,7 +195,7 @@ KILL_MID_SAVE = textwrap.dedent("""
 def test_a_process_killed_mid_save_leaves_only_an_ignored_tmp_dir(tmp_path):
     ck_dir = tmp_path / "ck"
     proc = subprocess.run([sys.executable, "-c", KILL_MID_SAVE, str(ck_dir)],
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                          cwd=tmp_path,  # the installed package, not the checkout's folders
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr[-2000:]
     at_kill = json.loads(proc.stdout.strip().splitlines()[-1])

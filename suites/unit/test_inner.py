@@ -198,7 +198,7 @@ def _multi_slice(back_to_back: int) -> dict:
     # the programs persist in the cache the units use (a run's learners with slices = 2
     # compiled the same ones): 19.7 s a call without it, on 2 cores
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-           "PYTHONPATH": str(REPO), "JAX_COMPILATION_CACHE_DIR": str(REPO / ".cache" / "jax"),
+           "JAX_COMPILATION_CACHE_DIR": str(REPO / ".cache" / "jax"),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
     proc = subprocess.run([sys.executable, "-c", f"BACK_TO_BACK = {back_to_back}\n" + MULTI_SLICE], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=300)  # a compile in a fresh process; 120 s ran out on 2 loaded cores

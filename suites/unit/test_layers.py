@@ -6,12 +6,15 @@ one way (ROOM_MAY_NOT)."""
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = ("trainer", "faults", "harness", "reports", "examples")  # diloco_chaos.<folder> installed
+# diloco_chaos.<folder> installed: pyproject.toml's package-dir, the one list of the folders
+FOLDERS = tuple(sorted(folder for name, folder in tomllib.loads((ROOT / "pyproject.toml").read_text())
+                       ["tool"]["setuptools"]["package-dir"].items() if name != "diloco_chaos"))
 PACKAGES = ("trainer", "faults", "harness", "reports", "diloco_chaos")
 MAY_NOT = {"trainer": {"faults", "harness", "reports", "diloco_chaos"},
            "faults": {"trainer", "harness", "reports", "diloco_chaos"},
@@ -130,9 +133,7 @@ def test_judging_reads_logs_and_runs_no_model():
 def test_every_package_ships_in_the_wheel():
     """pyproject.toml lists the wheel's packages by hand: a new subpackage left out installs
     nothing of it (the fresh-virtualenv fixture test finds that only minutes later)."""
-    import tomllib
-
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(("diloco_chaos",) * (top != "diloco_chaos") + p.parent.relative_to(ROOT).parts)
-             for top in PACKAGES + ("examples",) for p in (ROOT / top).glob("**/__init__.py")}
+             for top in ("diloco_chaos", *FOLDERS) for p in (ROOT / top).glob("**/__init__.py")}
     assert found <= listed, f"packages missing from pyproject.toml: {sorted(found - listed)}"
