@@ -31,6 +31,7 @@ from diloco_chaos.trainer.protocol_base import DP_MODES
 from diloco_chaos.trainer.sdc import Corrupter
 from diloco_chaos.trainer.tally import step_tally
 from diloco_chaos.trainer.tasks import task_for_run
+from diloco_chaos.trainer.unit_faults import UnitFaults
 from diloco_chaos.trainer.flow import BufferLog
 from diloco_chaos.trainer.shard_link import ShardLink
 from diloco_chaos.trainer.wiring import fragmenter_for, learner_config, learner_math, logged_combiner
@@ -83,8 +84,9 @@ class Learner(LearnerHost):
         tally = step_tally(self.cfg, self.frag)  # what its inner steps did (trainer/tally.py)
         self.driver = LearnerDriver(core, core.init(params), self,
                                     Corrupter(self.cfg.seed, self.index, self.incarnation),  # the `corrupt` fault
-                                    self.cfg.diloco.slices, tally)
-        self.control_mtime, self.control_live, self.corrupt = 0.0, None, None
+                                    self.cfg.diloco.slices, tally, UnitFaults())
+        self.control_mtime, self.control_live, self.control = 0.0, None, {}
+        self.control_read_at = 0.0
         if shell.control_on_stdin():  # the harness's control messages
             shell.follow_control(self.run_dir, self.name)
         self.buffer_log = BufferLog()
@@ -103,9 +105,6 @@ class Learner(LearnerHost):
         if kind == "unit_up":  # when the process started: the unit's own start, for the run's pace
             fields["started"] = shell.process_started()
         self.ev.emit(kind, **fields)
-
-    def corruption(self) -> dict | None:
-        return self.corrupt
 
     def apply_grads(self, params, grads):
         params, self.opt_state = self.inner.apply_grads(params, self.opt_state, grads)
@@ -141,7 +140,19 @@ class Learner(LearnerHost):
 
     def read_control(self) -> None:
         """control/<name>.json, the last control message (trainer/shell.py `follow_control`):
-        live slices (kill_slice), corruption (corrupt)."""
+        the faults on the unit (`faults`: the driver's dict, trainer/unit_faults.py), and live
+        slices (kill_slice), told the core here, between two steps."""
+        self.poll_control()
+        live = self.control.get("live_slices")
+        if live is not None and live != self.control_live:  # (not when only the faults changed)
+            from diloco_chaos.trainer.messages import SliceControl
+            self.control_live = live = int(live)
+            self.do("receive", "harness", SliceControl(max(1, min(live, self.cfg.diloco.slices))))
+
+    def poll_control(self) -> None:
+        """Reads the control file if it changed: the faults on the unit take effect at once
+        (what a cleared one held leaves); also while the loop waits, every POLL_S."""
+        self.control_read_at = time.monotonic()
         path = self.run_dir / "control" / f"{self.name}.json"
         try:
             mtime = path.stat().st_mtime
@@ -149,13 +160,8 @@ class Learner(LearnerHost):
             return
         if mtime != self.control_mtime:
             self.control_mtime = mtime
-            control = json.loads(path.read_text())
-            self.corrupt = control.get("corrupt")
-            live = control.get("live_slices")
-            if live is not None and live != self.control_live:  # (not when only the corruption changed)
-                from diloco_chaos.trainer.messages import SliceControl
-                self.control_live = live = int(live)
-                self.do("receive", "harness", SliceControl(max(1, min(live, self.cfg.diloco.slices))))
+            self.control = json.loads(path.read_text())
+            self.driver.faults.update(self.control.get("faults", {}))
 
     # --- the loop (trainer/learner_loop.py), carried out with threads and wall time -----------
     def run(self) -> int:
@@ -172,6 +178,7 @@ class Learner(LearnerHost):
             return w.fn()
         if isinstance(w, Idle):
             self.drain(timeout_s=POLL_S)
+            self.poll_control()
             return None
         if isinstance(w, Spent):  # its wall time is spent already
             return None
@@ -179,6 +186,8 @@ class Learner(LearnerHost):
         while (not (w.cond is not None and w.cond()) and not (self.stopper.stop and not w.through_stop)
                and time.monotonic() < deadline):
             self.drain(timeout_s=POLL_S)
+            if time.monotonic() - self.control_read_at >= POLL_S:
+                self.poll_control()
         return None
 
     @property

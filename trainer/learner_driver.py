@@ -3,8 +3,9 @@ the same code for a real process (trainer/learner.py) and the simulator
 (harness/sim/learner.py).
 
 The LearnerCore decides; the driver carries out its actions over a host port:
-a Send leaves through the host's link (after the `corrupt` fault's corruption, if one
-is on: silent data corruption happens in the unit, before the wire), an ApplyGrads
+a Send leaves through the host's link, past the `before_send` hooks of the faults on
+the unit (trainer/unit_faults.py: the `corrupt` fault's corruption happens in the unit,
+before the wire), an ApplyGrads
 (data-parallel: the mean gradient came back) is applied by the host's inner optimizer
 and fed back as the inner step, a SetSlices changes how many slices the next step uses.
 `handle` is one item of the inbox: a link up or down, or a message. The loop around it
@@ -20,6 +21,7 @@ from diloco_chaos.trainer.messages import describe
 from diloco_chaos.trainer.protocol import ApplyGrads, IllegalTransition, LearnerCore, LearnerState, Log, Send, SetSlices
 from diloco_chaos.trainer.sdc import Corrupter
 from diloco_chaos.trainer.tally import StepTally, b64
+from diloco_chaos.trainer.unit_faults import UnitFaults
 
 
 class LearnerPort(Protocol):
@@ -28,15 +30,15 @@ class LearnerPort(Protocol):
     def now(self) -> float: ...                           # the clock the core reads (seconds)
     def send(self, to: str, msg) -> int: ...              # bytes framed; 0: dropped (no link)
     def emit(self, kind: str, **fields) -> None: ...      # one event-log line from this unit
-    def corruption(self) -> dict | None: ...              # the `corrupt` fault's spec while it is on
     def apply_grads(self, params, grads): ...             # dp: the inner optimizer's update -> new params
     def after_event(self, event: str, args: tuple) -> None: ...  # after each core event (sim probes)
 
 
 class LearnerDriver:
     def __init__(self, core: LearnerCore, state: LearnerState, port: LearnerPort, corrupter: Corrupter,
-                 live_slices: int, tally: StepTally | None = None):
+                 live_slices: int, tally: StepTally | None = None, faults: UnitFaults | None = None):
         self.core, self.state, self.port, self.sdc = core, state, port, corrupter
+        self.faults = UnitFaults() if faults is None else faults  # the faults on the unit now, their hooks
         self.live_slices = live_slices
         self.tally = tally  # what the inner steps did, beside the core (trainer/tally.py)
         self.dp_tokens, self.dp_dt = 0, 0.0   # the dp step whose mean gradient is awaited
@@ -86,18 +88,17 @@ class LearnerDriver:
                 port.emit(a.kind, **(self._progress(a.fields) if a.kind == "contribute" else a.fields))
         for a in actions:
             if isinstance(a, Send):
-                self.sdc.spec = port.corruption()
-                msg, bad = self.sdc.apply(a.msg)
-                if bad:
-                    port.emit("corrupt", **bad)
-                nbytes = port.send(a.to, msg)
-                port.emit("send" if nbytes else "drop", peer=a.to, bytes=nbytes, **describe(msg),
-                          at_step=self.state.step)
+                self.faults.send(self, a.msg, lambda msg, to=a.to: self._send(to, msg))
             elif isinstance(a, ApplyGrads):
                 params = port.apply_grads(self.core.params(self.state), a.grads)
                 self.do("after_inner_step", params, self.dp_tokens, self.dp_dt)
             elif isinstance(a, SetSlices):
                 self.live_slices = a.live_slices
+
+
+    def _send(self, to: str, msg) -> None:
+        nbytes = self.port.send(to, msg)
+        self.port.emit("send" if nbytes else "drop", peer=to, bytes=nbytes, **describe(msg), at_step=self.state.step)
 
 
 class LearnerHost:

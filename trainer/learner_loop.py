@@ -77,7 +77,7 @@ class LearnerLoopHost(Protocol):
     def open_links(self) -> None: ...
     def links_up(self) -> bool: ...     # every link connected (dp sends nothing before)
     def drain(self) -> None: ...        # feed what the links delivered to the driver, without waiting
-    def read_control(self) -> None: ... # the harness's slice control and corruption
+    def read_control(self) -> None: ... # the harness's control: slices, the faults on the unit (driver.faults)
     def log_buffers(self) -> None: ...
     def train_step(self, params, step: int): ...  # -> (params, tokens, loss): one inner AdamW step
     def grad_step(self, params, step: int): ...   # dp -> (grads as numpy, tokens, loss)
@@ -109,6 +109,7 @@ def learner_loop(h):
     while h.step < h.max_steps and not h.stopping:
         h.drain()
         h.read_control()
+        h.driver.faults.step(h)  # `before_step` hooks of the faults on the unit (trainer/unit_faults.py)
         h.log_buffers()
         if h.core.must_wait(h.state):
             yield Idle()

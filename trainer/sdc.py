@@ -2,9 +2,9 @@
 
 A unit with faulty hardware computes a wrong Δ and sends it as if it were right: the
 message is well-formed, its counters are true, its payload is not. The harness switches
-this on for a window (control/<learner>.json `corrupt`, as slice control); the learner's
-shell passes each Contribution through `corrupt_contribution` before it goes to the link
-(trainer/learner.py, and the simulator's learner the same way), and logs a `corrupt` line
+this on for a window (`set_fault`: the unit's `faults`, control/<learner>.json on processes);
+the learner's driver passes each Contribution through `corrupt_contribution` before it goes
+to the link (the `before_send` hook in trainer/unit_faults.py, both tiers), and logs a `corrupt` line
 naming it, so the checks can tell whether the shard's guard (trainer/syncer_core.py
 `_guard`) kept it out of the model.
 

@@ -181,9 +181,10 @@ class Stopper:
 
 
 # --- messages from and to the harness -----------------------------------------------------
-# Control messages (kill_slice, corrupt) come on the unit's stdin, one JSON line each, the
-# whole control state every time (CONTROL_ENV, set by every backend that starts units); the
-# unit writes each to its own control/<name>.json, which the learner reads every step, and
+# Control messages (kill_slice's `live_slices`; `faults`, the faults on the unit by kind:
+# trainer/unit_faults.py) come on the unit's stdin, one JSON line each, the whole control
+# state every time (CONTROL_ENV, set by every backend that starts units); the unit writes
+# each to its own control/<name>.json, which a learner reads every step, a shard every loop turn, and
 # which its next incarnation finds there. A unit on an engine that shares no files with the
 # harness (harness/backends/docker_remote.py) also runs in stream mode (STREAM_ENV): its run
 # directory is its own volume, and its event lines go out on stdout, which carries nothing

@@ -10,6 +10,7 @@ checkpoint.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -23,10 +24,12 @@ from diloco_chaos.trainer.tasks import task_for_run
 from diloco_chaos.trainer.flow import BufferLog
 from diloco_chaos.trainer.journal import CommitJournal
 from diloco_chaos.trainer.transport import ShardServer, parse_addr
+from diloco_chaos.trainer.unit_faults import UnitFaults
 from diloco_chaos.trainer.wiring import fragmenter_for, syncer_config, syncer_math
 
 
 KEEP_EVERY_S = 3       # besides the latest saves, the first of each 3 s of clock time is kept (the global loss curve)
+CONTROL_EVERY_S = 0.05  # how often the loop looks at its control file (a learner: every step)
 
 
 class Syncer:
@@ -72,7 +75,11 @@ class Syncer:
             state = core.restore(restored)
         else:
             state = core.init({p: frag.get(params, p) for p in topo["shards"][self.name]})
-        self.driver = SyncerDriver(core, core.remember(state, self.commit_journal.entries()), self, saved)
+        self.driver = SyncerDriver(core, core.remember(state, self.commit_journal.entries()), self, saved,
+                                   faults=UnitFaults())
+        self.control_mtime, self.control_read_at = 0.0, 0.0
+        if shell.control_on_stdin():  # the harness's control messages: the faults on the shard
+            shell.follow_control(self.run_dir, self.name)
         if restored is not None:
             self.ev.emit("checkpoint_restored", step=step, versions=self.driver.versions(),
                          digests=self.driver.digests())  # of what it loaded (restores_faithful)
@@ -125,6 +132,21 @@ class Syncer:
         self.ckpt.recover()
         return SaveFailed(why_failed(e))
 
+    def poll_control(self, now: float) -> None:
+        """control/<name>.json, the last control message (trainer/shell.py `follow_control`), if
+        it changed: the faults on the shard (trainer/unit_faults.py), at most every CONTROL_EVERY_S."""
+        if now - self.control_read_at < CONTROL_EVERY_S:
+            return
+        self.control_read_at = now
+        path = self.run_dir / "control" / f"{self.name}.json"
+        try:
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if mtime != self.control_mtime:
+            self.control_mtime = mtime
+            self.driver.faults.update(json.loads(path.read_text()).get("faults", {}))
+
     # --- the loop --------------------------------------------------------------------------
     def run(self) -> int:
         d = self.driver
@@ -151,6 +173,7 @@ class Syncer:
                 else:
                     d.saved_landed()
             now = time.monotonic()
+            self.poll_control(now)
             self.resources.maybe(now)
             if self.buffer_log.due(now):  # `link_buffer` lines: at most one a second per link
                 for fields in self.buffer_log.lines(now, self.server.buffers()):

@@ -34,6 +34,7 @@ from typing import Protocol
 from diloco_chaos.trainer.messages import describe
 from diloco_chaos.trainer.protocol import (IllegalTransition, Journal, Log, SaveCheckpoint, Send, SetTimer, SyncerCore,
                                            SyncerState)
+from diloco_chaos.trainer.unit_faults import UnitFaults
 
 
 class SyncerPort(Protocol):
@@ -59,8 +60,9 @@ class SaveFailed(Exception):
 
 class SyncerDriver:
     def __init__(self, core: SyncerCore, state: SyncerState, port: SyncerPort, saved: int = 0,
-                 save_gap_s: float = SAVE_GAP_S):
+                 save_gap_s: float = SAVE_GAP_S, faults: UnitFaults | None = None):
         self.core, self.state, self.port = core, state, port
+        self.faults = UnitFaults() if faults is None else faults  # the faults on the shard now, their hooks
         self.saved = saved                   # checkpoint numbers: one per save, across incarnations
         self.in_flight: dict | None = None   # versions of the save being written
         self.dirty = False                   # a commit since the last save started
@@ -167,15 +169,18 @@ class SyncerDriver:
             if isinstance(a, Log):
                 self.port.emit(a.kind, **a.fields)
         for a in actions:
-            if isinstance(a, Send):
-                nbytes = self.port.send(a.to, a.msg, a.whole)
-                self.port.emit("send" if nbytes else "drop", peer=a.to, bytes=nbytes, **describe(a.msg))
+            if isinstance(a, Send):  # past the `before_send` hooks of the faults on the shard
+                self.faults.send(self, a.msg, lambda msg, a=a: self._send(a.to, msg, a.whole))
             elif isinstance(a, SetTimer):
                 self.port.set_timer(a.key, a.at)
             elif isinstance(a, SaveCheckpoint):
                 self.dirty = True
             elif isinstance(a, Journal):
                 self.port.journal(a.fragment, a.version, a.digest)
+
+    def _send(self, to: str, msg, whole) -> None:
+        nbytes = self.port.send(to, msg, whole)
+        self.port.emit("send" if nbytes else "drop", peer=to, bytes=nbytes, **describe(msg))
 
     def checkpoint(self) -> None:
         """Starts a save if the state moved on and none is in flight (coalescing)."""

@@ -79,7 +79,7 @@ class _OneRole:
 class Nemesis(Protocol):
     """What a fault kind's `start` / `heal` may use (harness/run/injector.py provides it):
     `control`, the hosts' `Control` (running, kill, spawn, pause, resume, set_speed,
-    set_live_slices, set_corrupt, the links' `client`, the base `wan` profile); the run's
+    set_live_slices, set_fault / clear_fault, the links' `client`, the base `wan` profile); the run's
     `shape`; whether a dead learner rolls every learner back (`dp_rollback`); and the
     moves every kind shares, each logged."""
 

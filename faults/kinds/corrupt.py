@@ -48,10 +48,10 @@ class Corrupt(Fault):
         check_number(self, "flips", ">= 1", lambda v: v >= 1, integer=True)
 
     def start(self, nemesis, n) -> None:
-        nemesis.control.set_corrupt(self.target, {"mode": self.mode, "factor": self.factor, "flips": self.flips})
+        nemesis.control.set_fault(self.target, self.kind, mode=self.mode, factor=self.factor, flips=self.flips)
 
     def heal(self, nemesis, n, final) -> None:
-        nemesis.control.set_corrupt(self.target, None)
+        nemesis.control.clear_fault(self.target, self.kind)
 
     @classmethod
     def draw(cls, draw, shape, target, at, length, *, never=False):

@@ -30,7 +30,7 @@ class DiskFull(Fault):
         check_number(self, "duration_s", POSITIVE_S, lambda v: v > 0)
 
     def start(self, nemesis, n) -> None:
-        nemesis.control.set_disk_full(self.target, True)
+        nemesis.control.set_fault(self.target, self.kind)
 
     def heal(self, nemesis, n, final) -> None:
-        nemesis.control.set_disk_full(self.target, False)
+        nemesis.control.clear_fault(self.target, self.kind)

@@ -41,7 +41,7 @@ class DiskSlow(Fault):
         return cls(target, at, duration_s=length, latency_ms=draw(st.sampled_from((50.0, 200.0, 1000.0))))
 
     def start(self, nemesis, n) -> None:
-        nemesis.control.set_disk_latency(self.target, self.latency_ms)
+        nemesis.control.set_fault(self.target, self.kind, latency_ms=self.latency_ms)
 
     def heal(self, nemesis, n, final) -> None:
-        nemesis.control.set_disk_latency(self.target, 0.0)
+        nemesis.control.clear_fault(self.target, self.kind)

@@ -10,8 +10,9 @@ Run directory:
   run.json                 config + topology; each process reads it at start
   logs/<src>.<n>.jsonl     events of incarnation n of process src
   ckpt/<src>/              orbax checkpoints
-  control/<learner>.json   the last control message (live_slices, corrupt), written by the
-                           learner (the harness sends it on the unit's stdin), read each step
+  control/<unit>.json      the last control message (live_slices; faults: the faults on the
+                           unit by kind), written by the unit (the harness sends it on the
+                           unit's stdin), read each step (a learner) or loop turn (a shard)
   stdout/<src>.<n>.log     each process's stdout/stderr
 (A unit on another host's engine keeps its own copy of this layout in a volume, and the
 harness's copy is filled from messages: harness/backends/docker_remote.py.)
@@ -117,7 +118,7 @@ class LocalCluster:
     toxiproxy: ToxiproxyServer | None = None
     client: ToxiproxyClient | None = None
     members: dict[str, Member] = field(default_factory=dict)
-    controls: dict[str, dict] = field(default_factory=dict)  # learner -> its control state, as last sent
+    controls: dict[str, dict] = field(default_factory=dict)  # unit -> its control state, as last sent
     topology: dict = field(default_factory=dict)
     # The run secret every unit proves on each connection (trainer/auth.py): in the units'
     # environment only, never in run.json or the event log.
@@ -278,17 +279,30 @@ class LocalCluster:
         """A slice control message: the learner reshards its batch over `live` slices."""
         self._control(learner, live_slices=live)
 
-    def set_corrupt(self, learner: str, spec: dict | None) -> None:
-        """corrupt: the learner corrupts its outgoing contributions as `spec` says (None: stops)."""
-        self._control(learner, corrupt=spec)
+    def set_fault(self, unit: str, kind: str, **fields) -> None:
+        """The fault `kind` on `unit` (a learner or a shard) with `fields`: done by this host
+        beneath the unit where it is the disk's (`_host_faults`), else a control message, the
+        unit's whole dict of the faults on it (trainer/unit_faults.py: its hooks read it)."""
+        if (host := self._host_faults().get(kind)) is not None:
+            host[0](unit, fields)
+        else:
+            self._control(unit, faults={**self.controls.get(unit, {}).get("faults", {}), kind: dict(fields)})
 
-    def set_disk_full(self, shard: str, full: bool) -> None:
-        """disk_full: the shard's own small disk filled to its last byte (True) or emptied."""
-        (self._disks.fill if full else self._disks.free)(shard)
+    def clear_fault(self, unit: str, kind: str) -> None:
+        """The fault `kind` off `unit` (what it held leaves once the unit reads its control)."""
+        if (host := self._host_faults().get(kind)) is not None:
+            host[1](unit)
+        else:
+            faults = dict(self.controls.get(unit, {}).get("faults", {}))
+            faults.pop(kind, None)
+            self._control(unit, faults=faults)
 
-    def set_disk_latency(self, shard: str, latency_ms: float) -> None:
-        """disk_slow: each write and fsync on the shard's checkpoint folder `latency_ms` late."""
-        self._fuse.latency(shard, latency_ms)
+    def _host_faults(self) -> dict:
+        """The kinds this host does beneath the unit, on its checkpoint disk: kind -> (on, off).
+        disk_full: the shard's own small disk filled to its last byte, then emptied; disk_slow:
+        each write and fsync on its checkpoint folder `latency_ms` late (the FUSE layer)."""
+        return {"disk_full": (lambda u, f: self._disks.fill(u), self._disks.free),
+                "disk_slow": (lambda u, f: self._fuse.latency(u, f["latency_ms"]), lambda u: self._fuse.latency(u, 0.0))}
 
     def lose_writes(self, unit: str) -> dict:
         """lost_writes (the unit is dead): its un-fsynced writes dropped by its FUSE layer."""
@@ -302,11 +316,11 @@ class LocalCluster:
         """corrupt_checkpoint: the unit's newest sealed checkpoint damaged at rest (it is down)."""
         return checkpoint_disk.damage(self.run_dir / "ckpt" / unit, damage)
 
-    def _control(self, learner: str, **fields) -> None:
-        """A control message: the learner's whole control state, on its stdin (the learner
-        keeps it in its control/<learner>.json); a restart is sent it again."""
-        state = self.controls[learner] = {**self.controls.get(learner, {}), **fields}
-        self.units.control(self, self.members[learner], state)
+    def _control(self, unit: str, **fields) -> None:
+        """A control message: the unit's whole control state, on its stdin (the unit keeps it
+        in its control/<unit>.json); a restart is sent it again."""
+        state = self.controls[unit] = {**self.controls.get(unit, {}), **fields}
+        self.units.control(self, self.members[unit], state)
 
     def links_of(self, learner: str) -> list[str]:
         return [link_name(learner, s) for s in self.topology["shards"]]

@@ -100,10 +100,12 @@ class Control(Protocol):
     def pause(self, name: str) -> str | None: ...            # None, or the words for another way
     def resume(self, name: str) -> None: ...
     def set_speed(self, name: str, speed: float, period_s: float = 0.1) -> None: ...  # 1.0: full speed
-    def set_live_slices(self, learner: str, live: int) -> None: ...
-    def set_corrupt(self, learner: str, spec: dict | None) -> None: ...
-    def set_disk_full(self, shard: str, full: bool) -> None: ...  # its checkpoint saves fail (ENOSPC) while full
-    def set_disk_latency(self, shard: str, latency_ms: float) -> None: ...  # each checkpoint write / fsync late (0: not)
+    def set_live_slices(self, learner: str, live: int) -> None: ...  # the core's SliceControl
+    # a fault on a unit (learner or shard) while it lasts: the unit's dict of the faults on it,
+    # which the hooks of the code both tiers share read (trainer/unit_faults.py); a host may do
+    # a kind beneath the unit instead (processes: the disk's, disk_full and disk_slow)
+    def set_fault(self, unit: str, kind: str, **fields) -> None: ...
+    def clear_fault(self, unit: str, kind: str) -> None: ...
     def lose_writes(self, unit: str) -> dict: ...  # a dead unit's un-fsynced writes dropped: {"lost", "truncated", ...}
     def checkpoints(self, unit: str) -> dict: ...  # {"finalized": [...], "sealed": [...]} steps in its folder
     def damage_checkpoint(self, unit: str, damage: str) -> dict: ...  # its newest sealed one damaged at rest

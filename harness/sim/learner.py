@@ -33,6 +33,7 @@ from diloco_chaos.trainer.messages import SliceControl
 from diloco_chaos.trainer.protocol import LearnerCore
 from diloco_chaos.trainer.sdc import Corrupter
 from diloco_chaos.trainer.tally import step_tally
+from diloco_chaos.trainer.unit_faults import UnitFaults
 from diloco_chaos.trainer.wiring import learner_config, logged_combiner
 
 
@@ -150,7 +151,8 @@ class LearnerProc(LearnerHost):
         core = LearnerCore(learner_config(w.cfg, w.topology, unit.name, self.incarnation, w.learner_bugs), m.lmath)
         self.driver = LearnerDriver(core, core.init(params), self,
                                     Corrupter(w.cfg.seed, unit.index, self.incarnation),  # the `corrupt` fault
-                                    w.cfg.diloco.slices, step_tally(w.cfg, m.frag))
+                                    w.cfg.diloco.slices, step_tally(w.cfg, m.frag),
+                                    UnitFaults(unit.faults))  # the unit's own dict: what the world sets
         self.phase, self.loop = "running", learner_loop(self)
         self.resume()
 
@@ -290,9 +292,6 @@ class LearnerProc(LearnerHost):
     def send(self, to: str, msg) -> int:
         return self.world.net.learner_send(self.unit.name, to, msg, combine=self.combine)
 
-    def corruption(self) -> dict | None:
-        return self.unit.corrupt
-
     def apply_grads(self, params, grads):
         params, self.opt_state = self.world.model.inner.apply_grads(params, self.opt_state, grads)
         return params
@@ -318,7 +317,7 @@ class LearnerProc(LearnerHost):
 
 class SimLearner:
     """A learner unit across its incarnations: what survives a process (its durable
-    checkpoint, the harness's slice control file)."""
+    checkpoint, the harness's control file: slices, the faults on it)."""
 
     def __init__(self, world, name: str, index: int):
         self.world, self.name, self.index = world, name, index
@@ -326,7 +325,7 @@ class SimLearner:
         self.proc: LearnerProc | None = None
         self.ckpt = None  # (params, opt_state, step), the latest durable save
         self.control, self.control_version = None, 0
-        self.corrupt: dict | None = None  # the `corrupt` fault's spec while it is on
+        self.faults: dict[str, dict] = {}  # the faults on the unit by kind (trainer/unit_faults.py)
 
     def spawn(self, startup_s: float | None = None) -> None:
         self.incarnation += 1

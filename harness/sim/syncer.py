@@ -15,6 +15,7 @@ from diloco_chaos.trainer.protocol import SyncerCore
 from diloco_chaos.trainer.syncer_driver import SaveFailed, SyncerDriver
 
 from diloco_chaos.trainer.transport import LinkStats
+from diloco_chaos.trainer.unit_faults import UnitFaults
 from diloco_chaos.trainer.wiring import MATH_BUGS, syncer_config, syncer_math
 
 NO_SPACE = "OSError: [Errno 28] No space left on device (simulated disk_full)"
@@ -57,7 +58,8 @@ class SyncerProc:
         else:
             frags = w.topology["shards"][unit.name]
             state = core.init({p: w.model.frag.get(w.model.params0, p) for p in frags})
-        self.driver = SyncerDriver(core, core.remember(state, unit.journal), self, unit.saved)
+        self.driver = SyncerDriver(core, core.remember(state, unit.journal), self, unit.saved,
+                                   faults=UnitFaults(unit.faults))  # the unit's own dict: what the world sets
         if restored is not None:
             self.emit("checkpoint_restored", step=restored[1], versions=self.driver.versions(),
                       digests=self.driver.digests())  # of what it loaded (restores_faithful)
@@ -179,10 +181,21 @@ class SimSyncer:
         self.damaged: dict[int, str] = {}  # save number -> how corrupt_checkpoint damaged it
         self.oldest = None  # the first durable snapshot (planted restore_oldest restores it)
         self.saved = 0
-        self.disk_full = False  # disk_full: every save fails while it lasts
-        self.disk_latency_s = 0.0  # disk_slow: each write and fsync of a save this much late
+        # the faults on the shard by kind (trainer/unit_faults.py), set by the world; the disk's
+        # (disk_full, disk_slow) are this host's model of its disk, read below
+        self.faults: dict[str, dict] = {}
         self.journal: list = []  # (fragment, version, digest) per commit, across incarnations (trainer/journal.py)
         self.journal_synced = 0  # how many of its lines an fsync made durable
+
+    @property
+    def disk_full(self) -> bool:
+        """disk_full: every save fails while it lasts (it outlives a restart, as a disk does)."""
+        return "disk_full" in self.faults
+
+    @property
+    def disk_latency_s(self) -> float:
+        """disk_slow: each write and fsync of a save this much late (0: healed)."""
+        return self.faults["disk_slow"]["latency_ms"] / 1000.0 if "disk_slow" in self.faults else 0.0
 
     @property
     def durable(self) -> tuple[dict, int] | None:

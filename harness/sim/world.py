@@ -1,8 +1,8 @@
 """The simulated cluster: a virtual clock, the units, the links, the event log.
 
 `World` is the simulator's host: it implements `Control` (harness/run/control.py: kill,
-spawn, running, pause, resume, set_speed, set_live_slices, set_corrupt, `client` for the
-links' toxics, `wan`) beside the real hosts, so the simulator is driven by the same
+spawn, running, pause, resume, set_speed, set_live_slices, set_fault / clear_fault,
+`client` for the links' toxics, `wan`) beside the real hosts, so the simulator is driven by the same
 `Injector` and run loop (harness/run/); slow_unit takes the injector's `set_speed` path
 (as on the docker backend).
 
@@ -219,13 +219,19 @@ class World:
     def set_live_slices(self, learner: str, live: int) -> None:
         self.learners[learner].set_control(live)
 
-    def set_disk_full(self, shard: str, full: bool) -> None:
-        """disk_full: the shard's saves fail while it lasts (it outlives a restart, as a disk does)."""
-        self.syncers[shard].disk_full = full
+    def set_fault(self, unit: str, kind: str, **fields) -> None:
+        """The fault `kind` on `unit` (a learner or a shard) with `fields`: into the unit's dict
+        of the faults on it, which its hooks (trainer/unit_faults.py) and this tier's model of
+        its disk read; as the control file on processes, it outlives a restart of the unit."""
+        self._unit(unit).faults[kind] = dict(fields)
 
-    def set_disk_latency(self, shard: str, latency_ms: float) -> None:
-        """disk_slow: each write and fsync of the shard's saves `latency_ms` late (0: healed)."""
-        self.syncers[shard].disk_latency_s = latency_ms / 1000.0
+    def clear_fault(self, unit: str, kind: str) -> None:
+        """The fault `kind` off `unit`: what it held leaves now (a process reads its control
+        within a step or POLL_S)."""
+        u = self._unit(unit)
+        u.faults.pop(kind, None)
+        if u.proc is not None and u.proc.driver is not None and u.proc.alive:
+            u.proc.driver.faults.release()
 
     def lose_writes(self, unit: str) -> dict:
         """lost_writes: the dead shard's un-fsynced writes dropped (harness/sim/syncer.py)."""
@@ -238,10 +244,6 @@ class World:
     def damage_checkpoint(self, unit: str, damage: str) -> dict:
         """corrupt_checkpoint: the shard's newest sealed save damaged (harness/sim/syncer.py)."""
         return self.syncers[unit].damage(damage)
-
-    def set_corrupt(self, learner: str, spec: dict | None) -> None:
-        """corrupt: as the control file on processes, it outlives a restart of the unit."""
-        self.learners[learner].corrupt = spec
 
     # --- what the links call ---------------------------------------------------------------
     def learner_link_event(self, learner: str, kind: str, shard: str, msg=None, nbytes: int = 0) -> None:

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 from diloco_chaos.trainer.learner_loop import (CKPT_EVERY, CLOSE_WAIT_S, DRAIN_S, FETCH_WAIT_S, STOP_CLOSE_S, Compute, Until,
                                   learner_loop)
+from diloco_chaos.trainer.unit_faults import UnitFaults
 
 
 class Core:
@@ -37,7 +38,8 @@ class Host:
         self.stopping, self.saved, self.t = False, saved, 0.0
         self.lines, self.waits, self.saves, self.done = [], [], [], None
         self.driver = SimpleNamespace(grads_ready=lambda g, tokens, dt: self.lines.append(("grads", g)),
-                                      stepped=lambda before, after: None, tally=None)
+                                      stepped=lambda before, after: None, tally=None,
+                                      faults=UnitFaults())
 
     def now(self) -> float:
         return self.t
