@@ -117,7 +117,8 @@ def test_an_edit_of_the_code_ships_only_the_code_volume(docker_engine, made, mon
     """Other code (here: fewer packages) is a new code volume; Python and JAX stay."""
     rt, _ = made
     image_id = docker_engine.images.get(rt.image).id
-    monkeypatch.setattr(runtime_files, "package_dirs", lambda: runtime_files.package_dirs()[:2])
+    fewer = runtime_files.package_dirs()[:2]
+    monkeypatch.setattr(runtime_files, "package_dirs", lambda: fewer)
     t0 = time.monotonic()
     other = runtime(docker_engine)
     took = time.monotonic() - t0
