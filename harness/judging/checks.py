@@ -195,24 +195,57 @@ def reachable(log: EventLog, settle_s: float) -> list[tuple[float, float]]:
     return intersect(clip(out, t0, t1), shards)
 
 
+def throttled(log: EventLog) -> list[tuple[float, float, float]]:
+    """When too few learners had a fast link for a round to commit at the run's pace:
+    (from, to, crossing_s) for each fault that set a link's bandwidth or latency (`wan`,
+    `latency_spike`: the harness's fault_start / fault_end lines) on the links of more than
+    M − K learners, with crossing_s the time the largest Δ the learners sent (their
+    Contribution `send` lines' bytes) needs over it: bytes × 8 / bandwidth, plus the
+    latency and jitter both ways. `to` is the heal plus that time (a Δ sent just before
+    the heal still crosses at the old rate)."""
+    t0, t1 = window(log)
+    names, k = learner_names(log), quorum_k(log)
+    size = max((int(e.get("bytes") or 0) for e in log.of("send") if e.get("msg") == "Contribution"), default=0)
+    spans: dict = {}
+    for e in log.of("fault_start", "fault_end", src="harness"):
+        f = e.get("fault") or {}
+        if e["kind"] == "fault_start" and ("bandwidth_kbps" in f or "latency_ms" in f) and f.get("kind") not in LINK_FAULTS:
+            hit = sum(1 for n in names if LinkTarget.parse(f.get("target", "")).reaches(n))
+            if len(names) - hit < k:
+                kbps = float(f.get("bandwidth_kbps") or 0)
+                wire = size * 8 / (kbps * 1000) if kbps > 0 else 0.0
+                crossing = wire + 2 * (float(f.get("latency_ms") or 0) + float(f.get("jitter_ms") or 0)) / 1000
+                spans[e["id"]] = [e["t"], t1, crossing]
+        elif e["kind"] == "fault_end" and e.get("id") in spans:
+            spans[e["id"]][1] = e["t"]
+    return [(a, min(b + c, t1), c) for a, b, c in spans.values()]
+
+
 def no_global_downtime(log: EventLog, bound_s: float | None = None, settle_s: float | None = None) -> Result:
     """No stretch longer than bound_s (default: the uptime gap bound, its floor scaled by the
     run's measured pace: harness/judging/pace.py) without a round_commit on any shard while
-    a quorum was reachable (see `reachable`; settle_s defaults to bound_s)."""
+    a quorum was reachable (see `reachable`; settle_s defaults to bound_s). A stretch that
+    overlaps a slowed WAN on too many learners' links (`throttled`) may be longer by the
+    time a Δ needs to cross it: no round can commit before its first Δ arrives (the
+    built-in wan-brownout: 181 kB Δs over 250 kbit/s, 5.8 s, where the run's own gaps
+    gave a bound of 1 s)."""
     t0, t1 = window(log)
     paced = pace(log)
     commits, gap_bound = commit_gaps(log, paced["pace"])
     bound = gap_bound if bound_s is None else bound_s
     q = reachable(log, bound if settle_s is None else settle_s)
+    slow = throttled(log)
     edges = [t0] + [c for c in commits if t0 < c < t1] + [t1]
     worst, bad = 0.0, []
     for a, b in zip(edges, edges[1:]):
         longest = max((y - x for x, y in intersect([(a, b)], q)), default=0.0)
         worst = max(worst, longest)
-        if longest > bound:
-            bad.append({"from_s": a - t0, "to_s": b - t0, "reachable_s": longest})
+        extra = max((c for x, y, c in slow if x < b and a < y), default=0.0)
+        if longest > bound + extra:
+            bad.append({"from_s": a - t0, "to_s": b - t0, "reachable_s": longest, **({"crossing_s": extra} if extra else {})})
     r = _judge("no_global_downtime", bad, bound, k=quorum_k(log), reachable_s=sum(y - x for x, y in q),
-               pace=paced["pace"], bound_at_reference_pace_s=commit_gaps(log)[1] if bound_s is None else bound)
+               pace=paced["pace"], bound_at_reference_pace_s=commit_gaps(log)[1] if bound_s is None else bound,
+               throttled=[{"from_s": x - t0, "to_s": y - t0, "crossing_s": c} for x, y, c in slow][:SHOW])
     return Result(r.name, r.valid, worst, bound, r.details)
 
 

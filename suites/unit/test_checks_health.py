@@ -217,6 +217,29 @@ def test_no_global_downtime_excuses_dead_and_partitioned_learners():
     assert _stall(partition_one).valid is False
 
 
+def test_a_brownout_on_every_link_allows_the_time_a_delta_needs_to_cross_it():
+    """Every link slowed to 250 kbit/s with 150 ms ± 50 ms from 4 s on (the built-in
+    wan-brownout's numbers): the learners' Δs are 181,401 bytes, which take
+    181,401 × 8 / 250,000 = 5.80 s on the wire plus 2 × 0.2 s of latency and jitter: 6.20 s
+    may pass without a commit on top of the bound (3 s), so the 6 s stall passes. The same
+    brownout on one learner's links (K = 1: the other still commits at speed) allows
+    nothing; so does a brownout at 2 Mbit/s (0.73 + 0.4 s: 6 s is still a stall)."""
+    def brownout(target, kbps):
+        def add(b):
+            b.send(0.5, "learner-0", 1, 1, nbytes=181_401)
+            f = {"kind": "wan", "target": target, "at_s": 4.0, "duration_s": 6.0, "bandwidth_kbps": kbps,
+                 "latency_ms": 150.0, "jitter_ms": 50.0}
+            b.add(4.0, "harness", "fault_start", id=0, fault=f)
+        return add
+
+    every = _stall(brownout("link:*", 250.0))
+    assert every.valid is True and every.value == pytest.approx(6.0)
+    assert every.details["throttled"] == [{"from_s": 4.0, "to_s": 10.0, "crossing_s": pytest.approx(6.20, abs=0.01)}]
+    assert _stall(brownout("link:learner-0", 250.0)).valid is False
+    fast = _stall(brownout("link:*", 2000.0))
+    assert fast.valid is False and fast.details["violations"][0]["crossing_s"] == pytest.approx(1.126, abs=0.01)
+
+
 def test_a_unit_slowed_below_half_speed_is_not_counted_ready():
     """Both learners slowed for the rest of the run from 4 s: at speed 0.15 their fragment
     cycles are 6.7 times as long, so the 6 s without a commit is not judged; at 0.6 it is
