@@ -102,3 +102,9 @@ def _corrupt(driver, fields: dict, msg):
     if bad:
         driver.port.emit("corrupt", **bad)
     return msg
+
+
+@hook("before_send", "send_stall")
+def _send_stall(unit, fields: dict, msg):
+    """send_stall: what the core sends waits in the unit until the fault is cleared."""
+    return HOLD
