@@ -53,9 +53,6 @@ class UnitFaults:
         self.active: dict[str, dict] = {} if active is None else active
         self.held: list[tuple[str, Callable[[], None]]] = []  # (the fault holding it, its send), in order
 
-    def on(self, kind: str) -> dict | None:
-        return self.active.get(kind)
-
     def update(self, active: dict) -> None:
         """The harness's new dict (a process's control message); what a cleared fault held leaves."""
         self.active.clear()
@@ -76,19 +73,20 @@ class UnitFaults:
                 fn(unit, self.active[kind], None)
 
     def send(self, unit, msg, out: Callable[[Any], None]) -> None:
-        """`before_send`: `out(msg)` now, after every active fault's hook (in the order the
-        hooks were registered), or later, when the fault that held it (or one before it) is
-        cleared."""
-        if self.held:  # an earlier message waits: this one goes after it
-            self.held.append((self.held[-1][0], lambda: out(msg)))
-            return
+        """`before_send`: every active fault's hook, in the order the hooks were registered,
+        then `out(msg)`: now, or when the fault that held it (or an earlier message) is
+        cleared. A held message leaves as it was when held (the hooks after the holding one
+        do not run)."""
         for kind, fn in HOOKS["before_send"].items():
             if kind in self.active:
                 after = fn(unit, self.active[kind], msg)
-                if after is HOLD:  # it leaves as it is now, once `kind` is cleared
+                if after is HOLD:
                     self.held.append((kind, lambda: out(msg)))
                     return
                 msg = after
+        if self.held:  # an earlier message waits: this one goes after it
+            self.held.append((self.held[-1][0], lambda: out(msg)))
+            return
         out(msg)
 
 

@@ -64,3 +64,17 @@ def test_the_corrupt_hook_scales_a_contribution_and_logs_it():
     faults.update({})
     faults.send(driver, c, out.append)
     assert out[1] is c and len(lines) == 1
+
+
+def test_a_message_queued_behind_a_held_one_still_passes_the_hooks_before_the_hold(monkeypatch):
+    """corrupt and send_stall at once: every contribution held is corrupted (corrupt's hook
+    comes first), the ones queued behind the first too."""
+    lines = []
+    driver = SimpleNamespace(sdc=Corrupter(0, 0, 0), port=SimpleNamespace(emit=lambda kind, **f: lines.append(kind)))
+    c = Contribution("A", 0, 3, 1, 0, 6, 60, 1.0, None, compression.encode([np.ones(4, np.float32)], "fp32"))
+    faults, out = UnitFaults({"corrupt": {"mode": "scale", "factor": 10.0}, "send_stall": {}}), []
+    for _ in range(3):
+        faults.send(driver, c, out.append)
+    assert out == [] and lines == ["corrupt"] * 3
+    faults.update({})
+    assert [compression.decode(m.payload)[0].tolist() for m in out] == [[10.0] * 4] * 3
