@@ -145,10 +145,10 @@ class Chaos:
         if seed is not None:
             s = dataclasses.replace(s, seed=seed)
         if reference == "auto":
-            from diloco_chaos.run_cmd import judged_expect, _reference
+            from diloco_chaos.run_cmd import judged_expect, reference_run
 
             s, _ = judged_expect(s, "auto")
-            reference = _reference(s, self.out_dir, False, tier) if s.expect.loss_parity_max is not None else None
+            reference = reference_run(s, self.out_dir, False, tier) if s.expect.loss_parity_max is not None else None
         elif reference is None:
             from diloco_chaos.run_cmd import judged_expect
 

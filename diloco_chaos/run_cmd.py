@@ -352,7 +352,7 @@ def _replay_calibrated(args, s) -> int:
     return exit_code(result.summary, args.allow_unknown)
 
 
-def _reference(s, out: Path, live: bool, tier: str = "cluster", beside: bool = False):
+def reference_run(s, out: Path, live: bool, tier: str = "cluster", beside: bool = False):
     """The fault-free run of `s` (same config, seed and tier), made once and reused: its
     folder, or (sim tier, `beside`) a `_SimReference` running it while the caller runs `s`."""
     run_scenario = runner(tier)
@@ -445,7 +445,7 @@ def _execute(s, out: Path, *, compare, reference, live, label=None, tier="cluste
     if record and reference == "none" and (s.faults or s.failure_process is not None):
         raise UserError("--record-baseline records the fault-free reference run: leave --reference auto")
     run_scenario = runner(tier)
-    ref = _reference(s, out, live, tier, beside=True) if reference == "auto" else None
+    ref = reference_run(s, out, live, tier, beside=True) if reference == "auto" else None
     run_dir = stamped_dir(out, label or s.name)
     print(f"running {s.name} (seed {s.seed}, {len(s.schedule().faults)} faults, tier {tier}) in {run_dir}")
     if note:

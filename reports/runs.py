@@ -63,7 +63,7 @@ def _read_summary(run_dir: Path) -> dict | None:
         return None
 
 
-REFERENCE_DIR = "_reference"  # under --out, each scenario's fault-free reference runs (run_cmd._reference, runs_cmd)
+REFERENCE_DIR = "_reference"  # under --out, each scenario's fault-free reference runs (run_cmd.reference_run, runs_cmd)
 
 def _reference_dir(run_dir: Path, summary: dict | None) -> Path | None:
     ref = (summary or {}).get("reference_dir")
