@@ -15,7 +15,8 @@ sent_step). Rules:
   (`shard_view`), from θ[p] as the shard reads the lossy Δ, so what it left out goes again;
 - on FragmentUpdate(p): θ[p] ← mix(θ[p], Θ[p], α), base[p] ← Θ[p]; if p was awaiting its
   fetch, θ[p] ← Θ[p] (overwrite) and p's counters restart, or, keep_on_fetch and the fetch
-  at most keep_gap versions ahead, the progress no Δ holds moves onto Θ[p]; last_sync_s = now − sent_at;
+  at most keep_gap versions ahead (0: any; the staleness bound below still applies), the
+  progress no Δ holds moves onto Θ[p]; last_sync_s = now − sent_at;
 - on FragmentDelta(p) (compressed broadcasts): Θ[p] = base[p] + decode(payload) when base[p]
   is at the delta's base_version, then as FragmentUpdate; while p awaits its fetch the
   delta is dropped (the whole fragment is on its way); a delta against another version
@@ -80,10 +81,12 @@ from diloco_chaos.trainer.protocol_base import (DILOCO_MODES, DP_MODES, MODES, B
                                    NotStarted, Send, SetSlices, Unblock, UnexpectedMessage, UnknownFragment,
                                    UnknownPeer)
 
-# how many versions past keep_gap a restarted shard's unmoved fetch may be and still keep the
-# learners' outage progress: the rounds whose answers a crash can take (each link's outbox
-# holds the newest update of a fragment; a run measured copies 1 and 2 versions behind)
-RESTART_GAP = 2
+# how many versions ahead of the progress's base a restarted shard's unmoved fetch may be and
+# still keep the learners' outage progress although they were cut off by its crash: one
+# version (where an answer puts it) and the rounds whose answers a crash can take (each
+# link's outbox holds the newest update of a fragment; a run measured copies 1 and 2
+# versions behind)
+RESTART_GAP = 3
 
 __all__ = ["InFlight", "LearnerConfig", "LearnerCore", "LearnerMath", "LearnerState"]
 
@@ -311,7 +314,7 @@ class LearnerCore(LearnerDP, LearnerClose):
         # on top of the other learners' like progress, merged meanwhile)
         # (a restarted shard's Θ[p] before any round since, a few versions ahead: the versions
         # past base[p] are its commits from before its crash, with nothing of the outage in them)
-        restart = unmoved and version - state.base_version[p] <= self.config.keep_gap + RESTART_GAP
+        restart = unmoved and version - state.base_version[p] <= RESTART_GAP
         stale_cut = p in state.cut and version > state.base_version[p] and not restart
         kept = fetch and not stale_cut and self._keeps_on_fetch(state, p, version, restart)
         # progress whose oldest step was made on a copy more than max_staleness versions behind
@@ -377,13 +380,14 @@ class LearnerCore(LearnerDP, LearnerClose):
     def _keeps_on_fetch(self, state: LearnerState, p: int, version: int, restart: bool = False) -> bool:
         """A fetch (a reconnect, a starved shard answering, a restart's first) keeps the local
         progress not yet contributed, moved onto the fetched Θ[p] as an answer's is, when
-        `keep_on_fetch` and the fetched version is at most `keep_gap` (trainer/wiring.py
-        KEEP_GAP, 1; 0: any) ahead of the one the progress was made on, or behind it: a
-        re-anchoring fetch, a shard that crashed and came back, a cut while no round
-        committed. Further ahead the progress is stale, and merged fresh it would bypass the
-        shard's staleness discount: it is thrown away (`discard`; docs/PROTOCOL.md
-        "keep_local"). A restarted shard's Θ[p] before any round since (`unmoved`), at most
-        RESTART_GAP versions further (`restart`), keeps it too: those versions are its commits
+        `keep_on_fetch` and the fetched version is at most `keep_gap` ahead of the one the
+        progress was made on, or behind it (trainer/wiring.py KEEP_GAP: 0, any: the staleness
+        bound, `too_stale` in `_take`, throws what is too old, as it does on an answer; a
+        starved learner's re-anchoring fetch under a slow WAN was 2-4 versions ahead, and
+        throwing it past one version cost wan-brownout 24 % of its tokens: docs/PROTOCOL.md
+        "keep_local"). Progress cut off by a broken link while rounds went on is thrown by
+        the `cut` rule instead. A restarted shard's Θ[p] before any round since (`unmoved`),
+        at most RESTART_GAP versions ahead (`restart`), keeps it even so: those versions are its commits
         from before the crash, whose answers died in its buffers (a round committed as it
         died reached some learners and not others: 130-170 steps of each of three learners'
         outage progress thrown on processes). Further behind, the learner was cut off before

@@ -126,7 +126,7 @@ class FragmentUpdate(_Message):
     is current; nothing else needs to cross the link. unmoved=True: no round of p has
     committed since the shard restarted, so the versions past a learner's copy are commits
     from before its crash, which hold none of the progress the learners made while it was
-    down: a fetch up to RESTART_GAP versions past keep_gap keeps that progress
+    down: a fetch up to RESTART_GAP versions ahead keeps that progress
     (trainer/learner_core.py; docs/PROTOCOL.md "Repair from the learners").
     """
 

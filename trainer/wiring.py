@@ -19,11 +19,13 @@ from diloco_chaos.trainer.protocol_base import DILOCO_MODES
 from diloco_chaos.trainer.tally import AUDIT_SAMPLE, audit_index, b64 as _b64
 
 # A fetch keeps the local progress no Δ holds when it is at most this many versions ahead
-# of the progress's base (LearnerCore._keeps_on_fetch): one is where an answer would have
-# put it, the round its Δ would have joined (or behind: a shard restored from its
-# checkpoint). Further ahead it is stale, and moved onto Θ[p] its next Δ would go out
-# fresh, past the shard's staleness discount (docs/PROTOCOL.md "keep_local").
-KEEP_GAP = 1
+# of the progress's base (LearnerCore._keeps_on_fetch); 0: any, as an answer does, and the
+# staleness bound (max_staleness from the copy its oldest step was made on) throws what is
+# too old on either. It was 1 (where an answer would have put it) while nothing else bounded
+# how stale kept progress could be; a starved learner's re-anchoring fetch under a slow WAN
+# is a few versions ahead, and threw 24 % of wan-brownout's tokens away (docs/PROTOCOL.md
+# "keep_local"). Progress cut off by a broken link while rounds went on: the `cut` rule.
+KEEP_GAP = 0
 
 
 def fragmenter_for(cfg: RunConfig, params: dict) -> Fragmenter:

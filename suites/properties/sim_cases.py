@@ -59,8 +59,9 @@ class RejoinProbe:
     learner (re)connects to p's shard is the fetch. It must leave θ[p] equal to the Θ[p] it
     carries, bit for bit, whatever the mixing α (docs/PROTOCOL.md, "Rejoin rule"); or, where
     the fetch keeps the local progress (keep_on_fetch: progress not yet contributed, made at
-    most keep_gap versions behind and not cut off while rounds went on; from a restarted
-    shard with no round since, `unmoved`, up to two versions more), to Θ[p] + (θ[p] − r) with θ[p] and r (θ[p] as last sent,
+    most keep_gap versions behind (0: any) and not cut off while rounds went on; from a restarted
+    shard with no round since, `unmoved`, up to three versions ahead; never with its oldest
+    step made on a copy more than max_staleness versions behind the fetch), to Θ[p] + (θ[p] − r) with θ[p] and r (θ[p] as last sent,
     else the base) taken from the state before the fetch: a reference of the rule, not the
     core's code (equal to float rounding)."""
 
@@ -85,8 +86,10 @@ class RejoinProbe:
             want = [np.asarray(b, np.float32) for b in msg.params]
             cfg, kept = proc.core.config, False
             gap = msg.version - pre.base_version[p] if pre is not None else 0
-            restart = msg.unmoved and gap <= cfg.keep_gap + 2  # a restarted shard's, a crash's lost answers behind
+            restart = msg.unmoved and gap <= 3  # a restarted shard's: an answer's version, a crash's lost answers behind
+            too_old = cfg.max_staleness > 0 and pre is not None and msg.version - pre.anchor_version[p] > cfg.max_staleness
             if (pre is not None and msg.params and cfg.keep_on_fetch and cfg.keep_local and pre.c_steps[p] > 0
+                    and not too_old  # its oldest step made on a copy too far behind
                     and (restart or (not (p in pre.cut and gap > 0)  # made while cut off, moved on
                                      and (not cfg.keep_gap or gap <= cfg.keep_gap)))):
                 ref = pre.base[p] if pre.sent_from[p] is None else pre.sent_from[p]

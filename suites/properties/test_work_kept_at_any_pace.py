@@ -39,8 +39,8 @@ def at_risk_steps(f, run_s: float, step_s: float, learners: int, owned: dict) ->
     - silent corruption: every step of that learner while it lasts (the guard drops its
       Δs by design), and a cycle;
     - a cut link (`partition`, `reset`, `truncate`): every step of each learner it cuts off,
-      while it lasts, and two cycles. (The learner core keeps cut-off progress only up to
-      one version behind, `keep_gap`: a longer cut's work is thrown at the fetch. Priced
+      while it lasts, and two cycles. (The learner core throws cut-off progress once a round
+      went on without it, the `cut` rule: a cut's work is thrown at the fetch. Priced
       as it is: sending it at its staleness instead was tried and not kept, docs/PROTOCOL.md
       "Tried: sending it at its staleness instead".)
     - a shard down (`kill_syncer`, `corrupt_checkpoint`, `lost_writes`): its share of every

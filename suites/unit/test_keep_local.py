@@ -176,6 +176,32 @@ def test_a_fetch_keeps_the_progress_within_the_staleness_bound(keep, version, ke
     assert d == (-4.0 if kept else -2.0) and logs[0]["from_step"] == (2 if kept else 4)
 
 
+@pytest.mark.parametrize("keep_gap,version,kept", [(None, 4, True), (None, 16, True), (None, 17, False),
+                                                  (1, 4, False)])
+def test_a_re_anchoring_fetch_a_few_versions_on_keeps_the_progress_as_an_answer_does(keep_gap, version, kept):
+    """The wiring's rule (trainer/wiring.py KEEP_GAP = 0, max_staleness 16): a fetch after a
+    re-anchor (the learner asked: `starved` under a slow WAN, or a reconnect with no round
+    missed) 4 versions on keeps steps 3-4 (θ = 10 + (4 − 2) = 12), as an answer 4 versions
+    on would; so does one 16 versions past the copy the kept steps were made on (version 0,
+    the send at step 2); at 17 they are too stale and go (`discard why=stale`). With the
+    old keep_gap of 1 the fetch 4 versions on threw them (`why=fetch`): wan-brownout's
+    starved learners threw 24 % of the run's tokens that way."""
+    from diloco_chaos.trainer.wiring import KEEP_GAP
+
+    gap = KEEP_GAP if keep_gap is None else keep_gap
+    core = LearnerCore(LearnerConfig("A", 0, ("s0",), keep_local=True, keep_on_fetch=True, keep_gap=gap,
+                                     max_staleness=16), learner_math(2, 1))
+    s, _ = core.start(core.init([arr(0.0)]), 0.0)
+    s, _ = core.receive(s, 0.0, "s0", FragmentUpdate(0, 0, True, [arr(0.0)]))
+    for x in (1.0, 2.0, 3.0, 4.0):
+        s, _, _ = _step(core, s, x)        # Δ sent at step 2 (θ = 2); step 4 due, unanswered: skipped
+    s, _ = core.shard_connected(s, 0.0, "s0")   # s0's fragments await a fetch
+    s, acts = core.receive(s, 0.0, "s0", FragmentUpdate(0, version, True, [arr(10.0)]))
+    discards = [a.fields["why"] for a in acts if isinstance(a, Log) and a.kind == "discard"]
+    assert float(s.params[0][0]) == (12.0 if kept else 10.0)
+    assert discards == ([] if kept else ["fetch" if keep_gap else "stale"])
+
+
 @pytest.mark.parametrize("bugs,version,kept", [((), 17, True), ((), 18, False),
                                               (("keep_stale_progress",), 18, True)])
 def test_an_answer_far_past_the_progress_base_throws_it_as_stale(bugs, version, kept):
@@ -267,11 +293,11 @@ def test_a_restarted_shards_fetch_keeps_the_outage_progress_a_crash_left_behind(
     """The shard died after the send at step 2 (θ = 2); its last round committed as it died
     and reached other learners, not this one: it comes back (repaired) at version 3, this
     learner holding version 0. Steps 3-4 were made while it was down. Its fetch brings
-    Θ = 10 at version 3, 3 versions ahead (keep_gap 1): from a restarted shard whose
+    Θ = 10 at version 3, 3 versions ahead (keep_gap 1, or 0 as wired): from a restarted shard whose
     fragment has had no round since (`unmoved`), those versions are commits from before the
     crash, with none of the outage progress in them: kept, θ = 10 + (4 − 2) = 12. Not so
     marked (a link cut while the rounds went on), they go: θ = 10, 2 steps discarded; so
-    they do 5 versions ahead (past keep_gap + RESTART_GAP = 3: cut off while rounds went on
+    they do 5 versions ahead (past RESTART_GAP = 3: cut off while rounds went on
     before the crash)."""
     core, s = _fetching(True, gap=1)
     for x in (1.0, 2.0):
