@@ -1,0 +1,40 @@
+"""The data-parallel baselines' side of LearnerCore (modes "dp" and "elastic_dp"): each step's
+gradient goes out as one GradStep per fragment, and the step waits for every fragment's
+token-weighted mean (GradMean) before the optimizer applies it. A mixin of LearnerCore
+(trainer/protocol/learner_core.py), which holds the config, the math and the helpers used here.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from diloco_chaos.trainer.protocol.learner_types import LearnerState
+from diloco_chaos.trainer.protocol.messages import GradMean, GradStep
+from diloco_chaos.trainer.protocol.protocol_base import DP_MODES, ApplyGrads, IllegalTransition, Log, Send, UnexpectedMessage
+
+
+class LearnerDP:
+    def grads_ready(self, state: LearnerState, now: float, grads, tokens: int):
+        """dp modes: send this step's gradient, one GradStep per fragment, and wait for the means."""
+        self._started(state)
+        if self.config.mode not in DP_MODES:
+            raise UnexpectedMessage(f"grads_ready is for the dp modes, not {self.config.mode!r}")
+        if state.dp_wait:
+            raise IllegalTransition(f"{self.config.learner}: step {state.step} is still being averaged")
+        wait, seq = {}, state.seq
+        for p, owner in enumerate(self.config.owners):
+            seq += 1
+            wait[p] = GradStep(self.config.learner, self.config.incarnation, seq, p, state.step, tokens,
+                               self.math.grad_payload(self.math.get_fragment(grads, p)))
+        state = replace(state, seq=seq, dp_wait=wait, dp_grads=grads)
+        return self._check_block(state, [Send(self.config.owners[p], m) for p, m in wait.items()])
+
+    def _on_grad_mean(self, state: LearnerState, now: float, sender: str, msg: GradMean):
+        p = self._fragment(msg.fragment, sender)
+        sent = state.dp_wait.get(p)
+        if sent is None or sent.seq != msg.seq:
+            return state, [Log("drop", {"what": "GradMean", "fragment": p, "seq": msg.seq,
+                                        "reason": "not_awaited"})]
+        grads = self.math.set_fragment(state.dp_grads, p, list(msg.grads))
+        wait = {q: m for q, m in state.dp_wait.items() if q != p}
+        state = replace(state, dp_wait=wait, dp_grads=grads if wait else None)
+        return self._check_block(state, [] if wait else [ApplyGrads(state.step, grads)])
