@@ -2,8 +2,8 @@
 protocol/ above them, units/ on top; config.py and presets.py at the root. Read from the
 source: a room's module takes no private name (a leading underscore) from a module of a
 sibling room, imported or reached as an attribute; a room's __init__.py holds at most a
-docstring (no re-exports: an importer names the module a name lives in); no module of the
-root re-exports the rooms."""
+docstring (no re-exports: an importer names the module a name lives in); the protocol's
+cores call their data-parallel and closing sides as collaborators, no mixin bases."""
 from __future__ import annotations
 
 import ast
@@ -75,3 +75,9 @@ def test_a_rooms_init_is_at_most_a_docstring():
     for init in [TRAINER / "__init__.py", *(TRAINER / room / "__init__.py" for room in ROOMS)]:
         body = ast.parse(init.read_text()).body
         assert all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body), init
+
+
+def test_the_cores_have_no_mixin_bases():
+    from diloco_chaos.trainer.protocol.learner_core import LearnerCore
+    from diloco_chaos.trainer.protocol.syncer_core import SyncerCore
+    assert LearnerCore.__mro__ == (LearnerCore, object) and SyncerCore.__mro__ == (SyncerCore, object)

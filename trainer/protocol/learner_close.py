@@ -18,17 +18,23 @@ a learner that spends its budget while a shard is down closes into it when it is
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
+from diloco_chaos.trainer.protocol.learner_types import LearnerConfig, LearnerState
 from diloco_chaos.trainer.protocol.protocol_base import Log
 
 
 class LearnerClose:
-    """LearnerCore's closing: `finish`, `closed`, and `close_ready` (called on every take)."""
+    """LearnerCore's closing: `finish`, `closed`, and `close_ready` (called on every take). A
+    collaborator the core calls, with its config and the one step it needs from the core:
+    `contribute(state, now, p) -> (state, actions)`, fragment p's Δ sent as the core sends any."""
 
-    def finish(self, state, now: float):
+    def __init__(self, config: LearnerConfig, contribute: Callable[[LearnerState, float, int], tuple]):
+        self.config, self.contribute = config, contribute
+
+    def finish(self, state: LearnerState, now: float):
         """The unit's last inner step is done: every fragment with progress closes, its Δ
         sent now, when the one in flight is answered, or when its pending fetch is in."""
-        self._started(state)
         if self.config.mode != "decoupled" or state.closing is not None:
             return state, []
         want = frozenset(p for p in range(len(self.config.owners)) if state.c_steps[p] >= 1)
@@ -37,7 +43,7 @@ class LearnerClose:
         state, sends = self.close_ready(replace(state, closing=want), now)
         return state, [log] + sends
 
-    def close_ready(self, state, now: float):
+    def close_ready(self, state: LearnerState, now: float):
         """The closing Δ of each closing fragment that is no longer in flight nor awaiting
         its fetch (a fetch that threw the progress away leaves nothing to close)."""
         actions: list = []
@@ -46,11 +52,11 @@ class LearnerClose:
                 continue
             state = replace(state, closing=state.closing - {p})
             if state.c_steps[p] >= 1 and p not in state.awaiting:
-                state, more = self._contribute(state, now, p)
+                state, more = self.contribute(state, now, p)
                 actions += more
         return state, actions
 
     @staticmethod
-    def closed(state) -> bool:
+    def closed(state: LearnerState) -> bool:
         """Every closing Δ sent and answered (True at once when none was due)."""
         return state.closing is not None and not state.closing and not state.in_flight

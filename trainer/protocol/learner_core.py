@@ -71,7 +71,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-# the data-parallel baselines' side, and the types, live beside the core
 from diloco_chaos.trainer.protocol.learner_close import LearnerClose
 from diloco_chaos.trainer.protocol.learner_dp import LearnerDP
 from diloco_chaos.trainer.protocol.learner_types import InFlight, LearnerConfig, LearnerMath, LearnerState
@@ -94,7 +93,7 @@ def _put(t: tuple, p: int, value) -> tuple:
     return t[:p] + (value,) + t[p + 1:]
 
 
-class LearnerCore(LearnerDP, LearnerClose):
+class LearnerCore:
     # message type -> (handler, modes in which it is legal)
     _HANDLERS = {
         FragmentUpdate: ("_on_update", DILOCO_MODES),
@@ -109,6 +108,9 @@ class LearnerCore(LearnerDP, LearnerClose):
         if config.mode in DP_MODES and math.grad_payload is None:
             raise ValueError(f"mode {config.mode!r} needs LearnerMath.grad_payload")
         self.config, self.math = config, math
+        # the data-parallel baselines' side and the closing contribution, each a collaborator
+        self._dp = LearnerDP(config, math)
+        self._closing = LearnerClose(config, self._contribute)
         self._offsets, self._period = ({}, 0) if config.mode in DP_MODES else self._cycle()
 
     def _cycle(self) -> tuple[dict, int]:
@@ -454,6 +456,28 @@ class LearnerCore(LearnerDP, LearnerClose):
     def _on_slices(self, state: LearnerState, now: float, sender: str, msg: SliceControl):
         return replace(state, live_slices=msg.live_slices), [
             SetSlices(msg.live_slices), Log("slices", {"live_slices": msg.live_slices})]
+
+    # --- dp modes (trainer/protocol/learner_dp.py) ------------------------------------------
+    def grads_ready(self, state: LearnerState, now: float, grads, tokens: int):
+        """dp modes: send this step's gradient, one GradStep per fragment, and wait for the means."""
+        self._started(state)
+        state, sends = self._dp.grads_ready(state, grads, tokens)
+        return self._check_block(state, sends)
+
+    def _on_grad_mean(self, state: LearnerState, now: float, sender: str, msg: GradMean):
+        state, actions, awaited = self._dp.on_grad_mean(state, self._fragment(msg.fragment, sender), msg)
+        return self._check_block(state, actions) if awaited else (state, actions)
+
+    # --- the closing contribution (trainer/protocol/learner_close.py) -----------------------
+    def finish(self, state: LearnerState, now: float):
+        """The unit's last inner step is done: every fragment with progress closes."""
+        self._started(state)
+        return self._closing.finish(state, now)
+
+    def close_ready(self, state: LearnerState, now: float):
+        return self._closing.close_ready(state, now)
+
+    closed = staticmethod(LearnerClose.closed)
 
     # --- helpers ----------------------------------------------------------------------------
     def _contribute(self, state: LearnerState, now: float, p: int):

@@ -1,21 +1,24 @@
 """The data-parallel baselines' side of LearnerCore (modes "dp" and "elastic_dp"): each step's
 gradient goes out as one GradStep per fragment, and the step waits for every fragment's
-token-weighted mean (GradMean) before the optimizer applies it. A mixin of LearnerCore
-(trainer/protocol/learner_core.py), which holds the config, the math and the helpers used here.
+token-weighted mean (GradMean) before the optimizer applies it. A collaborator the core
+(trainer/protocol/learner_core.py) calls, with the core's config and math; the core checks that
+it started, which fragment a message names, and whether the unit blocks.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from diloco_chaos.trainer.protocol.learner_types import LearnerState
+from diloco_chaos.trainer.protocol.learner_types import LearnerConfig, LearnerMath, LearnerState
 from diloco_chaos.trainer.protocol.messages import GradMean, GradStep
 from diloco_chaos.trainer.protocol.protocol_base import DP_MODES, ApplyGrads, IllegalTransition, Log, Send, UnexpectedMessage
 
 
 class LearnerDP:
-    def grads_ready(self, state: LearnerState, now: float, grads, tokens: int):
-        """dp modes: send this step's gradient, one GradStep per fragment, and wait for the means."""
-        self._started(state)
+    def __init__(self, config: LearnerConfig, math: LearnerMath):
+        self.config, self.math = config, math
+
+    def grads_ready(self, state: LearnerState, grads, tokens: int) -> tuple[LearnerState, list]:
+        """dp modes: this step's gradient, one GradStep per fragment (sent; the means awaited)."""
         if self.config.mode not in DP_MODES:
             raise UnexpectedMessage(f"grads_ready is for the dp modes, not {self.config.mode!r}")
         if state.dp_wait:
@@ -26,15 +29,16 @@ class LearnerDP:
             wait[p] = GradStep(self.config.learner, self.config.incarnation, seq, p, state.step, tokens,
                                self.math.grad_payload(self.math.get_fragment(grads, p)))
         state = replace(state, seq=seq, dp_wait=wait, dp_grads=grads)
-        return self._check_block(state, [Send(self.config.owners[p], m) for p, m in wait.items()])
+        return state, [Send(self.config.owners[p], m) for p, m in wait.items()]
 
-    def _on_grad_mean(self, state: LearnerState, now: float, sender: str, msg: GradMean):
-        p = self._fragment(msg.fragment, sender)
+    def on_grad_mean(self, state: LearnerState, p: int, msg: GradMean) -> tuple[LearnerState, list, bool]:
+        """Fragment p's mean: (state, actions, whether it was awaited). The last one awaited
+        applies the step's gradient."""
         sent = state.dp_wait.get(p)
         if sent is None or sent.seq != msg.seq:
             return state, [Log("drop", {"what": "GradMean", "fragment": p, "seq": msg.seq,
-                                        "reason": "not_awaited"})]
+                                        "reason": "not_awaited"})], False
         grads = self.math.set_fragment(state.dp_grads, p, list(msg.grads))
         wait = {q: m for q, m in state.dp_wait.items() if q != p}
         state = replace(state, dp_wait=wait, dp_grads=grads if wait else None)
-        return self._check_block(state, [] if wait else [ApplyGrads(state.step, grads)])
+        return state, [] if wait else [ApplyGrads(state.step, grads)], True

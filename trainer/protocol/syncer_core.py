@@ -47,7 +47,6 @@ from diloco_chaos.trainer.protocol.messages import (Contribution, FragmentDelta,
 from diloco_chaos.trainer.protocol.protocol_base import (DILOCO_MODES, DP_MODES, MODES, IllegalTransition, Journal, Log,
                                                          SaveCheckpoint, Send, SetTimer, UnexpectedMessage,
                                                          UnknownFragment, UnknownPeer, ema)
-# the data-parallel baselines' side, and the types, live beside the core
 from diloco_chaos.trainer.protocol.syncer_dp import SyncerDP
 from diloco_chaos.trainer.protocol.syncer_types import (Pending, Repairing, Round, SyncerConfig, SyncerMath,
                                                         SyncerState)
@@ -73,7 +72,7 @@ def _without(d: dict, key) -> dict:
     return {k: v for k, v in d.items() if k != key}
 
 
-class SyncerCore(SyncerDP):
+class SyncerCore:
     # message type -> (handler, modes in which it is legal)
     _HANDLERS = {
         Hello: ("_on_hello", MODES),
@@ -86,6 +85,7 @@ class SyncerCore(SyncerDP):
         if config.mode in DP_MODES and math.average is None:
             raise ValueError(f"mode {config.mode!r} needs SyncerMath.average")
         self.config, self.math = config, math
+        self._dp = SyncerDP(math)  # the data-parallel baselines' side, a collaborator
 
     def init(self, theta: dict) -> SyncerState:
         """Θ[p] for every owned p (the run's initial parameters), at version 0."""
@@ -371,6 +371,21 @@ class SyncerCore(SyncerDP):
         rnd = replace(rnd, pending={**rnd.pending, learner: new})
         state, more = self._advance(replace(state, rounds={**state.rounds, p: rnd}), now, p)
         return state, actions + more
+
+    # --- dp modes (trainer/protocol/syncer_dp.py) -------------------------------------------
+    def _on_grad_step(self, state: SyncerState, now: float, g: GradStep):
+        p = self._owned(g.fragment)
+        prev = state.rounds[p].pending.get(g.learner) if p in state.rounds else None
+        why = self._seen(state, p, g, prev)
+        if why:
+            return state, [self._drop(g, why)] + self._dp.resend(state, p, g)
+        return self._add(state, now, p, g.learner, self._dp.pending(g, now), prev)
+
+    def _commit_dp(self, state: SyncerState, now: float, p: int):
+        merged, weights, grads = self._dp.mean(state, p)
+        state, actions = self._close(state, now, p, weights, [0] * len(merged))
+        state, sends = self._dp.answer(state, p, merged, grads)
+        return state, actions + sends
 
     def _advance(self, state: SyncerState, now: float, p: int):
         """The round table: collecting → grace once K learners are in → commit."""

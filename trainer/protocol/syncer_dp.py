@@ -1,7 +1,8 @@
 """The data-parallel baselines' side of SyncerCore (modes "dp" and "elastic_dp"): a round
 collects one GradStep per learner and answers each with the token-weighted mean gradient
-(GradMean), kept so that a mean lost with a link can be sent again. A mixin of SyncerCore
-(trainer/protocol/syncer_core.py), which holds the config, the math and the round table used here.
+(GradMean), kept so that a mean lost with a link can be sent again. A collaborator the core
+(trainer/protocol/syncer_core.py) calls with its math; the core keeps the round table (who is
+in, when a round commits, the version) and asks this for what is dp's own.
 """
 from __future__ import annotations
 
@@ -9,29 +10,34 @@ from dataclasses import replace
 
 from diloco_chaos.trainer.protocol.messages import GradMean, GradStep
 from diloco_chaos.trainer.protocol.protocol_base import Send
-from diloco_chaos.trainer.protocol.syncer_types import Pending, SyncerState
+from diloco_chaos.trainer.protocol.syncer_types import Pending, SyncerMath, SyncerState
 
 
 class SyncerDP:
-    def _on_grad_step(self, state: SyncerState, now: float, g: GradStep):
-        p = self._owned(g.fragment)
-        prev = state.rounds[p].pending.get(g.learner) if p in state.rounds else None
-        why = self._seen(state, p, g, prev)
-        if why:
-            actions = [self._drop(g, why)]
-            resend = state.dp_sent.get((g.learner, p))
-            if resend is not None and resend.seq == g.seq:  # its mean was lost with the link
-                actions.append(Send(g.learner, resend))
-            return state, actions
-        return self._add(state, now, p, g.learner, Pending(g.incarnation, g.seq, g.step, 1, g.c_tokens,
-                                                           g.payload, now), prev)
+    def __init__(self, math: SyncerMath):
+        self.math = math
 
-    def _commit_dp(self, state: SyncerState, now: float, p: int):
+    @staticmethod
+    def pending(g: GradStep, now: float) -> Pending:
+        """A learner's gradient as its round's entry (one step, its tokens)."""
+        return Pending(g.incarnation, g.seq, g.step, 1, g.c_tokens, g.payload, now)
+
+    @staticmethod
+    def resend(state: SyncerState, p: int, g: GradStep) -> list:
+        """A GradStep seen before: its mean again when that was lost with the link."""
+        sent = state.dp_sent.get((g.learner, p))
+        return [Send(g.learner, sent)] if sent is not None and sent.seq == g.seq else []
+
+    def mean(self, state: SyncerState, p: int) -> tuple[list, list, list]:
+        """p's round: (its entries by learner, their token weights, the weighted mean gradient)."""
         merged = sorted(state.rounds[p].pending.items())
         weights = [float(pc.c_tokens) for _, pc in merged]
-        grads = self.math.average([self.math.decode(pc.payload) for _, pc in merged], weights)
-        state, actions = self._close(state, now, p, weights, [0] * len(merged))
+        return merged, weights, self.math.average([self.math.decode(pc.payload) for _, pc in merged], weights)
+
+    @staticmethod
+    def answer(state: SyncerState, p: int, merged: list, grads) -> tuple[SyncerState, list]:
+        """Every learner of p's committed round gets the mean, kept to send again."""
         means = {(learner, p): GradMean(p, state.version[p], pc.seq, len(merged), list(grads))
                  for learner, pc in merged}
-        actions += [Send(learner, m) for (learner, _), m in means.items()]
-        return replace(state, dp_sent={**state.dp_sent, **means}), actions
+        sends = [Send(learner, m) for (learner, _), m in means.items()]
+        return replace(state, dp_sent={**state.dp_sent, **means}), sends
