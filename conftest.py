@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from diloco_chaos.trainer.shell import use_compile_cache
+from diloco_chaos.trainer.units.shell import use_compile_cache
 
 use_compile_cache()  # the suites' simulations and the units they start load earlier compiles
 # each test makes its own fault-free reference runs (a test that patches the trainer in

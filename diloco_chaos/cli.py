@@ -116,12 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         from diloco_chaos.run_cmd import bare_allow_unknown
         argv = bare_allow_unknown(argv)
     args = parser.parse_args(argv)
-    from diloco_chaos.trainer.shell import use_compile_cache
+    from diloco_chaos.trainer.units.shell import use_compile_cache
     use_compile_cache()  # for the simulator, the evals and every unit process it starts
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    from diloco_chaos.trainer.plugins import SEARCH_ENV
+    from diloco_chaos.trainer.numerics.plugins import SEARCH_ENV
     search = os.environ.get(SEARCH_ENV)  # a command may name a scenario file's folder for its units
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None

@@ -25,7 +25,7 @@ from typing import Any
 
 # every event kind of events.jsonl, with who writes it and what a line says: declared once,
 # beside the writer that refuses any other kind
-from diloco_chaos.trainer.events import EVENT_KINDS
+from diloco_chaos.trainer.units.events import EVENT_KINDS
 
 REFERENCE_DIR = Path(resources.files("diloco_chaos")).resolve().parent / "docs" / "reference"  # in a checkout
 REGENERATE = "python -m diloco_chaos.reference"

@@ -59,7 +59,7 @@ def _plugin_digest(task: str | None) -> str:
     who edits their task gets a new reference. "" for the built-in tasks."""
     if not task or ":" not in task:
         return ""
-    from diloco_chaos.trainer.plugins import _import
+    from diloco_chaos.trainer.numerics.plugins import _import
 
     try:
         mod = _import(task.split(":")[0])

@@ -1,7 +1,7 @@
 """Reading and merging event logs.
 
 A run directory holds `logs/<src>.jsonl` (one per process incarnation, written by
-trainer/events.py) while it runs; `merge` writes `events.jsonl`: first line
+trainer/units/events.py) while it runs; `merge` writes `events.jsonl`: first line
 `{"kind": "config", "seed": ..., "config": {...}}`, then every event ordered by
 time (ties keep per-file order, so a process's own events never reorder).
 Metrics, checks and reports read only this file.

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from diloco_chaos.trainer.protocol_base import DP_MODES, MODES  # one list of modes for the cores and the config
+from diloco_chaos.trainer.protocol.protocol_base import DP_MODES, MODES  # one list of modes for the cores and the config
 
 
 def _where(cls: type, name: str) -> str:
@@ -62,7 +62,7 @@ INF = float("inf")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The tiny decoder-only transformer (trainer/model.py)."""
+    """The tiny decoder-only transformer (trainer/numerics/model.py)."""
 
     n_layers: int = 2
     d_model: int = 64
@@ -98,7 +98,7 @@ class InnerOptConfig:
     total_steps: int = 400  # length of the whole schedule, warmup included
     clip_norm: float = 1.0
     # "fleet": in DiLoCo modes, Adam's v corrected to the noise of the M learners' batch
-    # (trainer/fleet_adam.py); "own": plain AdamW on the unit's own batch
+    # (trainer/numerics/fleet_adam.py); "own": plain AdamW on the unit's own batch
     second_moment: str = "fleet"
 
     def __post_init__(self) -> None:
@@ -197,7 +197,7 @@ class DilocoConfig:
     guard_factor: float = 30.0
     compression: str = "fp32"  # the pseudo-gradients, learner → shard
     # Θ[p] shard → learner: fp32 sends it whole; bf16/int8/int4 send a compressed delta
-    # against the copy the learner holds, with error feedback (trainer/messages.py, FragmentDelta)
+    # against the copy the learner holds, with error feedback (trainer/protocol/messages.py, FragmentDelta)
     broadcast_compression: str = "fp32"
     # "sparse" (either way): the share of each 256-entry chunk kept, top-k by size, values in
     # 2 bits; what is not sent stays in the sender's error feedback (docs/PROTOCOL.md
@@ -267,7 +267,7 @@ CORPUS_SPLITS = ("shuffled", "contiguous")
 class TaskConfig:
     """Data. `batch_size` is per learner unit, split evenly over its S slices."""
 
-    kind: str = "markov"  # a built-in (TASK_KINDS) or a plug-in's "module:factory" (trainer/plugins.py)
+    kind: str = "markov"  # a built-in (TASK_KINDS) or a plug-in's "module:factory" (trainer/numerics/plugins.py)
     batch_size: int = 16  # sequences (LM) or samples (quadratic) per learner per step
     seq_len: int = 64  # predicted tokens per sequence; a batch row holds seq_len + 1 tokens
     markov_order: int = 1

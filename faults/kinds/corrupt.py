@@ -8,7 +8,7 @@ from typing import ClassVar
 from diloco_chaos.faults.fields import FieldError, check_number
 from diloco_chaos.faults.kinds.base import Fault
 
-CORRUPT_MODES = ("scale", "bitflip", "nonfinite")  # trainer/sdc.py MODES
+CORRUPT_MODES = ("scale", "bitflip", "nonfinite")  # trainer/protocol/sdc.py MODES
 DRAWN_MODES = ("scale", "nonfinite", "bitflip")    # how strategies draw a mode (toward scale)
 # scale factors a corrupt fault draws: far outside the shards' guard bound (30× a
 # learner's recent Δ norms) both ways. Nearer it (×100 got in on a CI draw, where the
@@ -22,7 +22,7 @@ SDC_FACTORS = (1000.0, -1000.0)
 @dataclass(frozen=True)
 class Corrupt(Fault):
     """Silent data corruption: for `duration_s` the unit's outgoing contributions are wrong,
-    not absent (trainer/sdc.py): `mode` scale (× `factor`), bitflip (`flips` exponent
+    not absent (trainer/protocol/sdc.py): `mode` scale (× `factor`), bitflip (`flips` exponent
     bits) or nonfinite (a NaN / inf per tensor)."""
 
     kind: ClassVar[str] = "corrupt"

@@ -4,7 +4,7 @@ the storage oracles (harness/judging/storage.py), read without the unit's code.
 
 - `listing(folder)`: the steps orbax finalized (a folder named by its step number; a save
   cut short is still `<step>.orbax-checkpoint-tmp-*`) and those *sealed* (their
-  `manifest.json`, which trainer/checkpoint.py writes last, is there).
+  `manifest.json`, which trainer/numerics/checkpoint.py writes last, is there).
 - `damage(folder, how)`: the `corrupt_checkpoint` fault's act, at rest, while its unit is
   down, on the newest step on disk (the one a restart looks at first; finalized, sealed or
   not: a kill often lands between orbax's finalize and the manifest): `flip` inverts one
@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-MANIFEST = "manifest.json"  # trainer/checkpoint.py's name: the file format is the contract
+MANIFEST = "manifest.json"  # trainer/numerics/checkpoint.py's name: the file format is the contract
 DAMAGES = ("flip", "truncate", "manifest")
 
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from diloco_chaos.trainer.auth import SECRET_ENV, new_secret
-from diloco_chaos.trainer.shell import default_compile_cache
+from diloco_chaos.trainer.units.shell import default_compile_cache
+from diloco_chaos.trainer.wire.auth import SECRET_ENV, new_secret
 from diloco_chaos.harness.backends import checkpoint_disk
 from diloco_chaos.harness.backends.fuse_disks import FuseDisks
 from diloco_chaos.harness.backends.small_disks import SmallDisks
@@ -41,7 +41,7 @@ from diloco_chaos.harness.backends.toxiproxy_server import ToxiproxyServer, free
 from diloco_chaos.harness.run.control import Spawned, apply_profile, link_name, make_topology, mechanism_words
 
 
-JAX_CACHE = default_compile_cache()  # the units' (trainer/shell.py use_compile_cache: the harness's too)
+JAX_CACHE = default_compile_cache()  # the units' (trainer/units/shell.py use_compile_cache: the harness's too)
 
 
 def unit_jax_env(env: dict, role: str, slices: int, cache_dir: str) -> dict:
@@ -120,7 +120,7 @@ class LocalCluster:
     members: dict[str, Member] = field(default_factory=dict)
     controls: dict[str, dict] = field(default_factory=dict)  # unit -> its control state, as last sent
     topology: dict = field(default_factory=dict)
-    # The run secret every unit proves on each connection (trainer/auth.py): in the units'
+    # The run secret every unit proves on each connection (trainer/wire/auth.py): in the units'
     # environment only, never in run.json or the event log.
     secret: str = field(default_factory=new_secret, repr=False)
     # Units that failed on the run's graceful stop (an error exit after SIGTERM): `no_crash`
@@ -282,7 +282,7 @@ class LocalCluster:
     def set_fault(self, unit: str, kind: str, **fields) -> None:
         """The fault `kind` on `unit` (a learner or a shard) with `fields`: done by this host
         beneath the unit where it is the disk's (`_host_faults`), else a control message, the
-        unit's whole dict of the faults on it (trainer/unit_faults.py: its hooks read it)."""
+        unit's whole dict of the faults on it (trainer/protocol/unit_faults.py: its hooks read it)."""
         if (host := self._host_faults().get(kind)) is not None:
             host[0](unit, fields)
         else:

@@ -47,7 +47,7 @@ from diloco_chaos.harness.backends.processes import Spare, take_spare
 from diloco_chaos.harness.run.control import GRACE_S, LOCAL_MECHANISMS, SPARE_DELAY_S
 from diloco_chaos.harness.backends.docker_engine import LABEL, REPO, engine, host_image, host_mounts, remove_all
 from diloco_chaos.harness.backends.docker_remote import Shipped, host_of, is_remote, send_line
-from diloco_chaos.trainer.shell import CONTROL_ENV
+from diloco_chaos.trainer.units.shell import CONTROL_ENV
 
 UNIT_LABEL = "diloco-chaos.unit"
 CPU_PERIOD_US = 100_000
@@ -173,7 +173,7 @@ class Containers:
         return self._clients[self.placement[name]]
 
     def start_spares(self, cluster: LocalCluster, delay_s: float = 0.0) -> None:
-        """A warm spare container (trainer/spare.py, stdin kept open) for every role that keeps
+        """A warm spare container (trainer/units/spare.py, stdin kept open) for every role that keeps
         one (`cluster.spares`), on every engine that runs a unit of that role: a spare takes
         the identity of a unit on its own engine only, so a restarted unit stays on its host
         (its checkpoint, and later its data, are there)."""
@@ -187,7 +187,7 @@ class Containers:
                     self.made += 1
                     name = f"spare-{role}-{self.made}"
                     c = self._run(cluster, url, role, name, "spare",
-                                  ["diloco_chaos.trainer.spare", role, "--delay", str(delay_s + k * SPARE_DELAY_S),
+                                  ["diloco_chaos.trainer.units.spare", role, "--delay", str(delay_s + k * SPARE_DELAY_S),
                                    "--run-dir", str(cluster.run_dir), "--spare", name], log=f"{name}.log")
                     pool.append(Spare(name, ContainerProc(c)))
 
@@ -264,7 +264,7 @@ class Containers:
             if self._hand_over(cluster, spare, m):
                 return spare.proc
         m.start = "cold"
-        module = "diloco_chaos.trainer.learner" if m.role == "learner" else "diloco_chaos.trainer.syncer"
+        module = "diloco_chaos.trainer.units.learner" if m.role == "learner" else "diloco_chaos.trainer.units.syncer"
         args = [module, "--run-dir", str(cluster.run_dir), "--id", m.name, "--incarnation", str(m.incarnation)]
         if is_remote(url):
             c = self.shipped.run(cluster, self._clients[url], url, m.role, m.name, str(m.incarnation), args,

@@ -12,7 +12,7 @@ reaches it:
                   is put there before the container starts; the unit's checkpoints stay
                   there, so its next incarnation on the same engine restores them (a unit
                   never moves engine: `placement` is fixed for the run)
-  event lines     the unit writes them on stdout and nothing else (trainer/shell.py
+  event lines     the unit writes them on stdout and nothing else (trainer/units/shell.py
                   `stream_events`); a `Follower` thread per stream reads the engine's log
                   stream into the harness's logs/<unit>.<n>.jsonl, and stderr into
                   stdout/<unit>.<n>.log, so the live progress, the merge and the crash
@@ -41,7 +41,7 @@ from urllib.parse import urlparse
 
 from diloco_chaos.harness.backends.cluster import unit_jax_env
 from diloco_chaos.harness.backends.docker_engine import LABEL
-from diloco_chaos.trainer.shell import STREAM_ENV
+from diloco_chaos.trainer.units.shell import STREAM_ENV
 
 RUN_DIR = "/dc/run"
 JAX_CACHE_DIR = "/dc/jax-cache"

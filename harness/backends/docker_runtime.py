@@ -82,7 +82,7 @@ _lock = threading.Lock()
 @dataclass
 class Runtime:
     """What a container needs to run the units from the runtime: `image` and the
-    `mounts()`, then `python -m diloco_chaos.trainer.learner ...` in `workdir` with `env`."""
+    `mounts()`, then `python -m diloco_chaos.trainer.units.learner ...` in `workdir` with `env`."""
 
     image: str
     volume: str  # Python and the packages, at ROOT

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from diloco_chaos.harness.backends import procs
 from diloco_chaos.harness.backends.cluster import JAX_CACHE, Member, unit_jax_env
 from diloco_chaos.harness.run.control import GRACE_S, LOCAL_MECHANISMS, SPARE_DELAY_S
-from diloco_chaos.trainer.shell import CONTROL_ENV
+from diloco_chaos.trainer.units.shell import CONTROL_ENV
 
 if TYPE_CHECKING:
     from diloco_chaos.harness.backends.cluster import LocalCluster
@@ -53,7 +53,7 @@ class Spare:
     proc: subprocess.Popen
 
     def ready(self, cluster: "LocalCluster") -> bool:
-        """Has it said it is ready (trainer/shell.py `await_identity`)?"""
+        """Has it said it is ready (trainer/units/shell.py `await_identity`)?"""
         return (cluster.run_dir / "spares" / f"{self.name}.ready").exists()
 
     @staticmethod
@@ -83,7 +83,7 @@ class Processes:
     """Units as processes of this host: SIGKILL, SIGSTOP/SIGCONT, a SIGSTOP duty cycle.
 
     Warm spares (the cluster's `spares`, from `[cluster] spares`): one process per role started
-    ahead (trainer/spare.py) takes the next restart's identity, so a restart costs a
+    ahead (trainer/units/spare.py) takes the next restart's identity, so a restart costs a
     checkpoint restore instead of a Python + JAX start; a new spare replaces it
     SPARE_DELAY_S later. Each restart's path is in the harness's unit_up line (`start`)."""
 
@@ -112,7 +112,7 @@ class Processes:
             for k in range(cluster.spare_pool - len(pool)):
                 self.made += 1
                 name = f"spare-{role}-{self.made}"
-                argv = [cluster.python, "-m", "diloco_chaos.trainer.spare", role, "--delay", str(delay_s + k * SPARE_DELAY_S),
+                argv = [cluster.python, "-m", "diloco_chaos.trainer.units.spare", role, "--delay", str(delay_s + k * SPARE_DELAY_S),
                         "--run-dir", str(cluster.run_dir), "--spare", name]
                 with open(cluster.run_dir / "stdout" / f"{name}.log", "wb") as out:
                     proc = procs.spawn(argv, stdout=out, stderr=subprocess.STDOUT, env=self._env(cluster, role),
@@ -130,7 +130,7 @@ class Processes:
             if handed:
                 return spare.proc
         m.start = "cold"
-        module = "diloco_chaos.trainer.learner" if m.role == "learner" else "diloco_chaos.trainer.syncer"
+        module = "diloco_chaos.trainer.units.learner" if m.role == "learner" else "diloco_chaos.trainer.units.syncer"
         out = open(cluster.run_dir / "stdout" / f"{m.name}.{m.incarnation}.log", "wb")
         argv = [cluster.python, "-m", module, "--run-dir", str(cluster.run_dir), "--id", m.name,
                 "--incarnation", str(m.incarnation)]

@@ -37,7 +37,7 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
     run_dir = run_dir or unique_dir(out, label or s.name)
     (run_dir / "scenario.toml").write_text(scenario_to_toml(s))
     header = log_header(s, cfg, "cluster", f"diloco-chaos replay {shlex.quote(str(run_dir))}")
-    from diloco_chaos.trainer.shell import planted_bugs
+    from diloco_chaos.trainer.units.shell import planted_bugs
     if bugs := planted_bugs():  # DILOCO_CHAOS_BUGS: every process runs with these
         header["bugs"] = sorted(bugs)
     harness_events: list[dict] = []
@@ -46,7 +46,7 @@ def run_scenario(s: Scenario, out: Path, *, run_dir: Path | None = None, label: 
         harness_events.append({"t": round(time.time(), 6), "src": src, "kind": kind, **fields})
 
     shape = s.shape()
-    from diloco_chaos.trainer.tasks import task_for_run
+    from diloco_chaos.trainer.numerics.tasks import task_for_run
 
     header["task"] = task_for_run(cfg).describe()  # loss_floor: the entropy floor of the task
     kw = dict(shards=s.cluster.shards, seed=s.seed, wan=s.wan, slices=s.cluster.slices,

@@ -257,11 +257,11 @@ def probe(timeout_s: float = 300.0) -> list[str]:
     code = r"""
 import importlib.metadata, importlib.util, sys, sysconfig, tempfile
 import jax, jax.numpy as jnp
-import diloco_chaos.trainer.learner, diloco_chaos.trainer.syncer, diloco_chaos.trainer.spare, diloco_chaos.trainer.checkpoint, diloco_chaos.trainer.plugins
+import diloco_chaos.trainer.units.learner, diloco_chaos.trainer.units.syncer, diloco_chaos.trainer.units.spare, diloco_chaos.trainer.numerics.checkpoint, diloco_chaos.trainer.numerics.plugins
 import diloco_chaos.trainer as trainer
 if importlib.util.find_spec("flax"):
     import diloco_chaos.examples.flax_mlp
-with tempfile.TemporaryDirectory() as d, trainer.checkpoint.Checkpointer(d) as c:
+with tempfile.TemporaryDirectory() as d, trainer.numerics.checkpoint.Checkpointer(d) as c:
     c.save(1, {"w": jnp.ones(3), "n": 1}); c.wait(); assert c.restore()["n"] == 1
 assert float(jax.jit(lambda x: x * 2)(jnp.ones(3)).sum()) == 6.0
 site = sysconfig.get_paths()["purelib"].rstrip("/") + "/"

@@ -18,8 +18,8 @@ from pathlib import Path
 from diloco_chaos.harness.bench.runs import (EVAL_EVERY, TARGET_NATS, ClusterRun, bare_process, bare_steps, best_window_rate,
                                 describe, rate_without, run_cluster, time_to, window_rate)
 from diloco_chaos.trainer.config import DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig
+from diloco_chaos.trainer.numerics.tasks import task_for_run
 from diloco_chaos.trainer.presets import with_preset
-from diloco_chaos.trainer.tasks import task_for_run
 
 OUTER = OuterOptConfig(lr=0.7, momentum=0.0)
 
@@ -189,7 +189,7 @@ def _bytes_per_token(run: ClusterRun) -> dict:
         seen, answering = set(), None  # after `closing`: fragments whose Δ in flight is unanswered
         for e in lr.of("send", "recv", "closing"):
             if e["kind"] == "closing":
-                answering = set(e["waiting"])  # trainer/learner_close.py
+                answering = set(e["waiting"])  # trainer/protocol/learner_close.py
                 continue
             if answering is not None:  # the closing: only the answers to steady Δs count
                 if e["kind"] != "recv" or e["msg"] not in ("FragmentUpdate", "FragmentDelta") \

@@ -48,7 +48,7 @@ def pace_from_run(run_dir: Path):
     from diloco_chaos.harness import eventlog
     from diloco_chaos.harness.fleet.scenario import Pace
     from diloco_chaos.harness.sim.calibrate import params_from_log
-    from diloco_chaos.trainer.learner_loop import CKPT_EVERY
+    from diloco_chaos.trainer.protocol.learner_loop import CKPT_EVERY
 
     run_dir = Path(run_dir)
     log = eventlog.read(run_dir)

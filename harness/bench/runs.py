@@ -253,9 +253,9 @@ def bare_loop(cfg: RunConfig, steps: int, learner: int = 0) -> dict:
     (after step s+1 is dispatched and step s's loss fetched), plus tokens per step."""
     import jax
 
-    from diloco_chaos.trainer.inner import make_inner
-    from diloco_chaos.trainer.shell import global_init
-    from diloco_chaos.trainer.tasks import task_for_run
+    from diloco_chaos.trainer.numerics.inner import make_inner
+    from diloco_chaos.trainer.numerics.tasks import task_for_run
+    from diloco_chaos.trainer.units.shell import global_init
 
     task = task_for_run(cfg)
     inner = make_inner(cfg, task.loss_fn)

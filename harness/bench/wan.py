@@ -16,8 +16,8 @@ from diloco_chaos.harness.bench.runs import EVAL_EVERY, TARGET_NATS, ClusterRun,
 from diloco_chaos.harness.errors import UserError
 from diloco_chaos.harness.links import LinkProfile
 from diloco_chaos.trainer.config import DilocoConfig, InnerOptConfig, RunConfig
+from diloco_chaos.trainer.numerics.tasks import task_for_run
 from diloco_chaos.trainer.presets import PRESETS, with_preset
-from diloco_chaos.trainer.tasks import task_for_run
 
 WAN_LATENCY_MS = 20                               # one-way, each link
 WAN_RATES_KBPS = (32_000, 8_000, 2_000, 1_000)    # the sweep: every learner-syncer link, each direction

@@ -17,7 +17,7 @@ own arithmetic (harness/judging/spec.py), never the trainer's.
                            (compressed broadcasts, where the error is carried, never grown)
 - deltas_reexecuted        every merged Δ rebuilt from its learner's record of what the inner
                            steps it claims did (the `contribute` line's `progress`, kept beside
-                           the core: trainer/tally.py) and compared with the Δ the shard merged
+                           the core: trainer/numerics/tally.py) and compared with the Δ the shard merged
                            (its commit_audit): a Δ holding more, less or other progress fails
 - inner_steps_reexecuted   (harness/judging/inner_steps.py) every sampled inner step of a learner
                            redone from the batch the judge draws, in its own optimizer arithmetic
@@ -595,7 +595,7 @@ def _claims(log: EventLog) -> tuple[dict, set, int]:
                 elif e["kind"] == "corrupt":
                     corrupt.add((learner, inc, e["seq"]))
     # a combine (a learner's outbox, or a shard holding two unmerged Δs of one learner) sends
-    # or merges old + new under the new seq (trainer/wiring.py logged_combiner, combine); one Δ
+    # or merges old + new under the new seq (trainer/numerics/wiring.py logged_combiner, combine); one Δ
     # can take several: the outbox's (seq 136 into 138) and then the shard's (133 into 138)
     for e in log.of("drop"):
         if e.get("reason") == "combined" and "by_seq" in e:
@@ -626,7 +626,7 @@ def _claims(log: EventLog) -> tuple[dict, set, int]:
 def deltas_reexecuted(log: EventLog) -> Result:
     """Every Δ a shard merged and sampled (its commit_audit, in its merge lines' order) equals
     minus the sum of what its learner's inner steps from_step+1 .. to_step changed on that
-    fragment (the learner's `progress`: trainer/tally.py, recorded around each step, outside
+    fragment (the learner's `progress`: trainer/numerics/tally.py, recorded around each step, outside
     the core's take and keep rules). The judge's arithmetic: the difference against
     DELTA_RTOL of the claimed progress plus DELTA_ATOL of Θ[p]. Δs the `corrupt` fault
     damaged are left out (guard_decisions and tokens_conserved judge those). Not applicable

@@ -48,7 +48,7 @@ class ShardLife:
 
 def shard_lives(log: EventLog, shard: str) -> list[ShardLife]:
     """A shard's lines cut at its own unit_up lines. A checkpoint_restored belongs to the
-    incarnation whose unit_up follows it (trainer/syncer.py restores, then logs unit_up),
+    incarnation whose unit_up follows it (trainer/units/syncer.py restores, then logs unit_up),
     or to the current one if it comes after its unit_up and before its first round."""
     lives = [ShardLife(-1, None, [])]
     pending, ended = None, False
@@ -86,7 +86,7 @@ def committed_digests(lives: list[ShardLife]) -> dict:
 
 def resumed(lives: list[ShardLife], j: int) -> dict:
     """{fragment: version} life j went on from: its restore, raised by each `repaired` line
-    (a copy taken from a learner, trainer/syncer_core.py) whose digest is the one an earlier
+    (a copy taken from a learner, trainer/protocol/syncer_core.py) whose digest is the one an earlier
     life committed at that version (the judge's evidence: the shard's own commit lines
     of its earlier incarnations; a repair that is not honoured stays at the restore)."""
     out = dict(lives[j].restored or {})

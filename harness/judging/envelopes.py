@@ -29,7 +29,7 @@ from pathlib import Path
 
 from diloco_chaos.harness.judging.baseline import keyed, read_store
 from diloco_chaos.harness.judging.check_base import Result
-from diloco_chaos.trainer.plugins import SEARCH_ENV
+from diloco_chaos.trainer.numerics.plugins import SEARCH_ENV
 
 STORE = Path(resources.files("diloco_chaos.harness")) / "scenarios" / "envelopes.json"
 MIN_RUNS = 3

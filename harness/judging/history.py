@@ -163,7 +163,7 @@ def fragment_count(log: EventLog) -> int:
 
 
 def step_lag(hs: dict[str, UnitHistory]) -> int:
-    """How many steps late a learner logs its step lines (trainer/learner.py: 1, metrics
+    """How many steps late a learner logs its step lines (trainer/units/learner.py: 1, metrics
     reach the host one step late; a log written as it happens: 0). A Contribution for
     fragment p sent in the k-th step of an incarnation has k ≥ Σ c_steps of p's sends
     so far (counters reset at each send, and at fetches, which only lower the sum),

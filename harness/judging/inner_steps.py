@@ -1,7 +1,7 @@
 """inner_steps_reexecuted: a learner's sampled inner steps, redone by the judge.
 
 A learner unit's inner step is a function of what it held before the step and of its batch.
-For a sample of its steps (trainer/step_audit.py: each incarnation's first step with a
+For a sample of its steps (trainer/numerics/step_audit.py: each incarnation's first step with a
 learning rate and every 400th global step) the unit writes an `inner_audit` line: θ before
 the step (whole), its Adam and schedule counters, the moments at 16 coordinates of every
 leaf, and what the step made there. The judge redoes the step:
@@ -39,7 +39,7 @@ from diloco_chaos.harness.judging.history import histories, learner_names, windo
 NAME = "inner_steps_reexecuted"
 RTOL = 1e-3       # of what the step changed: float32 against the judge's float64, far below a wrong input
 ATOL = 1e-6       # of the value itself: float32 rounding (6e-8 a value)
-PER_LEAF = 16     # coordinates a line carries of every leaf, evenly spread (trainer/step_audit.py)
+PER_LEAF = 16     # coordinates a line carries of every leaf, evenly spread (trainer/numerics/step_audit.py)
 DILOCO = ("decoupled", "streaming", "sync_diloco")
 
 

@@ -28,7 +28,7 @@ from diloco_chaos.harness.judging.check_base import SHOW, Result, _lost_merges
 from diloco_chaos.harness.eventlog import EventLog
 from diloco_chaos.harness.judging.history import fragment_count, histories, is_process_up, learner_names, window
 from diloco_chaos.harness.judging.model_checks import absorptions
-from diloco_chaos.trainer.protocol_base import DP_MODES
+from diloco_chaos.trainer.protocol.protocol_base import DP_MODES
 
 FATES = ("merged", "superseded", "lost", "dropped", "in_flight")
 SHARD_DROPS = {"Contribution", "contribution"}  # the `what` of a shard's drop of a contribution

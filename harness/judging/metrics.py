@@ -48,7 +48,7 @@ from diloco_chaos.harness.judging.model_checks import global_loss_regression
 from diloco_chaos.harness.judging.pace import pace
 from diloco_chaos.harness.judging.participation import participation
 from diloco_chaos.harness.judging.recovery import first_merges, recoveries
-from diloco_chaos.trainer.protocol_base import DP_MODES
+from diloco_chaos.trainer.protocol.protocol_base import DP_MODES
 
 BADPUT = ("startup", "waiting_on_sync", "rolled_back", "lost", "stale", "recovery", "paused", "dead", "finished",
           "other")

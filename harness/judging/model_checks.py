@@ -11,7 +11,7 @@ import math
 from diloco_chaos.harness.judging.check_base import SHOW, Result, _judge, _lost_merges, _shards, shard_lives
 from diloco_chaos.harness.eventlog import EventLog
 from diloco_chaos.harness.judging.history import histories, window
-from diloco_chaos.trainer.protocol_base import DP_MODES
+from diloco_chaos.trainer.protocol.protocol_base import DP_MODES
 
 
 ABSORBED = ("combined", "superseded")  # shard drop reasons: the contribution went on inside by_seq's

@@ -2,7 +2,7 @@
 `bugs=` in the simulator; docs/PROTOCOL.md "Planted bugs"), the check that catches it,
 the evidence that check reads, and the tests in `make test` that show it caught on each
 tier. `diloco-chaos planted` prints it; suites/unit/test_planted_catalogue.py keeps it
-complete (every bug of trainer/protocol_base.py here, every test named here present).
+complete (every bug of trainer/protocol/protocol_base.py here, every test named here present).
 
 An oracle that no planted bug has failed is an oracle nobody has seen fail. Where a
 tier has no test yet, the catalogue says so: that is work left, not a pass."""
@@ -132,7 +132,7 @@ CATALOGUE: dict[str, Planted] = {
         "suites/cluster/test_planted_bugs_cluster.py::"
         "test_an_always_on_bug_misses_the_known_good_baseline_on_real_processes[damped_outer]"),
     "restore_oldest": Planted(
-        "syncer host (trainer/syncer.py, harness/sim/syncer.py)",
+        "syncer host (trainer/units/syncer.py, harness/sim/syncer.py)",
         "a restarted shard restores its oldest kept checkpoint (an index off), its restored line naming the latest",
         "durable_rounds_kept", "the shard's own lines: the versions its checkpoint_saved lines made durable against "
         "the versions its core holds after the restore (its checkpoint_restored line's versions)",
@@ -147,7 +147,7 @@ CATALOGUE: dict[str, Planted] = {
         "independent: the harness's record of process exits (the simulator's of incarnations an exception ended)",
         f"{SIM_BUGS}[rejoin_reads_in_flight]", f"{RESTART_DIES}[rejoin_reads_in_flight,trust_payloads]"),
     "steep_discount": Planted(
-        "outer math (trainer/outer.py contribution_weight, the shard's weight)",
+        "outer math (trainer/numerics/outer.py contribution_weight, the shard's weight)",
         "discounts staleness by (1 + s)^-1, not (1 + s)^-1/2: the formula the old weights check reused",
         "weights_match_staleness", "independent: the shard's merge lines, weighed by the judge's own formula "
         "(harness/judging/spec.py)", f"{SIM_BUGS}[steep_discount]", f"{PROCS}[restore_oldest,steep_discount]"),
@@ -166,7 +166,7 @@ CATALOGUE: dict[str, Planted] = {
         f"{SIM_BUGS}[guard_ignores_steps]",
         f"{CLUSTER}test_a_guard_that_ignores_steps_is_seen_on_real_processes[guard_ignores_steps]"),
     "restore_stale_outer": Planted(
-        "syncer host (trainer/syncer.py, harness/sim/syncer.py)",
+        "syncer host (trainer/units/syncer.py, harness/sim/syncer.py)",
         "a restarted shard reads Θ and its versions from the latest checkpoint and the outer momentum from the "
         "oldest kept one (inert at the default momentum 0)", "restores_faithful",
         "the shard's own lines at two moments: the digests its save wrote (checkpoint_started) against the digests "
@@ -176,7 +176,7 @@ CATALOGUE: dict[str, Planted] = {
         "suites/cluster/test_restore_audit_cluster.py::"
         "test_a_shard_that_restores_a_stale_momentum_is_seen_on_real_processes"),
     "durable_on_failure": Planted(
-        "syncer driver (trainer/syncer_driver.py)",
+        "syncer driver (trainer/protocol/syncer_driver.py)",
         "a save the storage refused (a full disk) is taken for one that landed: its versions reported durable",
         "durable_rounds_kept", "the shard's own lines: the versions its checkpoint_saved lines made durable "
         "against what its restart restored (and restores_faithful: the restore older than the newest save it "
@@ -184,7 +184,7 @@ CATALOGUE: dict[str, Planted] = {
         "suites/properties/test_storage.py::test_a_failed_save_taken_for_a_landed_one_is_caught",
         "suites/cluster/test_full_disk.py::test_disk_full_then_a_crash_on_real_processes[durable_on_failure,no_repair,restore_unverified]"),
     "restore_unverified": Planted(
-        "syncer host (trainer/syncer.py, harness/sim/syncer.py)",
+        "syncer host (trainer/units/syncer.py, harness/sim/syncer.py)",
         "a restarted shard loads its newest finalized checkpoint as it is, without checking it against its "
         "manifest: a flipped byte in a tensor goes into Θ", "checkpoint_integrity",
         "independent: the harness's own record of the save it damaged (checkpoint_damaged) and of the folder at "
@@ -202,7 +202,7 @@ CATALOGUE: dict[str, Planted] = {
         "suites/cluster/test_full_disk.py::test_disk_full_then_a_crash_on_real_processes"
         "[durable_on_failure,no_repair,restore_unverified]"),
     "journal_unsynced": Planted(
-        "syncer host (trainer/journal.py, harness/sim/syncer.py)",
+        "syncer host (trainer/numerics/journal.py, harness/sim/syncer.py)",
         "the commit journal is flushed at each commit but never fsynced: a host crash (lost_writes) takes the "
         "whole file, the restart can vouch for no learner's copy, and the rounds since its last save roll back",
         "committed_rounds_kept", "two processes' lines that must agree (as for no_repair), the loss itself seen "
@@ -210,7 +210,7 @@ CATALOGUE: dict[str, Planted] = {
         "suites/properties/test_storage.py::test_a_journal_a_host_crash_can_take_is_caught",
         "suites/cluster/test_lost_writes.py::test_a_slow_disk_then_a_host_crash_on_real_processes[journal_unsynced]"),
     "restore_mixed": Planted(
-        "syncer host (trainer/syncer.py, harness/sim/syncer.py)",
+        "syncer host (trainer/units/syncer.py, harness/sim/syncer.py)",
         "a restarted shard reads Θ from its oldest kept checkpoint and everything else (versions too) from the "
         "latest", "restores_faithful", "the shard's own lines at two moments: the digests its save wrote "
         "(checkpoint_saved) against the digests of the state it restored (checkpoint_restored)",

@@ -3,7 +3,7 @@
 A shard restarts from its newest checkpoint, which may be seconds older than its last
 commit (saves coalesce; a full disk refuses them). The rounds committed since are not
 lost if a learner holds Θ[p] at such a version: the shard asks for it and takes it when
-its digest is the one its journal names (trainer/syncer_core.py, docs/PROTOCOL.md "Repair
+its digest is the one its journal names (trainer/protocol/syncer_core.py, docs/PROTOCOL.md "Repair
 from the learners"). The check, per restart and fragment, from three sources:
 
 - what the earlier incarnations committed: their `round_commit` lines (version, digest);

@@ -14,9 +14,9 @@ from typing import Protocol
 
 from diloco_chaos.faults.kinds import FAULT_KINDS
 from diloco_chaos.harness.links import LinkProfile
-from diloco_chaos.trainer.learner_loop import STOP_CLOSE_S
+from diloco_chaos.trainer.protocol.learner_loop import STOP_CLOSE_S
 
-# A replacement warm spare waits this long before its boot (trainer/spare.py), so that
+# A replacement warm spare waits this long before its boot (trainer/units/spare.py), so that
 # spares started together do not compete for the CPU with the unit they stand in for.
 SPARE_DELAY_S = 3.0
 # SIGTERM to SIGKILL: a learner first closes (its last progress into Θ, at most
@@ -102,7 +102,7 @@ class Control(Protocol):
     def set_speed(self, name: str, speed: float, period_s: float = 0.1) -> None: ...  # 1.0: full speed
     def set_live_slices(self, learner: str, live: int) -> None: ...  # the core's SliceControl
     # a fault on a unit (learner or shard) while it lasts: the unit's dict of the faults on it,
-    # which the hooks of the code both tiers share read (trainer/unit_faults.py); a host may do
+    # which the hooks of the code both tiers share read (trainer/protocol/unit_faults.py); a host may do
     # a kind beneath the unit instead (processes: the disk's, disk_full and disk_slow)
     def set_fault(self, unit: str, kind: str, **fields) -> None: ...
     def clear_fault(self, unit: str, kind: str) -> None: ...

@@ -35,8 +35,8 @@ def _model(cfg):
     memory), where one jitted program is compiled again for every new task (2 s)."""
     import jax
 
-    from diloco_chaos.trainer.inner import make_inner
-    from diloco_chaos.trainer.tasks import task_for_run
+    from diloco_chaos.trainer.numerics.inner import make_inner
+    from diloco_chaos.trainer.numerics.tasks import task_for_run
 
     task = task_for_run(cfg)
     # on one device: a unit's slices split its batch over its devices, the loss of a batch
@@ -46,7 +46,7 @@ def _model(cfg):
 
 
 def _setup(cfg, n: int | None = None):
-    from diloco_chaos.trainer.wiring import fragmenter_for
+    from diloco_chaos.trainer.numerics.wiring import fragmenter_for
 
     task, params, inner = _model(cfg)
     batches = task.eval_batches(n)
@@ -55,8 +55,8 @@ def _setup(cfg, n: int | None = None):
 
 def final(run_dir: Path, cfg, topology: dict) -> tuple[list[float] | None, str | None]:
     """(each held-out batch's loss under the final global model, None) or (None, what went wrong)."""
-    from diloco_chaos.trainer.checkpoint import Checkpointer
-    from diloco_chaos.trainer.shell import from_ckpt
+    from diloco_chaos.trainer.numerics.checkpoint import Checkpointer
+    from diloco_chaos.trainer.units.shell import from_ckpt
 
     try:
         params, frag, evaluate = _setup(cfg, cfg.task.final_eval_batches)
@@ -85,8 +85,8 @@ def _snapshots(run_dir: Path, shard: str, errors: list[str]) -> list[tuple[float
     that cannot be read, or does not match its manifest (a storage fault damaged it), is
     skipped and named in `errors`: it must not cost the other points of the curve, nor pass
     for Θ."""
-    from diloco_chaos.trainer.checkpoint import Checkpointer
-    from diloco_chaos.trainer.shell import from_ckpt
+    from diloco_chaos.trainer.numerics.checkpoint import Checkpointer
+    from diloco_chaos.trainer.units.shell import from_ckpt
 
     out = []
     if not (run_dir / "ckpt" / shard).exists():
@@ -122,7 +122,7 @@ def over_time(run_dir: Path, cfg, topology: dict, t0: float, t1: float) -> tuple
     if cfg.diloco.mode in ("dp", "elastic_dp"):
         return [], None
     try:
-        from diloco_chaos.trainer.syncer import KEEP_EVERY_S
+        from diloco_chaos.trainer.units.syncer import KEEP_EVERY_S
 
         errors: list[str] = []
         snaps = {shard: _snapshots(run_dir, shard, errors) for shard in topology["shards"]}

@@ -1,6 +1,6 @@
 """The harness's own gradient of each sampled inner step, for `inner_steps_reexecuted`.
 
-After a run, for every learner's `inner_audit` line (trainer/step_audit.py: θ before a
+After a run, for every learner's `inner_audit` line (trainer/numerics/step_audit.py: θ before a
 sampled inner step, the Adam state, the step's result at 16 coordinates a leaf), the harness
 draws the batch that step should have used — the task's batch for (that learner, global step
 − 1), its first B·live/S rows, the live slices' share — and takes the task's gradient there
@@ -24,8 +24,8 @@ import functools
 
 import numpy as np
 
-GROUPS = 2      # the fleet's second moment's row groups (trainer/inner.py GROUPS, docs/TRAINER_MATH.md)
-PER_LEAF = 16   # coordinates a line carries of each leaf (trainer/step_audit.py)
+GROUPS = 2      # the fleet's second moment's row groups (trainer/numerics/inner.py GROUPS, docs/TRAINER_MATH.md)
+PER_LEAF = 16   # coordinates a line carries of each leaf (trainer/numerics/step_audit.py)
 
 
 def leaf_index(n: int) -> np.ndarray:
@@ -49,7 +49,7 @@ def _model(cfg):
     jitted value-and-gradient of its loss: once per config and process."""
     import jax
 
-    from diloco_chaos.trainer.tasks import task_for_run
+    from diloco_chaos.trainer.numerics.tasks import task_for_run
 
     task = task_for_run(cfg)
     paths, tree = jax.tree_util.tree_flatten_with_path(jax.eval_shape(task.init_params, jax.random.key(0)))

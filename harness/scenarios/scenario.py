@@ -249,7 +249,7 @@ def scenario_from_dict(d: dict, source: str = "<python>") -> Scenario:
     faults, written = _read_faults(d.get("faults", []), source)
     s = _scenario(kw, faults, written, source)
     if is_plugin(s.train.task):  # a user's task: its contract proven before any process starts
-        from diloco_chaos.trainer.plugins import PluginError, check_task
+        from diloco_chaos.trainer.numerics.plugins import PluginError, check_task
 
         try:
             check_task(s.run_config())
@@ -303,11 +303,11 @@ def load_scenario(path_or_name: str | Path) -> Scenario:
 
 def plugins_beside(path: Path) -> None:
     """A scenario file's plug-in task ("my_task.py beside this file") is looked for in its
-    folder first, by this process and every unit it starts (trainer/plugins.py). The CLI
+    folder first, by this process and every unit it starts (trainer/numerics/plugins.py). The CLI
     calls it for the file it was given (and restores the environment when the command
     ends); the library's `load_scenario` changes no process state."""
     if Path(path).parent.resolve() != SCENARIOS_DIR.resolve():
-        from diloco_chaos.trainer.plugins import search_first
+        from diloco_chaos.trainer.numerics.plugins import search_first
         search_first(Path(path).parent)
 
 

@@ -10,8 +10,8 @@ import ipaddress
 from dataclasses import dataclass
 
 from diloco_chaos.faults.fields import FieldError, check_choice, check_number
-from diloco_chaos.trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, SECOND_MOMENTS, SHARE_BY,
-                                         TASK_KINDS, is_plugin)
+from diloco_chaos.trainer.config import (COMPRESSIONS, CORPUS_SPLITS, DOWNLINKS, MERGES, MODES, SECOND_MOMENTS,
+                                         SHARE_BY, TASK_KINDS, is_plugin)
 from diloco_chaos.trainer.presets import PRESETS
 
 BACKENDS = ("local", "docker")
@@ -101,7 +101,7 @@ class TrainSpec:
     batch_size: int | None = None
     seq_len: int | None = None
     lr: float | None = None  # inner AdamW peak learning rate
-    second_moment: str | None = None  # "fleet" (default) | "own" (trainer/fleet_adam.py)
+    second_moment: str | None = None  # "fleet" (default) | "own" (trainer/numerics/fleet_adam.py)
     outer_lr: float | None = None  # the outer SGD's learning rate (trainer/config.py OuterOptConfig)
     outer_momentum: float | None = None  # its Nesterov momentum; 0 = none
     outer_warmup: int | None = None  # each fragment's first outer steps at lr ≤ 1 (OuterOptConfig.warmup)

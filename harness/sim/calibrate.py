@@ -32,7 +32,7 @@ import statistics
 from diloco_chaos.harness.eventlog import EventLog
 from diloco_chaos.harness.sim.world import SimParams
 
-CKPT_EVERY = 50  # trainer/learner_loop.py
+CKPT_EVERY = 50  # trainer/protocol/learner_loop.py
 WAIT_S = 1.0  # two step lines further apart: the protocol held the learner back (the simulator plays that)
 PACE_FAULTS = ("pause_unit", "slow_unit", "kill_unit", "kill_slice")  # faults that change a unit's own pace
 

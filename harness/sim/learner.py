@@ -1,8 +1,8 @@
-"""A learner unit in the simulator: the loop of trainer/learner_loop.py in virtual time.
+"""A learner unit in the simulator: the loop of trainer/protocol/learner_loop.py in virtual time.
 
 The same loop, the same LearnerCore, the same driver carrying out its actions and
-handling what the links deliver (trainer/learner_driver.py), the same inner AdamW step
-(trainer/inner.py) and the same event lines as the process (trainer/learner.py); what
+handling what the links deliver (trainer/protocol/learner_driver.py), the same inner AdamW step
+(trainer/numerics/inner.py) and the same event lines as the process (trainer/units/learner.py); what
 the process does with threads and wall time is done here with the world's clock:
 
 - compute time (the loop's `Compute`): each inner step costs `world.step_work(index)`
@@ -26,20 +26,20 @@ import traceback
 import jax
 import numpy as np
 
-from diloco_chaos.trainer.inner import state_digests
-from diloco_chaos.trainer.learner_driver import LearnerDriver, LearnerHost
-from diloco_chaos.trainer.learner_loop import Compute, Idle, Spent, Until, learner_loop
-from diloco_chaos.trainer.messages import SliceControl
-from diloco_chaos.trainer.protocol import LearnerCore
-from diloco_chaos.trainer.sdc import Corrupter
-from diloco_chaos.trainer.tally import step_tally
-from diloco_chaos.trainer.unit_faults import UnitFaults
-from diloco_chaos.trainer.wiring import learner_config, logged_combiner
+from diloco_chaos.trainer.numerics.inner import state_digests
+from diloco_chaos.trainer.numerics.tally import step_tally
+from diloco_chaos.trainer.numerics.wiring import learner_config, logged_combiner
+from diloco_chaos.trainer.protocol.learner_core import LearnerCore
+from diloco_chaos.trainer.protocol.learner_driver import LearnerDriver, LearnerHost
+from diloco_chaos.trainer.protocol.learner_loop import Compute, Idle, Spent, Until, learner_loop
+from diloco_chaos.trainer.protocol.messages import SliceControl
+from diloco_chaos.trainer.protocol.sdc import Corrupter
+from diloco_chaos.trainer.protocol.unit_faults import UnitFaults
 
 
 def _dies_on_error(method):
     """Every way into the process's own code (its loop, its inbox, its start) ends the
-    incarnation on an exception, as an uncaught one ends the process (trainer/learner.py)."""
+    incarnation on an exception, as an uncaught one ends the process (trainer/units/learner.py)."""
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
         try:
@@ -59,7 +59,7 @@ class LearnerProc(LearnerHost):
         self.inbox: list[tuple] = []
         self.timer = None  # (handle, work_left_s, set_at, fn): the one pending own-time wait
         self.control_seen = 0
-        self.waiting = None  # what the loop waits for (trainer/learner_loop.py)
+        self.waiting = None  # what the loop waits for (trainer/protocol/learner_loop.py)
         self.stopping = False
         self.max_steps, self.cfg = self.world.max_steps, self.world.cfg
         self.driver: LearnerDriver | None = None
@@ -138,7 +138,7 @@ class LearnerProc(LearnerHost):
         self.world.emit("unit_down", self.unit.name, reason="crashed", rc=1)
         self.unit.exited()
 
-    # --- the process: trainer/learner_loop.py in virtual time --------------------------------
+    # --- the process: trainer/protocol/learner_loop.py in virtual time --------------------------------
     @_dies_on_error
     def started(self) -> None:
         unit, w = self.unit, self.world
@@ -274,7 +274,7 @@ class LearnerProc(LearnerHost):
 
     def close(self, finished: bool) -> None:
         """The end of the loop: links close, a save in flight is finished (the process waits
-        for it, trainer/checkpoint.py `close`), the unit has exited."""
+        for it, trainer/numerics/checkpoint.py `close`), the unit has exited."""
         if self.saving is not None:
             self._durable(self.saving)
         self.alive, self.phase = False, "exited"
@@ -325,7 +325,7 @@ class SimLearner:
         self.proc: LearnerProc | None = None
         self.ckpt = None  # (params, opt_state, step), the latest durable save
         self.control, self.control_version = None, 0
-        self.faults: dict[str, dict] = {}  # the faults on the unit by kind (trainer/unit_faults.py)
+        self.faults: dict[str, dict] = {}  # the faults on the unit by kind (trainer/protocol/unit_faults.py)
 
     def spawn(self, startup_s: float | None = None) -> None:
         self.incarnation += 1

@@ -5,10 +5,10 @@ The simulator's injector is the cluster tier's own `Injector`; it shapes links t
 `Net` carries that out on the link's connections and frames (their state, `Link`, `Conn`,
 `Wire`, `Frame`, and the transport's constants: harness/sim/wire.py).
 
-Connections follow trainer/shard_link.py: the learner side (`ShardLink`) connects,
+Connections follow trainer/wire/shard_link.py: the learner side (`ShardLink`) connects,
 reconnects after a loss (at once if the connection lasted > 1 s, else after a
 backoff doubling from 50 ms to 1 s). Each connection first runs the run-membership
-exchange (trainer/auth.py) as three small frames through the same toxics: the shard's
+exchange (trainer/wire/auth.py) as three small frames through the same toxics: the shard's
 challenge down, the learner's proof up — the shard sees the learner once it arrives
 (`ShardServer._adopt`) — and the shard's answer down, after which the learner's link
 is up (`connected`). An exchange not done within AUTH_TIMEOUT_S (a partitioned
@@ -16,7 +16,7 @@ stream) is cut, and the learner retries after its backoff, as a connection to a 
 that is down (accepted by the proxy and hung up at once) is: the learner sees neither.
 
 Bounded buffers (docs/PROTOCOL.md): each end of a connection has an outbox
-(trainer/outbox.py). A frame leaves it for the wire once what the kernel's send queue
+(trainer/protocol/outbox.py). A frame leaves it for the wire once what the kernel's send queue
 and the proxy hold ahead of it (frames handed over, not yet serialised) is at most
 `Net.held_bytes` (HELD_BYTES); until then a newer frame with the same `outbox_key`
 (a whole Θ[p], a Hello) replaces it in place, as the transport does. With no
@@ -32,10 +32,10 @@ from __future__ import annotations
 from diloco_chaos.harness.sim.proxies import SimProxies
 from diloco_chaos.harness.sim.wire import (ANSWER, BACKOFF_S, CHALLENGE, HELD_BYTES, LASTED_S, PROOF, STREAM, STREAM_OF, Conn,
                                              Exchange, Frame, Link, proof_bytes)
-from diloco_chaos.trainer import auth
-from diloco_chaos.trainer.codec import encode_frame
-from diloco_chaos.trainer.outbox import outbox_key
-from diloco_chaos.trainer.transport import LinkStats
+from diloco_chaos.trainer.protocol.outbox import outbox_key
+from diloco_chaos.trainer.wire import auth
+from diloco_chaos.trainer.wire.codec import encode_frame
+from diloco_chaos.trainer.wire.transport import LinkStats
 
 
 class Net:
@@ -74,7 +74,7 @@ class Net:
 
     def learner_send(self, learner: str, shard: str, msg, combine=None) -> int:
         """ShardLink.send: the frame size, or 0 while the link is down; `combine(old, new)`
-        merges two unsent Contributions of one fragment (trainer/outbox.py)."""
+        merges two unsent Contributions of one fragment (trainer/protocol/outbox.py)."""
         link = self.link(learner, shard)
         if link.conn is None or not link.conn.up:
             return 0
@@ -158,7 +158,7 @@ class Net:
     # --- the shard side (ShardServer) ----------------------------------------------------
     def shard_send(self, shard: str, learner: str, msg, whole=None) -> int:
         """ShardServer.send: the frame size, or 0 if the learner is not connected; `whole`
-        takes a FragmentDelta's place where it supersedes (Send.whole, trainer/outbox.py)."""
+        takes a FragmentDelta's place where it supersedes (Send.whole, trainer/protocol/outbox.py)."""
         conn = self.link(learner, shard).conn
         if conn is None or not conn.adopted:
             return 0

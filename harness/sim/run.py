@@ -4,8 +4,8 @@
     run = simulate(scenario, bugs={"merge_twice"})                   # in memory, for properties
     run.log()                                                         # an EventLog for metrics/checks
 
-The same LearnerCore / SyncerCore, the same JAX inner steps (trainer/inner.py) and
-outer steps (trainer/wiring.py), the same fault dataclasses walked by the same
+The same LearnerCore / SyncerCore, the same JAX inner steps (trainer/numerics/inner.py) and
+outer steps (trainer/numerics/wiring.py), the same fault dataclasses walked by the same
 Injector and run loop (harness/run/), on a virtual clock (harness/sim/world.py), over simulated
 Toxiproxy links (harness/sim/net.py). It writes the cluster tier's event-log format
 (`tier: "sim"`, times in virtual seconds from t_launch = 0) and the same seed gives
@@ -34,12 +34,12 @@ from diloco_chaos.harness.scenarios.scenario_toml import scenario_to_toml
 from diloco_chaos.harness.sim.progress import SimProgress
 from diloco_chaos.harness.sim.world import SimParams, World
 from diloco_chaos.trainer.config import RunConfig
-from diloco_chaos.trainer.events import _plain
+from diloco_chaos.trainer.units.events import _plain
 from diloco_chaos.harness.run import inner_replay
-from diloco_chaos.trainer.inner import make_inner
-from diloco_chaos.trainer.shell import global_init
-from diloco_chaos.trainer.tasks import task_for_run
-from diloco_chaos.trainer.wiring import fragmenter_for, learner_math, syncer_math
+from diloco_chaos.trainer.numerics.inner import make_inner
+from diloco_chaos.trainer.numerics.tasks import task_for_run
+from diloco_chaos.trainer.numerics.wiring import fragmenter_for, learner_math, syncer_math
+from diloco_chaos.trainer.units.shell import global_init
 
 __all__ = ["SimParams", "SimRun", "launch", "simulate", "finish", "run_sim", "replay_sim", "model_for"]
 
@@ -281,7 +281,7 @@ def run_sim(s: Scenario, out: Path, run_dir: Path | None = None, *, label: str |
     scenario.toml, summary.json; the CLI renders report.html). `live`: a progress line on stderr; planted bugs
     come from `bugs`, else from DILOCO_CHAOS_BUGS as on processes. `reference`: the fault-free
     run's folder, or a callable giving it once this run is simulated (one made beside it)."""
-    from diloco_chaos.trainer.shell import planted_bugs
+    from diloco_chaos.trainer.units.shell import planted_bugs
 
     run_dir = run_dir or unique_dir(Path(out), label or s.name)
     run = simulate(s, params=params, bugs=frozenset(bugs) or planted_bugs(),

@@ -1,4 +1,4 @@
-"""A syncer shard in the simulator: the host of trainer/syncer_driver.py on virtual time.
+"""A syncer shard in the simulator: the host of trainer/protocol/syncer_driver.py on virtual time.
 
 The same SyncerDriver, SyncerCore and outer math as a shard process; messages are
 handled the moment they arrive, grace-window timers fire at their virtual time.
@@ -7,23 +7,23 @@ Checkpoints are snapshots (`core.snapshot`) kept in memory: a save becomes durab
 first are kept, as the process's orbax keeps the latest and the first of each 3 s. A
 killed shard restarts from the newest intact one (a `corrupt_checkpoint` fault marks the
 newest damaged: the restore passes it over with a `checkpoint_skipped` line, in the words
-trainer/checkpoint.py uses), or from Θ0 if none.
+trainer/numerics/checkpoint.py uses), or from Θ0 if none.
 """
 from __future__ import annotations
 
-from diloco_chaos.trainer.protocol import SyncerCore
-from diloco_chaos.trainer.syncer_driver import SaveFailed, SyncerDriver
+from diloco_chaos.trainer.protocol.syncer_core import SyncerCore
+from diloco_chaos.trainer.protocol.syncer_driver import SaveFailed, SyncerDriver
 
-from diloco_chaos.trainer.transport import LinkStats
-from diloco_chaos.trainer.unit_faults import UnitFaults
-from diloco_chaos.trainer.wiring import MATH_BUGS, syncer_config, syncer_math
+from diloco_chaos.trainer.numerics.wiring import MATH_BUGS, syncer_config, syncer_math
+from diloco_chaos.trainer.protocol.unit_faults import UnitFaults
+from diloco_chaos.trainer.wire.transport import LinkStats
 
 NO_SPACE = "OSError: [Errno 28] No space left on device (simulated disk_full)"
 # disk_slow: the writes and fsyncs one save makes, each `latency_ms` late: an estimate for an
 # orbax save of a shard's state and its manifest, not counted on processes
 DISK_OPS_PER_SAVE = 24
-KEEP = 3  # saves kept besides the first (trainer/checkpoint.py's max_to_keep)
-SKIPPED = {  # a damaged save's reason, as trainer/checkpoint.py words it (simulated)
+KEEP = 3  # saves kept besides the first (trainer/numerics/checkpoint.py's max_to_keep)
+SKIPPED = {  # a damaged save's reason, as trainer/numerics/checkpoint.py words it (simulated)
     "flip": "not what was saved: a leaf's sha256 differs from its manifest (simulated)",
     "truncate": "did not load: a data file shorter than its index says (simulated)",
     "manifest": "no manifest (a save cut short, or its manifest lost)",
@@ -144,7 +144,7 @@ class SyncerProc:
 
     def journal(self, fragment: int, version: int, digest: str) -> None:
         self.unit.journal.append((fragment, version, digest))  # (its own disk: disk_full spares it)
-        if "journal_unsynced" not in self.world.syncer_bugs:  # fsynced with the line (trainer/journal.py)
+        if "journal_unsynced" not in self.world.syncer_bugs:  # fsynced with the line (trainer/numerics/journal.py)
             self.unit.journal_synced = len(self.unit.journal)
 
     def emit(self, kind: str, **fields) -> None:
@@ -181,10 +181,10 @@ class SimSyncer:
         self.damaged: dict[int, str] = {}  # save number -> how corrupt_checkpoint damaged it
         self.oldest = None  # the first durable snapshot (planted restore_oldest restores it)
         self.saved = 0
-        # the faults on the shard by kind (trainer/unit_faults.py), set by the world; the disk's
+        # the faults on the shard by kind (trainer/protocol/unit_faults.py), set by the world; the disk's
         # (disk_full, disk_slow) are this host's model of its disk, read below
         self.faults: dict[str, dict] = {}
-        self.journal: list = []  # (fragment, version, digest) per commit, across incarnations (trainer/journal.py)
+        self.journal: list = []  # (fragment, version, digest) per commit, across incarnations (trainer/numerics/journal.py)
         self.journal_synced = 0  # how many of its lines an fsync made durable
 
     @property

@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from diloco_chaos.trainer import auth
-from diloco_chaos.trainer.outbox import Outbox
-from diloco_chaos.trainer.transport import LinkStats
+from diloco_chaos.trainer.protocol.outbox import Outbox
+from diloco_chaos.trainer.wire import auth
+from diloco_chaos.trainer.wire.transport import LinkStats
 
 BACKOFF_S = (0.05, 1.0)  # ShardLink's default backoff_s
 LASTED_S = 1.0  # a connection that lasted longer resets the backoff (ShardLink._run)
 STREAM_OF = {"upstream": "up", "downstream": "down"}  # upstream = learner → shard
 STREAM = {way: stream for stream, way in STREAM_OF.items()}
-# What the kernel's send queue (SO_SNDBUF 64 KiB, trainer/transport.py) and Toxiproxy
+# What the kernel's send queue (SO_SNDBUF 64 KiB, trainer/wire/transport.py) and Toxiproxy
 # hold beyond a sender's outbox on a thin link: measured 359 KB through a 16 kbit/s
 # bandwidth toxic (174 KB in the kernel, 185 KB in the proxy; docs/PROTOCOL.md). On a
 # faster link the proxy's autotuned buffer can hold more, up to the transport's delivery
@@ -27,7 +27,7 @@ HELD_BYTES = 352 * 1024
 
 
 class Exchange:
-    """One of the run-membership exchange's three messages (trainer/auth.py), by size."""
+    """One of the run-membership exchange's three messages (trainer/wire/auth.py), by size."""
 
     __slots__ = ("stage",)
 

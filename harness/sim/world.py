@@ -20,9 +20,9 @@ from diloco_chaos.harness.run.control import GRACE_S, LOCAL_MECHANISMS, SPARE_DE
 from diloco_chaos.harness.sim.learner import SimLearner
 from diloco_chaos.harness.sim.net import Net
 from diloco_chaos.harness.sim.syncer import SimSyncer
-from diloco_chaos.trainer.events import KINDS
-from diloco_chaos.trainer.protocol_base import DP_MODES
-from diloco_chaos.trainer.protocol import LEARNER_BUGS, SYNCER_BUGS
+from diloco_chaos.trainer.protocol.protocol_base import DP_MODES
+from diloco_chaos.trainer.protocol.protocol_base import LEARNER_BUGS, SYNCER_BUGS
+from diloco_chaos.trainer.units.events import KINDS
 
 
 class Handle:
@@ -184,7 +184,7 @@ class World:
         start, startup = "cold", cold
         if self.spare_ready.get(role):
             pool = sorted(self.spare_ready[role])  # the restart takes the one ready first
-            ready = min(pool.pop(0), self.now + cold)  # trainer/spare.py ends its delay
+            ready = min(pool.pop(0), self.now + cold)  # trainer/units/spare.py ends its delay
             start = "spare" if self.now >= ready else "spare_booting"
             startup = max(ready - self.now, 0.0) + self.params.spare_startup_s
             self.spare_ready[role] = pool + [self.now + SPARE_DELAY_S + cold]
@@ -221,7 +221,7 @@ class World:
 
     def set_fault(self, unit: str, kind: str, **fields) -> None:
         """The fault `kind` on `unit` (a learner or a shard) with `fields`: into the unit's dict
-        of the faults on it, which its hooks (trainer/unit_faults.py) and this tier's model of
+        of the faults on it, which its hooks (trainer/protocol/unit_faults.py) and this tier's model of
         its disk read; as the control file on processes, it outlives a restart of the unit."""
         self._unit(unit).faults[kind] = dict(fields)
 

@@ -1,4 +1,4 @@
-"""The transport's delivery window through a real Toxiproxy (trainer/transport.py).
+"""The transport's delivery window through a real Toxiproxy (trainer/wire/transport.py).
 
 A ShardServer sends Θ[0] to a ShardLink through a proxy: first as fast as it can on an
 open link, so that the proxy's socket buffer is autotuned to megabytes, then with a
@@ -20,11 +20,11 @@ import pytest
 
 from diloco_chaos.harness.backends.toxiproxy_server import ToxiproxyServer
 from diloco_chaos.harness.links import toxic_spec
-from diloco_chaos.trainer import flow, transport
-from diloco_chaos.trainer.messages import FragmentUpdate
-from diloco_chaos.trainer.outbox import outbox_key
-from diloco_chaos.trainer.shard_link import ShardLink
-from diloco_chaos.trainer.transport import ShardServer, wait_until
+from diloco_chaos.trainer.protocol.messages import FragmentUpdate
+from diloco_chaos.trainer.protocol.outbox import outbox_key
+from diloco_chaos.trainer.wire import flow, transport
+from diloco_chaos.trainer.wire.shard_link import ShardLink
+from diloco_chaos.trainer.wire.transport import ShardServer, wait_until
 
 pytestmark = [pytest.mark.cluster]
 

@@ -1,7 +1,7 @@
 """A full disk under a syncer shard's checkpoints, on real processes: the kernel's own
 ENOSPC from a 16 MiB tmpfs mounted on the shard's checkpoint folder and filled by the test
 (root only: a mount). orbax raises it from its background write at the shard's next look;
-before this, that killed the shard (trainer/syncer.py called `ckpt.wait()` bare). Now a
+before this, that killed the shard (trainer/units/syncer.py called `ckpt.wait()` bare). Now a
 failed save is a `checkpoint_failed` line, orbax's manager is made anew (it keeps the
 error and raises it at every later save) and the state goes into the next save; once the
 test frees the disk, saves land again. Nothing of a failed save is reported durable.
@@ -20,7 +20,7 @@ from diloco_chaos.harness import eventlog
 from diloco_chaos.harness.backends import runner
 from diloco_chaos.harness.backends.cluster import LocalCluster
 from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
-from diloco_chaos.trainer.shell import BUGS_ENV
+from diloco_chaos.trainer.units.shell import BUGS_ENV
 from diloco_chaos.harness.judging import checks
 from diloco_chaos.trainer.config import DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig
 from suites.cluster.unit_logs import events, wait_for

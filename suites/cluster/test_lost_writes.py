@@ -21,7 +21,7 @@ import pytest
 from diloco_chaos.harness import eventlog
 from diloco_chaos.harness.backends import runner
 from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
-from diloco_chaos.trainer.shell import BUGS_ENV
+from diloco_chaos.trainer.units.shell import BUGS_ENV
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/fuse") or shutil.which("go") is None,

@@ -97,7 +97,7 @@ from diloco_chaos.harness.bench.sim import LEARNING_BASE, PROPERTY_BASE
 from diloco_chaos.harness.judging import baseline, checks, losses, metrics
 from diloco_chaos.faults.kinds import Corrupt
 from diloco_chaos.harness.scenarios.scenario import load_scenario, scenario_from_dict
-from diloco_chaos.trainer.shell import BUGS_ENV
+from diloco_chaos.trainer.units.shell import BUGS_ENV
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

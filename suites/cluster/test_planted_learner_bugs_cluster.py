@@ -9,8 +9,8 @@ CI). The catalogue: harness/judging/planted.py, `diloco-chaos planted`.
   again. `inner_steps_reexecuted` redoes each incarnation's first step (always sampled)
   from the batch the harness draws by the global step: with the bug the restored step's
   θ, m and v are not the judge's. The bug has nothing to do unless the restart restores a
-  step > 0, and a learner's save is *sealed* (its manifest written: trainer/checkpoint.py)
-  only when its next save starts: the step-50 save (trainer/learner_loop.py CKPT_EVERY)
+  step > 0, and a learner's save is *sealed* (its manifest written: trainer/numerics/checkpoint.py)
+  only when its next save starts: the step-50 save (trainer/protocol/learner_loop.py CKPT_EVERY)
   is restorable from the learner's step 100 on. A kill at fixed seconds missed that on a
   loaded machine (8 s beside two busy processes: the restart came up at step 0, where the
   bug is inert), so here the kill waits on progress, not seconds: the schedule's clock
@@ -52,7 +52,7 @@ from diloco_chaos.harness import eventlog
 from diloco_chaos.harness.backends import checkpoint_disk, runner
 from diloco_chaos.harness.run import loop
 from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
-from diloco_chaos.trainer.shell import BUGS_ENV
+from diloco_chaos.trainer.units.shell import BUGS_ENV
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

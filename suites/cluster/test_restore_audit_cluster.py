@@ -26,7 +26,7 @@ from diloco_chaos.harness import eventlog
 from diloco_chaos.harness.backends import runner
 from diloco_chaos.harness.judging.restores import restores_faithful
 from diloco_chaos.harness.scenarios.scenario import load_scenario
-from diloco_chaos.trainer.shell import BUGS_ENV
+from diloco_chaos.trainer.units.shell import BUGS_ENV
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.nightly]
 

@@ -1,4 +1,4 @@
-"""Only the run's own units get in (trainer/auth.py), on real processes through Toxiproxy:
+"""Only the run's own units get in (trainer/wire/auth.py), on real processes through Toxiproxy:
 while two learners train, an intruder that speaks our frame format well — a Hello and a
 well-formed Contribution signed as learner-0 — connects straight to the shard, and a
 link with the wrong secret comes in through learner-1's proxy. Both are refused and
@@ -16,12 +16,12 @@ import pytest
 from diloco_chaos.harness import eventlog
 from suites.cluster.unit_logs import events, wait_for
 from diloco_chaos.harness.backends.cluster import LocalCluster
-from diloco_chaos.trainer import auth
-from diloco_chaos.trainer.codec import encode_frame
 from diloco_chaos.trainer.config import DilocoConfig, InnerOptConfig, RunConfig
-from diloco_chaos.trainer.messages import Contribution, Hello
-from diloco_chaos.trainer.shard_link import ShardLink
-from diloco_chaos.trainer.transport import parse_addr
+from diloco_chaos.trainer.protocol.messages import Contribution, Hello
+from diloco_chaos.trainer.wire import auth
+from diloco_chaos.trainer.wire.codec import encode_frame
+from diloco_chaos.trainer.wire.shard_link import ShardLink
+from diloco_chaos.trainer.wire.transport import parse_addr
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -1,5 +1,5 @@
 """`send_stall` (faults/kinds/send_stall.py), the fault kind added as one module and one
-hook (trainer/unit_faults.py `before_send`): while it lasts, what a unit's core sends
+hook (trainer/protocol/unit_faults.py `before_send`): while it lasts, what a unit's core sends
 waits inside the unit and leaves at the heal, in order. On both tiers, from the event log:
 a learner's contributions decided during its stall (its `contribute` lines) leave after
 the stall's fault_end, each once and in the order decided, as do the messages a stalled
@@ -15,7 +15,7 @@ from diloco_chaos.harness.backends.runner import run_scenario
 from diloco_chaos.harness.judging import checks, metrics
 from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
 from diloco_chaos.harness.sim.run import simulate
-from diloco_chaos.trainer import unit_faults
+from diloco_chaos.trainer.protocol import unit_faults
 
 STALLED = {  # one learner's sends stalled, then one shard's (the other's commits go on meanwhile)
     "name": "send-stall", "seed": 3,

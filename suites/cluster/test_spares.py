@@ -1,6 +1,6 @@
 """Warm spares on real processes: a run whose schedule restarts learners keeps a
 pre-started process that takes the next restart's identity (harness/backends/cluster.py
-`Processes`, trainer/spare.py). Judged from the event log: each restart says it took the
+`Processes`, trainer/units/spare.py). Judged from the event log: each restart says it took the
 spare, the spare's unit restored its checkpoint and contributed again, its boot (restart →
 first inner step) is a fraction of the same run's cold start, a replacement spare was
 started, and no process of the run outlives it. The replacement's own use is the same code
@@ -30,7 +30,7 @@ def _scenario():
         "cluster": {"learners": 2, "spare_pool": 1},
         "train": {"task": "markov", "steps": 2000, "duration": "22s", "end_grace": "0s", "batch_size": 16},
         # two restarts at once: the first takes the spare; the second its replacement, which
-        # is still in its delay and must boot at once (trainer/spare.py), not after it
+        # is still in its delay and must boot at once (trainer/units/spare.py), not after it
         "faults": [{"kind": "kill_unit", "target": "learner-1", "at": "5s", "down_for": "1s"},
                    {"kind": "kill_unit", "target": "learner-0", "at": "5s", "down_for": "1s"}]})
 

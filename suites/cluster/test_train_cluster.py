@@ -17,7 +17,7 @@ from diloco_chaos.harness.run import global_eval
 from diloco_chaos.harness.backends.cluster import LocalCluster
 from diloco_chaos.harness.backends.procs import pid_alive
 from diloco_chaos.trainer.config import DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig
-from diloco_chaos.trainer.tasks import task_for_run
+from diloco_chaos.trainer.numerics.tasks import task_for_run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -72,7 +72,7 @@ def _read(client, rt, path: str) -> bytes | None:
 
 def test_a_container_with_only_the_runtime_runs_jax_and_the_units_modules(docker_engine, made):
     rt, first_s = made
-    code = ("import jax, optax, orbax.checkpoint, diloco_chaos.trainer.learner, diloco_chaos.trainer.syncer; "
+    code = ("import jax, optax, orbax.checkpoint, diloco_chaos.trainer.units.learner, diloco_chaos.trainer.units.syncer; "
             "print(jax.jit(lambda x: x * 2)(jax.numpy.ones(3)).sum())")
     c = docker_engine.containers.create(rt.image, [rt.python, "-c", code], mounts=rt.mounts(),
                                         environment={**rt.env, "JAX_PLATFORMS": "cpu"},

@@ -1,5 +1,5 @@
 """Warm spares on the docker backend: a run whose schedule restarts a learner keeps a spare
-container (trainer/spare.py, its stdin kept open) on the engine that runs it; the restart
+container (trainer/units/spare.py, its stdin kept open) on the engine that runs it; the restart
 hands it the unit's identity through the engine (`docker attach`), so it costs a
 checkpoint restore, not a container + Python + JAX start (3-5 s here). Judged from the
 event log and the engine's own event stream; nothing of the run is left on the engine."""

@@ -72,8 +72,8 @@ class Watch(threading.Thread):
 def _forged(run_id: str) -> bytes:
     import numpy as np
 
-    from diloco_chaos.trainer.codec import encode_frame
-    from diloco_chaos.trainer.messages import Contribution, Hello
+    from diloco_chaos.trainer.protocol.messages import Contribution, Hello
+    from diloco_chaos.trainer.wire.codec import encode_frame
 
     msgs = [Hello("learner-0", INTRUDER_INCARNATION),
             Contribution("learner-0", INTRUDER_INCARNATION, 1, 0, 0, 6, 6144, 0.02, None, [np.full(8, 0.5, np.float32)])]
@@ -83,8 +83,8 @@ def _forged(run_id: str) -> bytes:
 # run from host b's namespace: a learner's link with a secret of its own, through a proxy
 FROM_HOST_B = """
 import queue, sys, time
-from diloco_chaos.trainer.shard_link import ShardLink
-from diloco_chaos.trainer.messages import Hello
+from diloco_chaos.trainer.wire.shard_link import ShardLink
+from diloco_chaos.trainer.protocol.messages import Hello
 link = ShardLink("learner-1", "syncer-0", sys.argv[1], sys.argv[2], queue.Queue(), secret=bytes(32),
                  backoff_s=(0.2, 0.5)).start()
 time.sleep(6)

@@ -31,7 +31,7 @@ from diloco_chaos.harness.scenarios.scenario import Scenario, scenario_from_dict
 from diloco_chaos.harness.scenarios.scenario_toml import scenario_to_toml
 from diloco_chaos.harness.sim.run import SimParams, SimRun, simulate
 from diloco_chaos.harness.bench.sim import PROPERTY_BASE, PROPERTY_WINDOW
-from diloco_chaos.trainer.messages import FragmentUpdate
+from diloco_chaos.trainer.protocol.messages import FragmentUpdate
 
 REPO = Path(__file__).resolve().parents[2]
 REPORTS = REPO / "runs" / "properties"  # where a failing example's run is written

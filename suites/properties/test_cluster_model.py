@@ -26,7 +26,7 @@ from diloco_chaos.harness.eventlog import EventLog
 from diloco_chaos.harness.sim.run import finish, launch, simulate
 from sim_cases import REPORTS, SIM, Case, RejoinProbe, examples, report, scenario
 from diloco_chaos.harness.judging.audits import quorum_respected, weights_match_staleness
-from diloco_chaos.trainer.learner_loop import FETCH_WAIT_S
+from diloco_chaos.trainer.protocol.learner_loop import FETCH_WAIT_S
 
 LEARNERS = [f"learner-{i}" for i in range(3)]
 SHARDS = ["syncer-0", "syncer-1"]

@@ -34,7 +34,7 @@ def test_rounds_keep_committing_while_one_learner_is_reachable(schedule):
 
 
 # Streaming DiLoCo (K = M): every round needs every unit, so a restarted unit must come
-# back in phase with the others' fragment schedule (trainer/learner_core.py, `phase`);
+# back in phase with the others' fragment schedule (trainer/protocol/learner_core.py, `phase`);
 # out of phase it waits on a round they have not reached while they wait on one it has
 # not: before the fix a single kill_unit stalled every round to the end of the run.
 @examples(20)

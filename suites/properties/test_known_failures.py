@@ -10,7 +10,7 @@ the cause is fixed), and as plain tests once fixed, so they stay fixed.
   draw of test_decoupled_with_compressed_broadcasts_is_safe_under_any_schedule). Without
   either early reset the rise is 0.004 / 0.0. Fixed 2026-11-29: a fragment whose turn came
   while it awaited its fetch now goes out the step after a fetch that kept its progress
-  (trainer/learner_core.py): the rise is 0.075 (int4), 0.078 (fp32, int8).
+  (trainer/protocol/learner_core.py): the rise is 0.075 (int4), 0.078 (fp32, int8).
 - Aligned rounds (K = 2, int4 broadcasts, answers only, shares by the merged): learner-0
   paused 0.9-5.1 s, then learner-1's uploads cut 4.8-7.4 s. Fragment 0's rounds wait for a
   second learner from 6.6 s to 9.6 s, so the learners' closing Δs at the end carry 22-29

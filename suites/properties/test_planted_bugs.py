@@ -238,14 +238,14 @@ def test_a_merged_corruption_is_seen_by_loss_parity_and_global_loss_regression()
 
 
 def test_a_bug_in_the_weight_formula_agrees_with_the_trainer_and_not_with_the_judge():
-    """steep_discount lives in trainer/outer.py's contribution_weight, the function the old
+    """steep_discount lives in trainer/numerics/outer.py's contribution_weight, the function the old
     weights_match_staleness called to compute its expectation: that formula reproduces every
     weight the buggy run logged (the old check passed it), while the judge's own arithmetic
     (harness/judging/spec.py) names the stale merges. Measured on the fault-free base: 38 of
     97 merges (every stale one) weighed (1 + s)^-1 instead of (1 + s)^-1/2."""
     from diloco_chaos.harness.judging import audits
     from diloco_chaos.harness.sim.run import model_for
-    from diloco_chaos.trainer.wiring import syncer_math
+    from diloco_chaos.trainer.numerics.wiring import syncer_math
 
     case = simulate_case(scenario(()), bugs={"steep_discount"})
     cfg = case.scenario.run_config()

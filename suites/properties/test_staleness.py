@@ -134,7 +134,7 @@ def test_compressed_broadcasts_on_a_starved_link_keep_what_waits_bounded():
     """int4 broadcasts (FragmentDelta, as the paper preset sends Θ back) on the starved link
     Hypothesis found for them: before a delta could be superseded, every commit's delta
     queued on it (`link_buffers_bounded`: 2312 bytes waiting, bound 2126); now the chain
-    gives way to Θ[p] whole (trainer/outbox.py), and every staleness check holds."""
+    gives way to Θ[p] whole (trainer/protocol/outbox.py), and every staleness check holds."""
     train = dataclasses.replace(LINK_BASE.train, compression="int4", broadcast_compression="int4")
     s = dataclasses.replace(LINK_BASE, train=train, faults=(
         Wan(target="link:learner-2~syncer-0", at_s=10.5, duration_s=11.5, bandwidth_kbps=12.8, latency_ms=1920.0),))

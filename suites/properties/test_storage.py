@@ -3,7 +3,7 @@ lasts), then a crash of that shard: it must have gone on committing, reported no
 failed save durable, and restart from the last save that landed before the disk filled.
 The base: the property base (quadratic, 60 steps, 3 learners, 2 shards), syncer-0's disk
 full at 3 s for 2 s, syncer-0 killed at 4.5 s for 0.5 s. Planted `durable_on_failure` (a
-failed save taken for a landed one, trainer/syncer_driver.py): the shard tells its learners
+failed save taken for a landed one, trainer/protocol/syncer_driver.py): the shard tells its learners
 that rounds are durable which its restart then does not have (durable_rounds_kept), and its
 restore is older than the newest save it says landed (restores_faithful)."""
 from __future__ import annotations

@@ -6,8 +6,8 @@ from diloco_chaos.harness.eventlog import EventLog
 
 
 class LogBuilder:
-    """Event lines as the processes and the harness write them (trainer/learner.py,
-    trainer/syncer.py, harness/run/injector.py), in the order given; `log()` sorts by t
+    """Event lines as the processes and the harness write them (trainer/units/learner.py,
+    trainer/units/syncer.py, harness/run/injector.py), in the order given; `log()` sorts by t
     (stable, as eventlog.merge does)."""
 
     def __init__(self, mode="decoupled", learners=2, fragments=1, quorum=1, t_start=0.0, t_end=10.0,

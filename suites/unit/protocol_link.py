@@ -12,11 +12,13 @@ import itertools
 
 import numpy as np
 
-from diloco_chaos.trainer.protocol import LearnerMath, Log, Send, SetTimer, SyncerMath
+from diloco_chaos.trainer.protocol.learner_types import LearnerMath
+from diloco_chaos.trainer.protocol.protocol_base import Log, Send, SetTimer
+from diloco_chaos.trainer.protocol.syncer_types import SyncerMath
 
 
 def due_fragment(step: int, H: int, P: int) -> int | None:
-    """Fragment p is due at steps offset_p + k·H, offset_p = (p·H)//P (as trainer/fragments.py)."""
+    """Fragment p is due at steps offset_p + k·H, offset_p = (p·H)//P (as trainer/numerics/fragments.py)."""
     due = [p for p in range(P) if step >= 1 and (step - (p * H) // P) % H == 0]
     return due[0] if due else None
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 import pytest
 from protocol_link import MemNet, arr, learner_math, syncer_math
 
-from diloco_chaos.trainer.messages import Contribution, FragmentUpdate, RoundOpen
-from diloco_chaos.trainer.protocol import LearnerConfig, LearnerCore, Log, Send, SyncerConfig, SyncerCore
-from diloco_chaos.trainer.syncer_core import ALIGN_WAIT_STEPS
+from diloco_chaos.trainer.protocol.learner_core import LearnerCore
+from diloco_chaos.trainer.protocol.learner_types import LearnerConfig
+from diloco_chaos.trainer.protocol.messages import Contribution, FragmentUpdate, RoundOpen
+from diloco_chaos.trainer.protocol.protocol_base import Log, Send
+from diloco_chaos.trainer.protocol.syncer_core import SyncerCore
+from diloco_chaos.trainer.protocol.syncer_core import ALIGN_WAIT_STEPS
+from diloco_chaos.trainer.protocol.syncer_types import SyncerConfig
 
 H, P = 8, 2  # fragment 1 is due at steps 4, 12, 20...; fragment 0 at 8, 16, 24...
 

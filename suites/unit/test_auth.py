@@ -1,4 +1,4 @@
-"""Run membership (trainer/auth.py): the HMAC exchange by itself, then on real sockets —
+"""Run membership (trainer/wire/auth.py): the HMAC exchange by itself, then on real sockets —
 a client that speaks our frame format but lacks the run secret is refused and none of
 its frames reaches the shard's caller; a stranger posing as a shard gets no frame from a
 learner; a proven learner cannot speak as another. Loopback only; every socket closed."""
@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from diloco_chaos.trainer import auth, transport
-from diloco_chaos.trainer.codec import encode_frame
-from diloco_chaos.trainer.messages import Contribution, Hello
-from diloco_chaos.trainer.shard_link import ShardLink
-from diloco_chaos.trainer.transport import ShardServer, wait_until
+from diloco_chaos.trainer.protocol.messages import Contribution, Hello
+from diloco_chaos.trainer.wire import auth, transport
+from diloco_chaos.trainer.wire.codec import encode_frame
+from diloco_chaos.trainer.wire.shard_link import ShardLink
+from diloco_chaos.trainer.wire.transport import ShardServer, wait_until
 
 RUN = "run-auth"
 SECRET = bytes(range(32))

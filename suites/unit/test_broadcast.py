@@ -1,5 +1,5 @@
 """Compressed broadcasts (diloco.broadcast_compression): Θ[p] comes back to a learner as a
-compressed delta against the copy it holds, with error feedback (trainer/compression.py,
+compressed delta against the copy it holds, with error feedback (trainer/protocol/compression.py,
 FragmentDelta). Numbers by hand, then the cores over the in-memory link: the learner's
 copy equals the shard's record of it bit for bit, stays close to Θ, and a delta lost
 with a link is detected and repaired by a fresh fetch."""
@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 from protocol_link import MemNet, arr, learner_math, syncer_math
 
-from diloco_chaos.trainer import compression
-from diloco_chaos.trainer.messages import Contribution, FragmentDelta, FragmentUpdate
-from diloco_chaos.trainer.protocol import LearnerConfig, LearnerCore, SyncerConfig, SyncerCore
+from diloco_chaos.trainer.protocol import compression
+from diloco_chaos.trainer.protocol.learner_core import LearnerCore
+from diloco_chaos.trainer.protocol.learner_types import LearnerConfig
+from diloco_chaos.trainer.protocol.messages import Contribution, FragmentDelta, FragmentUpdate
+from diloco_chaos.trainer.protocol.syncer_core import SyncerCore
+from diloco_chaos.trainer.protocol.syncer_types import SyncerConfig
 
 P, H = 1, 2
 

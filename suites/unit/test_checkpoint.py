@@ -1,4 +1,4 @@
-"""trainer/checkpoint.py: async orbax checkpoints that restore without templates and
+"""trainer/numerics/checkpoint.py: async orbax checkpoints that restore without templates and
 never return a partially written step (a real process is SIGKILLed mid-save)."""
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import jax
 import numpy as np
 import pytest
 
-from diloco_chaos.trainer import tasks
-from diloco_chaos.trainer.checkpoint import Checkpointer
 from diloco_chaos.trainer.config import InnerOptConfig, ModelConfig, RunConfig, TaskConfig
-from diloco_chaos.trainer.inner import make_inner, opt_state_to_tree
+from diloco_chaos.trainer.numerics import tasks
+from diloco_chaos.trainer.numerics.checkpoint import Checkpointer
+from diloco_chaos.trainer.numerics.inner import make_inner, opt_state_to_tree
 
 
 def syncer_tree(round_: int) -> dict:
@@ -99,7 +99,7 @@ def test_a_save_in_flight_is_the_step_a_learner_has_saved(tmp_path):
     """A unit stopped just after a periodic save, its write in flight: the loop's final save
     asks `saved_step`, which must count that save (orbax refuses its step a second time, and
     the unit died before its `done`: seen on Docker at the run's end)."""
-    from diloco_chaos.trainer.learner import Learner
+    from diloco_chaos.trainer.units.learner import Learner
 
     with InFlight(tmp_path) as ck:
         ck.save(100, {"round": 100})
@@ -113,7 +113,7 @@ def test_first_per_interval_keeps_the_first_save_of_each_clock_interval():
     from datetime import datetime, timezone
     from types import SimpleNamespace
 
-    from diloco_chaos.trainer.checkpoint import FirstPerInterval
+    from diloco_chaos.trainer.numerics.checkpoint import FirstPerInterval
 
     def at(s):  # a checkpoint saved at epoch second s
         return SimpleNamespace(step=int(s * 10), time=datetime.fromtimestamp(s, tz=timezone.utc), metrics=None)
@@ -181,7 +181,7 @@ def test_a_learner_resumes_exactly_from_its_checkpoint(tmp_path):
 KILL_MID_SAVE = textwrap.dedent("""
     import json, os, signal, sys
     import numpy as np
-    from diloco_chaos.trainer.checkpoint import Checkpointer
+    from diloco_chaos.trainer.numerics.checkpoint import Checkpointer
     ck = Checkpointer(sys.argv[1])
     ck.save(1, {"x": np.zeros(4, np.float32), "round": 1})
     ck.wait()
@@ -272,6 +272,6 @@ def test_the_harness_reads_the_manifest_by_the_trainers_name():
     """checkpoint_disk reads a unit's folder without the unit's code (no orbax import in
     the harness's evidence path); the file's name is the contract the two share."""
     from diloco_chaos.harness.backends import checkpoint_disk
-    from diloco_chaos.trainer import checkpoint
+    from diloco_chaos.trainer.numerics import checkpoint
 
     assert checkpoint_disk.MANIFEST == checkpoint.MANIFEST

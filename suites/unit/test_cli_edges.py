@@ -50,7 +50,7 @@ def test_a_plugin_task_is_found_beside_its_scenario_file_and_a_missing_one_is_on
     internal class and a task the user never wrote (the [task] table read as the default's).
     The command leaves the environment as it found it (a test in the same process)."""
     from diloco_chaos.cli import main
-    from diloco_chaos.trainer.plugins import SEARCH_ENV
+    from diloco_chaos.trainer.numerics.plugins import SEARCH_ENV
 
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -76,7 +76,7 @@ def test_a_plugin_task_is_found_beside_its_scenario_file_and_a_missing_one_is_on
 def test_a_compile_cache_written_without_the_size_cap_is_stamped_for_it(tmp_path, monkeypatch):
     """Entries the units wrote before the cache had its cap (no `-atime` file) made every
     later write fail once JAX's eviction read them: they are stamped when the cache is set up."""
-    from diloco_chaos.trainer import shell
+    from diloco_chaos.trainer.units import shell
 
     cache = tmp_path / "jax"
     cache.mkdir()

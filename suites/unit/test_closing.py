@@ -1,4 +1,4 @@
-"""The closing contribution (trainer/learner_close.py): after a learner unit's last inner
+"""The closing contribution (trainer/protocol/learner_close.py): after a learner unit's last inner
 step its remaining progress goes to Θ, and the shard keeps a learner that closed in the
 fleet's count once it leaves. One fragment of one number, values checked on paper."""
 from __future__ import annotations
@@ -10,13 +10,17 @@ import numpy as np
 import pytest
 from protocol_link import arr, learner_math, syncer_math
 
-from diloco_chaos.trainer import outer
 from diloco_chaos.trainer.config import RunConfig
-from diloco_chaos.trainer.fragments import Fragmenter
-from diloco_chaos.trainer.messages import Contribution, FragmentUpdate
-from diloco_chaos.trainer.protocol import LearnerConfig, LearnerCore, Log, Send, SetTimer, SyncerConfig, SyncerCore
-from diloco_chaos.trainer.syncer_core import CLOSE_HOLD_S, RESTART_HOLD_S
-from diloco_chaos.trainer.wiring import syncer_math as run_math
+from diloco_chaos.trainer.numerics import outer
+from diloco_chaos.trainer.numerics.fragments import Fragmenter
+from diloco_chaos.trainer.numerics.wiring import syncer_math as run_math
+from diloco_chaos.trainer.protocol.learner_core import LearnerCore
+from diloco_chaos.trainer.protocol.learner_types import LearnerConfig
+from diloco_chaos.trainer.protocol.messages import Contribution, FragmentUpdate
+from diloco_chaos.trainer.protocol.protocol_base import Log, Send, SetTimer
+from diloco_chaos.trainer.protocol.syncer_core import SyncerCore
+from diloco_chaos.trainer.protocol.syncer_core import CLOSE_HOLD_S, RESTART_HOLD_S
+from diloco_chaos.trainer.protocol.syncer_types import SyncerConfig
 
 
 def _learner(mode: str = "decoupled"):
@@ -195,7 +199,7 @@ def test_a_closing_round_merges_by_the_plain_mean(closing, expect):
 
 
 def test_the_runs_math_merges_a_closing_round_by_the_mean():
-    """trainer/wiring.py, RDA the run's merge, outer lr 1: the same two Δs step Θ by
+    """trainer/numerics/wiring.py, RDA the run's merge, outer lr 1: the same two Δs step Θ by
     (0.71, 0.71) in an ordinary round, by (0.5, 0.5) where the core asks for the mean."""
     m = run_math(RunConfig.from_dict({"diloco": {"fragments": 1}, "outer": {"lr": 1.0}}),
                  Fragmenter({"w": np.zeros(2, np.float32)}, 1))

@@ -11,11 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from diloco_chaos.trainer import codec
-from diloco_chaos.trainer.codec import FrameDecoder, decode_frame, encode_frame
-from diloco_chaos.trainer.compression import KINDS, encode
-from diloco_chaos.trainer.messages import (MESSAGE_TYPES, Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, Repair, RepairRequest,
-                              Received, RoundOpen, SliceControl, describe)
+from diloco_chaos.trainer.protocol.compression import KINDS, encode
+from diloco_chaos.trainer.protocol.messages import (MESSAGE_TYPES, Contribution, FragmentDelta, FragmentUpdate,
+                                                    GradMean, GradStep, Hello, Repair, RepairRequest, Received,
+                                                    RoundOpen, SliceControl, describe)
+from diloco_chaos.trainer.wire import codec
+from diloco_chaos.trainer.wire.codec import FrameDecoder, decode_frame, encode_frame
 
 RUN = "run-7"
 BF16 = np.dtype(ml_dtypes.bfloat16)

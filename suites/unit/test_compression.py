@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from diloco_chaos.trainer.compression import KINDS, Encoded, decode, decode_one, encode, encode_one, storage_size
+from diloco_chaos.trainer.protocol.compression import KINDS, Encoded, decode, decode_one, encode, encode_one, storage_size
 
 TINY = 2.0 ** -149  # one fp32 subnormal step: decoding q·s can round by half of it
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from diloco_chaos.trainer.config import (DilocoConfig, InnerOptConfig, ModelConfig, OuterOptConfig,
-                            RunConfig, TaskConfig)
+                                         RunConfig, TaskConfig)
 
 
 def test_defaults_are_the_documented_ones():

@@ -1,4 +1,4 @@
-"""Silent data corruption: the learner's corruption (trainer/sdc.py), the shard's guard
+"""Silent data corruption: the learner's corruption (trainer/protocol/sdc.py), the shard's guard
 (SyncerCore._guard: non-finite Δs and norm outliers dropped `reason=corrupt`), its planted
 bug `trust_payloads`, and the `corrupt` fault's validation. Values worked out by hand."""
 from __future__ import annotations
@@ -13,11 +13,12 @@ from protocol_link import MemNet, arr, syncer_math
 from diloco_chaos.faults.fields import FieldError
 from diloco_chaos.faults.overlaps import conflict
 from diloco_chaos.faults.kinds import Corrupt, KillUnit
-from diloco_chaos.trainer import compression, sdc
-from diloco_chaos.trainer.messages import Contribution
-from diloco_chaos.trainer.protocol import SyncerConfig, SyncerCore
+from diloco_chaos.trainer.protocol import compression, sdc
+from diloco_chaos.trainer.protocol.messages import Contribution
+from diloco_chaos.trainer.protocol.syncer_core import SyncerCore
+from diloco_chaos.trainer.protocol.syncer_types import SyncerConfig
 
-# the guard's size of a Δ: here the L2 norm (the trainer's is the rms, trainer/wiring.py), so
+# the guard's size of a Δ: here the L2 norm (the trainer's is the rms, trainer/numerics/wiring.py), so
 # the figures below are lengths a person can check by hand
 NORM = dataclasses.replace(syncer_math(), rms=lambda arrays: float(np.sqrt(sum(np.sum(np.square(a)) for a in arrays))))
 
@@ -82,8 +83,10 @@ def test_a_learner_takes_the_shards_answer_to_a_dropped_delta_and_contributes_ag
     turns for the rest of the run.)"""
     from protocol_link import learner_math
 
-    from diloco_chaos.trainer.messages import FragmentUpdate
-    from diloco_chaos.trainer.protocol import LearnerConfig, LearnerCore, Send
+    from diloco_chaos.trainer.protocol.learner_core import LearnerCore
+    from diloco_chaos.trainer.protocol.learner_types import LearnerConfig
+    from diloco_chaos.trainer.protocol.messages import FragmentUpdate
+    from diloco_chaos.trainer.protocol.protocol_base import Send
     core = LearnerCore(LearnerConfig("A", 0, ("s0",), keep_local=True), learner_math(2, 1))
     s, _ = core.start(core.init([arr(0.0)]), 0.0)
     s, _ = core.receive(s, 0.0, "s0", FragmentUpdate(0, 0, True, [arr(0.0)]))

@@ -1,4 +1,4 @@
-"""trainer/fleet_adam.py: Adam whose second moment is the fleet's. Checked against
+"""trainer/numerics/fleet_adam.py: Adam whose second moment is the fleet's. Checked against
 optax.adamw (no noise: the same steps), by hand (one step, the floor), on the row-group
 split (a gradient and its noise a person can work out), and statistically: on gradients
 with known mean and noise, a learner's corrected v is data-parallel's over M learners'
@@ -13,10 +13,10 @@ import numpy as np
 import optax
 import pytest
 
-from diloco_chaos.trainer import tasks
 from diloco_chaos.trainer.config import InnerOptConfig, ModelConfig, RunConfig, TaskConfig
-from diloco_chaos.trainer.fleet_adam import scale_by_fleet_adam, split_grad
-from diloco_chaos.trainer.inner import fleet_of, make_inner, make_optimizer
+from diloco_chaos.trainer.numerics import tasks
+from diloco_chaos.trainer.numerics.fleet_adam import scale_by_fleet_adam, split_grad
+from diloco_chaos.trainer.numerics.inner import fleet_of, make_inner, make_optimizer
 
 TINY = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_ff=32, context=8, vocab=32)
 

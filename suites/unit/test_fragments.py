@@ -1,13 +1,13 @@
-"""trainer/fragments.py: hand-checked bin packing, strided layout, get/set, schedule."""
+"""trainer/numerics/fragments.py: hand-checked bin packing, strided layout, get/set, schedule."""
 from __future__ import annotations
 
 import jax
 import numpy as np
 import pytest
 
-from diloco_chaos.trainer import model
 from diloco_chaos.trainer.config import ModelConfig
-from diloco_chaos.trainer.fragments import Fragmenter, due_fragment, due_fragments, flatten_with_paths
+from diloco_chaos.trainer.numerics import model
+from diloco_chaos.trainer.numerics.fragments import Fragmenter, due_fragment, due_fragments, flatten_with_paths
 
 CFG = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_ff=32, context=8, vocab=64)
 

@@ -8,9 +8,13 @@ from dataclasses import replace
 import pytest
 from protocol_link import arr, learner_math, syncer_math
 
-from diloco_chaos.trainer.messages import Contribution, FragmentUpdate, Hello
-from diloco_chaos.trainer.protocol import LearnerConfig, LearnerCore, Send, SyncerConfig, SyncerCore, UnexpectedMessage
-from diloco_chaos.trainer.wiring import digest
+from diloco_chaos.trainer.numerics.wiring import digest
+from diloco_chaos.trainer.protocol.learner_core import LearnerCore
+from diloco_chaos.trainer.protocol.learner_types import LearnerConfig
+from diloco_chaos.trainer.protocol.messages import Contribution, FragmentUpdate, Hello
+from diloco_chaos.trainer.protocol.protocol_base import Send, UnexpectedMessage
+from diloco_chaos.trainer.protocol.syncer_core import SyncerCore
+from diloco_chaos.trainer.protocol.syncer_types import SyncerConfig
 
 THETA0 = {0: [arr(1.0)], 1: [arr(2.0)]}
 

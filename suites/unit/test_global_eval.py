@@ -21,9 +21,9 @@ def test_an_unreadable_checkpoint_costs_only_its_own_point(tmp_path):
     import time
 
     from diloco_chaos.harness.run.global_eval import _setup, over_time
-    from diloco_chaos.trainer.checkpoint import Checkpointer
     from diloco_chaos.trainer.config import RunConfig
-    from diloco_chaos.trainer.shell import to_ckpt
+    from diloco_chaos.trainer.numerics.checkpoint import Checkpointer
+    from diloco_chaos.trainer.units.shell import to_ckpt
 
     cfg = RunConfig()
     params0, frag, evaluate = _setup(cfg)

@@ -1,4 +1,4 @@
-"""trainer/inner.py: the inner step against a plain optax reference, one compile per
+"""trainer/numerics/inner.py: the inner step against a plain optax reference, one compile per
 live-slice set, slices sharding the batch, and a training sanity check on the
 Markov task's exact floor."""
 from __future__ import annotations
@@ -16,9 +16,9 @@ import numpy as np
 import optax
 import pytest
 
-from diloco_chaos.trainer import model, tasks
 from diloco_chaos.trainer.config import InnerOptConfig, ModelConfig, RunConfig, TaskConfig
-from diloco_chaos.trainer.inner import make_inner, make_optimizer, opt_state_to_tree
+from diloco_chaos.trainer.numerics import model, tasks
+from diloco_chaos.trainer.numerics.inner import make_inner, make_optimizer, opt_state_to_tree
 
 TINY = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_ff=32, context=8, vocab=32)
 REPO = Path(__file__).resolve().parents[2]
@@ -149,9 +149,9 @@ def test_markov_loss_falls_toward_but_stays_above_the_entropy_floor():
 MULTI_SLICE = textwrap.dedent("""
     import json, jax, numpy as np
     jax.config.update("jax_numpy_rank_promotion", "raise")
-    from diloco_chaos.trainer import tasks
+    from diloco_chaos.trainer.numerics import tasks
     from diloco_chaos.trainer.config import *
-    from diloco_chaos.trainer.inner import make_inner
+    from diloco_chaos.trainer.numerics.inner import make_inner
     assert len(jax.devices()) == 2
     def run(S, tiny=True):
         small = dict(model=ModelConfig(n_layers=1, d_model=16, n_heads=2, d_ff=32,

@@ -138,7 +138,7 @@ def test_clip_and_adamw_by_hand():
 
 def test_the_rule_sees_an_imported_formula():
     """The line the old weights_match_staleness had: it would fail the test above."""
-    assert trainer_functions_imported("from diloco_chaos.trainer.outer import contribution_weight\n") == [
-        "diloco_chaos.trainer.outer.contribution_weight"]
-    assert trainer_functions_imported("import diloco_chaos.trainer.guard as g\n") == ["diloco_chaos.trainer.guard"]
-    assert trainer_functions_imported("from diloco_chaos.trainer.protocol_base import DP_MODES\n") == []
+    assert trainer_functions_imported("from diloco_chaos.trainer.numerics.outer import contribution_weight\n") == [
+        "diloco_chaos.trainer.numerics.outer.contribution_weight"]
+    assert trainer_functions_imported("import diloco_chaos.trainer.protocol.guard as g\n") == ["diloco_chaos.trainer.protocol.guard"]
+    assert trainer_functions_imported("from diloco_chaos.trainer.protocol.protocol_base import DP_MODES\n") == []

@@ -8,9 +8,13 @@ import pytest
 from protocol_link import MemNet, arr, learner_math, syncer_math
 
 from diloco_chaos.trainer.config import RunConfig
-from diloco_chaos.trainer.messages import Contribution, FragmentUpdate
-from diloco_chaos.trainer.protocol import LearnerConfig, LearnerCore, Log, Send, SyncerConfig, SyncerCore
-from diloco_chaos.trainer.wiring import learner_config
+from diloco_chaos.trainer.numerics.wiring import learner_config
+from diloco_chaos.trainer.protocol.learner_core import LearnerCore
+from diloco_chaos.trainer.protocol.learner_types import LearnerConfig
+from diloco_chaos.trainer.protocol.messages import Contribution, FragmentUpdate
+from diloco_chaos.trainer.protocol.protocol_base import Log, Send
+from diloco_chaos.trainer.protocol.syncer_core import SyncerCore
+from diloco_chaos.trainer.protocol.syncer_types import SyncerConfig
 
 
 def _learner(keep_local: bool, bugs=frozenset()):
@@ -179,14 +183,14 @@ def test_a_fetch_keeps_the_progress_within_the_staleness_bound(keep, version, ke
 @pytest.mark.parametrize("keep_gap,version,kept", [(None, 4, True), (None, 16, True), (None, 17, False),
                                                   (1, 4, False)])
 def test_a_re_anchoring_fetch_a_few_versions_on_keeps_the_progress_as_an_answer_does(keep_gap, version, kept):
-    """The wiring's rule (trainer/wiring.py KEEP_GAP = 0, max_staleness 16): a fetch after a
+    """The wiring's rule (trainer/numerics/wiring.py KEEP_GAP = 0, max_staleness 16): a fetch after a
     re-anchor (the learner asked: `starved` under a slow WAN, or a reconnect with no round
     missed) 4 versions on keeps steps 3-4 (θ = 10 + (4 − 2) = 12), as an answer 4 versions
     on would; so does one 16 versions past the copy the kept steps were made on (version 0,
     the send at step 2); at 17 they are too stale and go (`discard why=stale`). With the
     old keep_gap of 1 the fetch 4 versions on threw them (`why=fetch`): wan-brownout's
     starved learners threw 24 % of the run's tokens that way."""
-    from diloco_chaos.trainer.wiring import KEEP_GAP
+    from diloco_chaos.trainer.numerics.wiring import KEEP_GAP
 
     gap = KEEP_GAP if keep_gap is None else keep_gap
     core = LearnerCore(LearnerConfig("A", 0, ("s0",), keep_local=True, keep_on_fetch=True, keep_gap=gap,
@@ -233,7 +237,7 @@ def test_share_by_merged_counts_the_learners_a_round_merged():
     """K = 1, 4 live, a round of two (grace window long enough): Δ = 4 and 0, token-weighted
     mean 2. share_by "quorum": Θ ← 0 − 1 · (1/4) · 2 = −0.5; "merged": × 2/4 → −1."""
     from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
-    from diloco_chaos.trainer.wiring import syncer_config
+    from diloco_chaos.trainer.numerics.wiring import syncer_config
 
     d = {"name": "x", "seed": 1, "train": {"steps": 10, "duration": 5, "share_by": "merged"}}
     cfg = scenario_from_dict(d).run_config()   # the scenario key reaches the shard
@@ -315,7 +319,7 @@ def test_a_restarted_shards_fetch_keeps_the_outage_progress_a_crash_left_behind(
 def test_a_restarted_shard_says_unmoved_until_its_first_round():
     """A shard restored from its checkpoint answers Hellos with unmoved=True for a fragment
     until that fragment's first round after the restart commits; then False again."""
-    from diloco_chaos.trainer.messages import Hello
+    from diloco_chaos.trainer.protocol.messages import Hello
 
     cfg = SyncerConfig("s0", (0,), ("A",), grace_gamma=0.0, tau=100)
     core = SyncerCore(cfg, syncer_math())

@@ -1,12 +1,12 @@
-"""The learner unit's loop (trainer/learner_loop.py), written once for both tiers, driven
+"""The learner unit's loop (trainer/protocol/learner_loop.py), written once for both tiers, driven
 by a scripted host: the waits it yields and the lines it writes, counted by hand."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from diloco_chaos.trainer.learner_loop import (CKPT_EVERY, CLOSE_WAIT_S, DRAIN_S, FETCH_WAIT_S, STOP_CLOSE_S, Compute, Until,
-                                  learner_loop)
-from diloco_chaos.trainer.unit_faults import UnitFaults
+from diloco_chaos.trainer.protocol.learner_loop import (CKPT_EVERY, CLOSE_WAIT_S, DRAIN_S, FETCH_WAIT_S, STOP_CLOSE_S,
+                                                        Compute, Until, learner_loop)
+from diloco_chaos.trainer.protocol.unit_faults import UnitFaults
 
 
 class Core:

@@ -120,7 +120,7 @@ def test_stale_steps_inside_a_recovery_window():
 
 
 def _lagged(b: LogBuilder, unit, n, merged, dt=1.0):
-    """The same training as LogBuilder.train, written the way trainer/learner.py writes it:
+    """The same training as LogBuilder.train, written the way trainer/units/learner.py writes it:
     step k's line comes after step k+1 ran (metrics reach the host one step late), so the
     Contribution sent in step k precedes the lines of steps k-1 and k."""
     for k in range(1, n + 1):
@@ -177,7 +177,7 @@ def test_dp_rollback():
 
 
 def test_dp_step_lag_from_gradstep():
-    # dp as trainer/learner.py writes it: the GradStep of step k (field step = k − 1, the
+    # dp as trainer/units/learner.py writes it: the GradStep of step k (field step = k − 1, the
     # steps applied before it) is sent at t = k, before the line of step k − 1; steps of 1 s.
     b = LogBuilder(mode="dp", learners=1, t_end=4.0).up(0, "learner-0")
     for k in range(1, 5):
@@ -202,7 +202,7 @@ def test_dp_waiting_from_step_gaps():
 
 
 def test_dp_dt_spanning_the_wait():
-    # trainer/learner.py times a dp step over its whole iteration: 2 iterations [0, 2] and
+    # trainer/units/learner.py times a dp step over its whole iteration: 2 iterations [0, 2] and
     # [2, 4] (dt 2 each), each blocked on the mean for its second half. Waiting 2 s, and the
     # steps count only the other 2 s: goodput 0.5, not 1.
     b = LogBuilder(mode="dp", learners=1, t_end=4.0).up(0, "learner-0")

@@ -111,7 +111,7 @@ def test_real_fault_free_sample():
     assert m.restarts == 0 and m.recovery == ()
     assert m.steps == 300 and m.tokens == 300 * 1024   # 150 steps × 1024 tokens, each learner
     assert m.merges == m.commits == 148
-    assert m.step_lag == 1                             # trainer/learner.py logs a step one step late
+    assert m.step_lag == 1                             # trainer/units/learner.py logs a step one step late
     # bytes per link = the transport's own counters in each learner's done line
     done = {e["src"]: e["links"]["syncer-0"] for e in log.of("done") if e["src"].startswith("learner")}
     for link in m.links:

@@ -1,4 +1,4 @@
-"""trainer/model.py and trainer/tasks.py: shapes, hand-checked losses and entropies,
+"""trainer/numerics/model.py and trainer/numerics/tasks.py: shapes, hand-checked losses and entropies,
 deterministic disjoint data."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from diloco_chaos.trainer import model, tasks
 from diloco_chaos.trainer.config import ModelConfig, TaskConfig
+from diloco_chaos.trainer.numerics import model, tasks
 
 SMALL = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_ff=32, context=8, vocab=256)
 

@@ -16,7 +16,7 @@ import importlib, json
 out = {}
 for name in ("trainer", "harness", "faults", "reports", "examples",
              "diloco_chaos.conftest", "diloco_chaos.suites", "diloco_chaos.docs",
-             "diloco_chaos.trainer.learner", "diloco_chaos.faults.kinds"):
+             "diloco_chaos.trainer.units.learner", "diloco_chaos.faults.kinds"):
     try:
         importlib.import_module(name)
         out[name] = "imported"
@@ -35,4 +35,4 @@ def test_only_the_installed_package_imports_from_a_neutral_folder(tmp_path):
         assert got[name] == f"ModuleNotFoundError: {name}", (name, got[name])
     for name in ("diloco_chaos.conftest", "diloco_chaos.suites", "diloco_chaos.docs"):
         assert got[name].startswith("ModuleNotFoundError"), (name, got[name])
-    assert got["diloco_chaos.trainer.learner"] == "imported" and got["diloco_chaos.faults.kinds"] == "imported", got
+    assert got["diloco_chaos.trainer.units.learner"] == "imported" and got["diloco_chaos.faults.kinds"] == "imported", got

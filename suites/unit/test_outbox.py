@@ -15,16 +15,17 @@ import pytest
 from diloco_chaos.harness.sim.net import Net
 from diloco_chaos.harness.sim.world import Clock
 from diloco_chaos.harness.links import toxic_spec
-from diloco_chaos.trainer import auth, compression, flow, transport
-from diloco_chaos.trainer.codec import encode_frame
-from diloco_chaos.trainer.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, Received, SliceControl
-from diloco_chaos.trainer.outbox import Outbox, outbox_key
-from diloco_chaos.trainer.flow import BufferLog, BufferState
-from diloco_chaos.trainer.shard_link import ShardLink
-from diloco_chaos.trainer.transport import ShardServer, wait_until
+from diloco_chaos.trainer.protocol import compression
+from diloco_chaos.trainer.protocol.messages import Contribution, FragmentDelta, FragmentUpdate, GradMean, GradStep, Hello, Received, SliceControl
+from diloco_chaos.trainer.protocol.outbox import Outbox, outbox_key
+from diloco_chaos.trainer.wire import auth, flow, transport
+from diloco_chaos.trainer.wire.codec import encode_frame
+from diloco_chaos.trainer.wire.flow import BufferLog, BufferState
+from diloco_chaos.trainer.wire.shard_link import ShardLink
+from diloco_chaos.trainer.wire.transport import ShardServer, wait_until
 
 RUN = "run-transport"
-SECRET = bytes(range(32))  # the run secret every link here proves (trainer/auth.py)
+SECRET = bytes(range(32))  # the run secret every link here proves (trainer/wire/auth.py)
 
 
 # --- (a) the Outbox ---------------------------------------------------------------------------
@@ -114,8 +115,8 @@ def test_two_unsent_contributions_of_a_fragment_are_combined_into_one():
     """A Δ of p waiting unsent is summed with the newer one (their steps are disjoint), never
     replaced: the sum of the payloads, counters added, the older base_version, the newer seq."""
     from diloco_chaos.trainer.config import RunConfig
-    from diloco_chaos.trainer.wiring import contribution_combiner
-    from diloco_chaos.trainer import compression
+    from diloco_chaos.trainer.numerics.wiring import contribution_combiner
+    from diloco_chaos.trainer.protocol import compression
     combine = contribution_combiner(RunConfig())  # fp32 pseudo-gradients
     one = Contribution("learner-0", 0, 1, 2, 4, 6, 48, 0.1, None, compression.encode([np.full(3, 1.0)], "fp32"))
     two = Contribution("learner-0", 0, 3, 2, 7, 5, 40, 0.2, 0.5, compression.encode([np.full(3, 0.5)], "fp32"))

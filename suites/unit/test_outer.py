@@ -1,4 +1,4 @@
-"""trainer/outer.py: numbers checked by hand and against optax directly."""
+"""trainer/numerics/outer.py: numbers checked by hand and against optax directly."""
 from __future__ import annotations
 
 import math
@@ -8,8 +8,8 @@ import optax
 import pytest
 
 from diloco_chaos.trainer.config import OuterOptConfig
-from diloco_chaos.trainer.outer import (OuterOptimizer, contribution_weight, fragment_norm, merge, mix,
-                           pseudo_grad)
+from diloco_chaos.trainer.numerics.outer import (OuterOptimizer, contribution_weight, fragment_norm, merge, mix,
+                                                 pseudo_grad)
 
 
 def f32(*xs):

@@ -6,9 +6,10 @@ import pytest
 from protocol_link import MemNet, arr, syncer_math
 
 from diloco_chaos.harness.scenarios.scenario import ScenarioError, scenario_from_dict
-from diloco_chaos.trainer.messages import Contribution
-from diloco_chaos.trainer.protocol import SyncerConfig, SyncerCore
-from diloco_chaos.trainer.wiring import syncer_config
+from diloco_chaos.trainer.numerics.wiring import syncer_config
+from diloco_chaos.trainer.protocol.messages import Contribution
+from diloco_chaos.trainer.protocol.syncer_core import SyncerCore
+from diloco_chaos.trainer.protocol.syncer_types import SyncerConfig
 
 TOPOLOGY = {"learners": ["learner-0"], "shards": {"syncer-0": [0, 1, 2]}}
 

@@ -19,7 +19,7 @@ def _run(start_s: float, gap: float = 0.0, tier: str = "cluster", backend: str =
     b = LogBuilder(learners=1, t_end=end, t_launch=-start_s, tier=tier)
     b.header["topology"]["backend"] = {"name": backend}
     b.up(0, "syncer-0").up(0, "learner-0")
-    for e in b.events:  # each unit's own process start, as trainer/shell.py process_started reads it
+    for e in b.events:  # each unit's own process start, as trainer/units/shell.py process_started reads it
         if own:
             e["started"] = -start_s
     for k in range(int(end * 10) + 1):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from diloco_chaos.cli import main
 from diloco_chaos.harness.judging.planted import CATALOGUE, rows
-from diloco_chaos.trainer.protocol_base import BUGS
+from diloco_chaos.trainer.protocol.protocol_base import BUGS
 
 ROOT = Path(__file__).parents[2]
 

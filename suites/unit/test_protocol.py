@@ -10,10 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from protocol_link import MemNet, arr, learner_math, syncer_math
 
-from diloco_chaos.trainer.messages import Contribution, FragmentUpdate, GradStep, Hello, SliceControl
-from diloco_chaos.trainer.protocol import (IllegalTransition, LearnerConfig, LearnerCore, NotStarted, SaveCheckpoint,
-                              SetSlices, SyncerConfig, SyncerCore, UnexpectedMessage, UnknownFragment,
-                              UnknownPeer)
+from diloco_chaos.trainer.protocol.learner_core import LearnerCore
+from diloco_chaos.trainer.protocol.learner_types import LearnerConfig
+from diloco_chaos.trainer.protocol.messages import Contribution, FragmentUpdate, GradStep, Hello, SliceControl
+from diloco_chaos.trainer.protocol.protocol_base import (IllegalTransition, NotStarted, SaveCheckpoint,
+                                                         SetSlices, UnexpectedMessage, UnknownFragment,
+                                                         UnknownPeer)
+from diloco_chaos.trainer.protocol.syncer_core import SyncerCore
+from diloco_chaos.trainer.protocol.syncer_types import SyncerConfig
 
 LEARNERS = ("A", "B", "C")
 

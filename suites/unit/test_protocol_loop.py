@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 from protocol_link import MemNet, arr, due_fragment, learner_math, syncer_math
 
-from diloco_chaos.trainer.messages import Contribution, FragmentUpdate
-from diloco_chaos.trainer.protocol import (ApplyGrads, Block, IllegalTransition, InFlight, LearnerConfig, LearnerCore,
-                              SyncerConfig, SyncerCore, Unblock)
+from diloco_chaos.trainer.protocol.learner_core import LearnerCore
+from diloco_chaos.trainer.protocol.learner_types import InFlight, LearnerConfig
+from diloco_chaos.trainer.protocol.messages import Contribution, FragmentUpdate
+from diloco_chaos.trainer.protocol.protocol_base import ApplyGrads, Block, IllegalTransition, Unblock
+from diloco_chaos.trainer.protocol.syncer_core import SyncerCore
+from diloco_chaos.trainer.protocol.syncer_types import SyncerConfig
 
 P, H = 2, 4
 SHARDS = ("s0", "s1")  # s0 owns fragment 0, s1 fragment 1

@@ -53,7 +53,7 @@ def test_the_pages_are_the_same_every_time():
 
 
 def test_every_event_kind_is_documented_and_every_kind_a_run_logs_appears(sim_run):
-    from diloco_chaos.trainer.events import KINDS
+    from diloco_chaos.trainer.units.events import KINDS
 
     assert set(reference.EVENT_KINDS) == set(KINDS)  # one declaration: what the writer accepts is documented
     page = reference.pages()["events.md"]

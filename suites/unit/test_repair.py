@@ -8,12 +8,15 @@ from dataclasses import replace
 
 from protocol_link import arr, learner_math, syncer_math
 
-from diloco_chaos.trainer.messages import (Contribution, FragmentUpdate, Hello, Repair, RepairRequest, held_copies,
-                                           held_field)
-from diloco_chaos.trainer.protocol import (Journal, LearnerConfig, LearnerCore, Log, SaveCheckpoint, Send, SetTimer,
-                                           SyncerConfig, SyncerCore)
-from diloco_chaos.trainer.syncer_core import REPAIR_WAIT_S, RESTART_HOLD_S
-from diloco_chaos.trainer.wiring import digest
+from diloco_chaos.trainer.numerics.wiring import digest
+from diloco_chaos.trainer.protocol.learner_core import LearnerCore
+from diloco_chaos.trainer.protocol.learner_types import LearnerConfig
+from diloco_chaos.trainer.protocol.messages import (Contribution, FragmentUpdate, Hello, Repair, RepairRequest,
+                                                    held_copies, held_field)
+from diloco_chaos.trainer.protocol.protocol_base import Journal, Log, SaveCheckpoint, Send, SetTimer
+from diloco_chaos.trainer.protocol.syncer_core import SyncerCore
+from diloco_chaos.trainer.protocol.syncer_core import REPAIR_WAIT_S, RESTART_HOLD_S
+from diloco_chaos.trainer.protocol.syncer_types import SyncerConfig
 
 THETA0 = {0: [arr(1.0)], 1: [arr(2.0)]}
 

@@ -13,10 +13,10 @@ import pytest
 from diloco_chaos.harness import eventlog
 from diloco_chaos.harness.scenarios.scenario import scenario_from_dict
 from diloco_chaos.harness.sim.run import SimParams, model_for, replay_sim, run_sim, simulate
-from diloco_chaos.trainer.codec import encode_frame
-from diloco_chaos.trainer.events import KINDS
-from diloco_chaos.trainer.inner import make_inner
-from diloco_chaos.trainer.messages import Hello
+from diloco_chaos.trainer.numerics.inner import make_inner
+from diloco_chaos.trainer.protocol.messages import Hello
+from diloco_chaos.trainer.units.events import KINDS
+from diloco_chaos.trainer.wire.codec import encode_frame
 
 FAULTS = [
     {"kind": "kill_unit", "target": "learner-1", "at": "0.5s", "down_for": "2s"},

@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 from protocol_link import learner_math
 
-from diloco_chaos.trainer import codec, compression
-from diloco_chaos.trainer.compression import Encoded, decode_one, encode_one, sparse_k, storage_size
-from diloco_chaos.trainer.messages import Contribution, FragmentUpdate
-from diloco_chaos.trainer.protocol import LearnerConfig, LearnerCore, Send
+from diloco_chaos.trainer.protocol import compression
+from diloco_chaos.trainer.protocol.compression import Encoded, decode_one, encode_one, sparse_k, storage_size
+from diloco_chaos.trainer.protocol.learner_core import LearnerCore
+from diloco_chaos.trainer.protocol.learner_types import LearnerConfig
+from diloco_chaos.trainer.protocol.messages import Contribution, FragmentUpdate
+from diloco_chaos.trainer.protocol.protocol_base import Send
+from diloco_chaos.trainer.wire import codec
 
 
 def _four_big() -> np.ndarray:

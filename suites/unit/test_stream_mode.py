@@ -1,5 +1,5 @@
 """A unit on another host (issue 18): its event lines on stdout, nothing else there, and its
-control messages from stdin into its own control file (trainer/shell.py, "nothing shared
+control messages from stdin into its own control file (trainer/units/shell.py, "nothing shared
 but the network"). Run in a child process, since stream mode moves the process's fds."""
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import sys
 import textwrap
 import threading
 
-from diloco_chaos.trainer.events import EventWriter
+from diloco_chaos.trainer.units.events import EventWriter
 
 CHILD = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
-    from diloco_chaos.trainer import shell
+    from diloco_chaos.trainer.units import shell
     run_dir = Path(sys.argv[1])
     ev = shell.open_events(run_dir, "learner-0", 2)
     print("a print goes to stderr")

@@ -1,10 +1,10 @@
-"""trainer/tally.py by hand: what the inner steps did to each fragment, summed over a Δ's steps."""
+"""trainer/numerics/tally.py by hand: what the inner steps did to each fragment, summed over a Δ's steps."""
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
 
-from diloco_chaos.trainer.tally import AUDIT_SAMPLE, MAX_PENDING, StepTally, audit_index
+from diloco_chaos.trainer.numerics.tally import AUDIT_SAMPLE, MAX_PENDING, StepTally, audit_index
 
 
 def _get(params, p):  # two fragments: leaf 0, and leaves 1 and 2

@@ -13,11 +13,11 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from diloco_chaos.trainer import outer, tasks
 from diloco_chaos.trainer.config import (DilocoConfig, InnerOptConfig, OuterOptConfig, RunConfig,
-                            TaskConfig)
-from diloco_chaos.trainer.fragments import Fragmenter, due_fragment
-from diloco_chaos.trainer.inner import make_inner
+                                         TaskConfig)
+from diloco_chaos.trainer.numerics import outer, tasks
+from diloco_chaos.trainer.numerics.fragments import Fragmenter, due_fragment
+from diloco_chaos.trainer.numerics.inner import make_inner
 
 
 def global_loss(task, params) -> float:

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from diloco_chaos.harness.backends.toxiproxy_server import free_port  # below the ephemeral range: no bind(0) race
-from diloco_chaos.trainer import auth, transport
-from diloco_chaos.trainer.messages import FragmentUpdate, Hello
-from diloco_chaos.trainer.outbox import outbox_key
-from diloco_chaos.trainer.shard_link import ShardLink
-from diloco_chaos.trainer.transport import ShardServer, wait_until
+from diloco_chaos.trainer.protocol.messages import FragmentUpdate, Hello
+from diloco_chaos.trainer.protocol.outbox import outbox_key
+from diloco_chaos.trainer.wire import auth, transport
+from diloco_chaos.trainer.wire.shard_link import ShardLink
+from diloco_chaos.trainer.wire.transport import ShardServer, wait_until
 
 RUN = "run-transport"
-SECRET = bytes(range(32))  # the run secret every link here proves (trainer/auth.py)
+SECRET = bytes(range(32))  # the run secret every link here proves (trainer/wire/auth.py)
 PROOF_BYTES = len(auth.proof(SECRET, RUN, "learner-0", "syncer-0", bytes(16), bytes(16)))
 N = 8192  # float32 values per fragment: frames of ~32 KB
 

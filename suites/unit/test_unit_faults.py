@@ -1,4 +1,4 @@
-"""The faults on a unit and their hooks (trainer/unit_faults.py), by hand: a hook runs only
+"""The faults on a unit and their hooks (trainer/protocol/unit_faults.py), by hand: a hook runs only
 while its fault is on; a held message leaves at the fault's clear, as it was when held,
 and no later message overtakes it; the `corrupt` hook corrupts a contribution and logs it."""
 from __future__ import annotations
@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from diloco_chaos.trainer import compression
-from diloco_chaos.trainer.messages import Contribution
-from diloco_chaos.trainer.sdc import Corrupter
-from diloco_chaos.trainer.unit_faults import HOLD, HOOKS, UnitFaults
+from diloco_chaos.trainer.protocol import compression
+from diloco_chaos.trainer.protocol.messages import Contribution
+from diloco_chaos.trainer.protocol.sdc import Corrupter
+from diloco_chaos.trainer.protocol.unit_faults import HOLD, HOOKS, UnitFaults
 
 
 def test_a_hook_runs_only_while_its_fault_is_on(monkeypatch):
